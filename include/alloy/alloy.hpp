@@ -1,0 +1,36 @@
+// alloy/alloy.hpp: the core, the upstreams and every policy; no adaptor (DESIGN §6).
+#pragma once
+
+#include <alloy/block.hpp>
+#include <alloy/concepts.hpp>
+#include <alloy/config.hpp>
+#include <alloy/error.hpp>
+#include <alloy/find.hpp>
+#include <alloy/literals.hpp>
+#include <alloy/movable.hpp>
+#include <alloy/ref.hpp>
+
+#include <alloy/upstream/host_upstream.hpp>
+#include <alloy/upstream/null_upstream.hpp>
+#if ALLOY_HAS_CUDA
+#  include <alloy/upstream/cuda_async_upstream.hpp>
+#  include <alloy/upstream/cuda_malloc_upstream.hpp>
+#  include <alloy/upstream/managed_upstream.hpp>
+#  include <alloy/upstream/pinned_host_upstream.hpp>
+#  include <alloy/cuda_info.hpp>
+#endif
+
+#include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/policy/compacting_defragmenter.hpp>
+#include <alloy/policy/fallback.hpp>
+#include <alloy/policy/host_spill_reclaimer.hpp>
+#include <alloy/policy/limited.hpp>
+#include <alloy/policy/logged.hpp>
+#include <alloy/policy/segregator.hpp>
+#include <alloy/policy/size_class_pool.hpp>
+#include <alloy/policy/stats.hpp>
+#include <alloy/policy/synchronized.hpp>
+#include <alloy/policy/tracked.hpp>
+
+#include <alloy/memory_stats.hpp>
+#include <alloy/snapshot.hpp>

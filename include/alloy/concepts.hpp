@@ -1,0 +1,125 @@
+// alloy/concepts.hpp: the allocator concept and the optional capabilities a policy may have.
+//
+// The core contract (DESIGN §2) is two noexcept calls: `allocate(bytes, alignment)` returning a
+// `block` (empty on failure) and `deallocate(block)` taking it back exactly as handed out.
+// Everything else is an optional capability, detected here and passed on by a composite only when
+// every part it would forward to has it (Phobos's building blocks).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <alloy/block.hpp>
+
+namespace alloy {
+
+/// Memory kind is static: every allocator says whether the host and the device can touch it.
+template <class A>
+concept memory_kind_aware = requires {
+  { std::bool_constant<A::host_accessible>{} };
+  { std::bool_constant<A::device_accessible>{} };
+};
+
+/// The allocator concept: noexcept allocate and sized deallocate, and a memory kind.
+template <class A>
+concept allocator = memory_kind_aware<A> && requires(A& a, block b, std::size_t bytes, std::size_t alignment) {
+  { a.allocate(bytes, alignment) } noexcept -> std::same_as<block>;
+  { a.deallocate(b) } noexcept;
+};
+
+/// `owns(block)`: whether a block came from this allocator (needed to route frees in `fallback`).
+template <class A>
+concept owning_allocator = allocator<A> && requires(const A& a, block b) {
+  { a.owns(b) } noexcept -> std::same_as<bool>;
+};
+
+/// `release()`: give every cached byte that is not in use back to the upstream.
+template <class A>
+concept releasing_allocator = allocator<A> && requires(A& a) {
+  { a.release() } noexcept;
+};
+
+/// Stream-ordered allocation over some stream type (a `cudaStream_t`, or a host stream in tests).
+template <class A, class Stream>
+concept stream_ordered_allocator =
+    allocator<A> && requires(A& a, block b, std::size_t bytes, std::size_t alignment, Stream stream) {
+      { a.allocate(bytes, alignment, stream) } noexcept -> std::same_as<block>;
+      { a.deallocate(b, stream) } noexcept;
+    };
+
+/// `reserved_bytes()`: bytes currently taken from the upstream, in O(1).
+template <class A>
+concept reserving_allocator = allocator<A> && requires(const A& a) {
+  { a.reserved_bytes() } noexcept -> std::convertible_to<std::size_t>;
+};
+
+/// Traffic an allocator had with its upstream, and how its requests fared (for statistics).
+struct allocator_counters {
+  std::size_t num_device_alloc = 0;   ///< successful upstream allocations (segments, slabs taken)
+  std::size_t num_device_free = 0;    ///< upstream deallocations (segments, slabs given back)
+  std::size_t num_alloc_retries = 0;  ///< failed upstream calls retried after releasing cached memory
+  std::size_t num_ooms = 0;           ///< requests this allocator could not serve
+};
+
+/// `counters()`: the allocator keeps `allocator_counters` (composites add up their parts').
+template <class A>
+concept counting_allocator = allocator<A> && requires(const A& a) {
+  { a.counters() } noexcept -> std::same_as<allocator_counters>;
+};
+
+/// The state of one piece of a segment, for statistics and pictures.
+enum class block_state : std::uint8_t {
+  free,       ///< cached, not handed out
+  allocated,  ///< handed out as a raw block (never moves)
+  active,     ///< a movable block that is locked (resident, pinned in place)
+  inactive,   ///< a movable block that is unlocked (may be moved or spilled)
+};
+
+/// One piece of one segment as introspection reports it.
+struct block_info {
+  const void* segment = nullptr;  ///< start of the segment taken from the upstream
+  std::size_t segment_size = 0;   ///< bytes of that segment
+  const void* ptr = nullptr;      ///< start of this piece
+  std::size_t size = 0;           ///< bytes this piece occupies (after rounding)
+  std::size_t requested = 0;      ///< bytes the caller asked for; 0 for free pieces
+  block_state state = block_state::free;
+};
+
+/// Introspection: `for_each_block(f)` calls `f(const block_info&)` for every piece of every
+/// segment, segments in address order and pieces in address order within a segment.
+template <class A>
+concept introspectable_allocator = allocator<A> && requires(const A& a, void (*visit)(const block_info&)) {
+  a.for_each_block(visit);
+};
+
+/// A movable block's name (DESIGN §4). Zero is never a valid handle.
+struct handle {
+  std::uint64_t id = 0;
+  explicit operator bool() const noexcept { return id != 0; }
+  friend bool operator==(const handle&, const handle&) = default;
+};
+
+/// Movable memory: memory that may be spilled or compacted while nobody holds it locked.
+template <class A>
+concept movable_allocator = allocator<A> && requires(A& a, handle h, std::size_t bytes) {
+  { a.allocate_movable(bytes) } -> std::same_as<handle>;
+  { a.lock(h) } -> std::same_as<void*>;
+  { a.unlock(h) };
+  { a.deallocate(h) };
+};
+
+/// Composites expose their parts as a tuple of references through `parts()`; `find` and the
+/// statistics walk compositions through it.
+template <class A>
+concept composite = requires(A& a) { a.parts(); };
+
+namespace detail {
+template <class... Parts>
+inline constexpr bool all_host_accessible = (Parts::host_accessible && ...);
+template <class... Parts>
+inline constexpr bool all_device_accessible = (Parts::device_accessible && ...);
+}  // namespace detail
+
+}  // namespace alloy

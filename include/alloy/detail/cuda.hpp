@@ -1,0 +1,123 @@
+// alloy/detail/cuda.hpp: CUDA error handling shared by the CUDA upstreams and helpers.
+#pragma once
+
+#include <alloy/config.hpp>
+
+#if ALLOY_HAS_CUDA
+
+#  include <cuda_runtime_api.h>
+
+#  include <alloy/error.hpp>
+
+namespace alloy {
+
+/// A failed CUDA call remembered by a noexcept part until an edge reports it.
+struct cuda_status {
+  cudaError_t code = cudaSuccess;
+  const char* call = nullptr;
+  const char* file = nullptr;
+  int line = 0;
+
+  explicit operator bool() const noexcept { return code != cudaSuccess; }
+  cuda_error to_exception() const {
+    return cuda_error(static_cast<int>(code), cudaGetErrorName(code), call, file, line);
+  }
+};
+
+namespace detail {
+
+[[noreturn]] inline void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
+  cudaGetLastError();  // clear a sticky error so the next call starts clean
+  throw cuda_error(static_cast<int>(code), cudaGetErrorName(code), call, file, line);
+}
+
+/// Base of the CUDA upstreams: keeps the last non-OOM failure for the edges (`last_error()`).
+/// Out of memory is a normal event and is not kept; either way the runtime's error is cleared.
+class cuda_error_slot {
+ public:
+  const cuda_status& last_error() const noexcept { return last_error_; }
+  void clear_error() noexcept { last_error_ = {}; }
+
+ protected:
+  void record(cudaError_t code, const char* call, const char* file, int line) noexcept {
+    cudaGetLastError();
+    if (code != cudaErrorMemoryAllocation) last_error_ = {code, call, file, line};
+  }
+
+ private:
+  cuda_status last_error_{};
+};
+
+}  // namespace detail
+}  // namespace alloy
+
+/// Calls a CUDA runtime function and throws `alloy::cuda_error` naming the call, file and line
+/// if it fails. For throwing code only; noexcept parts record into a `cuda_error_slot` instead.
+#  define ALLOY_CUDA_TRY(call)                                                        \
+    do {                                                                              \
+      const cudaError_t alloy_cuda_status_ = (call);                                  \
+      if (alloy_cuda_status_ != cudaSuccess)                                          \
+        ::alloy::detail::throw_cuda_error(alloy_cuda_status_, #call, __FILE__, __LINE__); \
+    } while (false)
+
+/// Inside a noexcept upstream: on failure, record it and return an empty block.
+#  define ALLOY_CUDA_OR_EMPTY(call)                                  \
+    do {                                                             \
+      const cudaError_t alloy_cuda_status_ = (call);                 \
+      if (alloy_cuda_status_ != cudaSuccess) {                       \
+        this->record(alloy_cuda_status_, #call, __FILE__, __LINE__); \
+        return {};                                                   \
+      }                                                              \
+    } while (false)
+
+/// Inside a noexcept deallocate: on failure, record it (nothing else can be done there).
+#  define ALLOY_CUDA_OR_RECORD(call)                                 \
+    do {                                                             \
+      const cudaError_t alloy_cuda_status_ = (call);                 \
+      if (alloy_cuda_status_ != cudaSuccess)                         \
+        this->record(alloy_cuda_status_, #call, __FILE__, __LINE__); \
+    } while (false)
+
+#endif  // ALLOY_HAS_CUDA
+
+#if ALLOY_HAS_CUDA
+
+#  include <cstddef>
+
+#  include <alloy/block.hpp>
+#  include <alloy/detail/align.hpp>
+
+namespace alloy::detail {
+
+/// The synchronous CUDA upstreams differ only in their allocate and free calls; `Calls` names
+/// them (`allocate`, `free`, their spellings for error messages, and the memory kind).
+template <class Calls>
+class basic_cuda_upstream : public cuda_error_slot {
+ public:
+  static constexpr bool host_accessible = Calls::host_accessible;
+  static constexpr bool device_accessible = Calls::device_accessible;
+  static constexpr std::size_t max_alignment = 256;  // what every CUDA allocation call guarantees
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (!is_power_of_two(alignment) || alignment > max_alignment) return {};
+    void* ptr = nullptr;
+    const cudaError_t status = Calls::allocate(&ptr, bytes == 0 ? 1 : bytes);
+    if (status != cudaSuccess) {
+      record(status, Calls::allocate_call, __FILE__, __LINE__);
+      return {};
+    }
+    return {ptr, bytes};
+  }
+
+  void deallocate(block b) noexcept {
+    if (!b) return;
+    const cudaError_t status = Calls::free(b.ptr);
+    if (status != cudaSuccess) record(status, Calls::free_call, __FILE__, __LINE__);
+  }
+
+  friend bool operator==(const basic_cuda_upstream&, const basic_cuda_upstream&) noexcept { return true; }
+};
+
+}  // namespace alloy::detail
+
+#endif  // ALLOY_HAS_CUDA

@@ -1,0 +1,78 @@
+// alloy/upstream/cuda_async_upstream.hpp
+#pragma once
+
+#include <cstddef>
+
+#include <alloy/block.hpp>
+#include <alloy/detail/align.hpp>
+#include <alloy/detail/cuda.hpp>
+
+namespace alloy {
+
+/// Stream-ordered device memory from `cudaMallocAsync` / `cudaFreeAsync`, from the device's
+/// default memory pool or from `options::pool` when one is given (the pool is not owned).
+///
+/// - Stream semantics: `allocate(bytes, alignment, stream)` returns memory ready for use on
+///   `stream`; `deallocate(block, stream)` frees it once the work enqueued on `stream` before the
+///   call is done, so the caller may free right after enqueueing its last use on that stream.
+///   The stream-less calls use `options::stream` (the legacy default stream unless set);
+///   `allocate` without a stream synchronizes that stream, so the memory is ready on any stream.
+/// - Alignment up to `max_alignment` (256 B); zero bytes and failures as `cuda_malloc_upstream`.
+/// - Thread safety: as the CUDA runtime (safe), apart from `last_error()`.
+/// - Memory kind: device only.
+class cuda_async_upstream : public detail::cuda_error_slot {
+ public:
+  static constexpr bool host_accessible = false;
+  static constexpr bool device_accessible = true;
+  static constexpr std::size_t max_alignment = 256;
+
+  struct options {
+    cudaMemPool_t pool = nullptr;    ///< allocate from this pool; null = the device's default pool
+    cudaStream_t stream = nullptr;   ///< stream for the stream-less calls
+  };
+
+  cuda_async_upstream() noexcept = default;
+  explicit cuda_async_upstream(const options& opts) noexcept : options_(opts) {}
+
+  block allocate(std::size_t bytes, std::size_t alignment, cudaStream_t stream) noexcept {
+    if (!detail::is_power_of_two(alignment) || alignment > max_alignment) return {};
+    void* ptr = nullptr;
+    const std::size_t taken = bytes == 0 ? 1 : bytes;
+    if (options_.pool != nullptr) {
+      ALLOY_CUDA_OR_EMPTY(cudaMallocFromPoolAsync(&ptr, taken, options_.pool, stream));
+    } else {
+      ALLOY_CUDA_OR_EMPTY(cudaMallocAsync(&ptr, taken, stream));
+    }
+    return {ptr, bytes};
+  }
+
+  void deallocate(block b, cudaStream_t stream) noexcept {
+    if (b) ALLOY_CUDA_OR_RECORD(cudaFreeAsync(b.ptr, stream));
+  }
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    const block b = allocate(bytes, alignment, options_.stream);
+    if (b) {
+      const cudaError_t status = cudaStreamSynchronize(options_.stream);
+      if (status != cudaSuccess) {
+        record(status, "cudaStreamSynchronize(options.stream)", __FILE__, __LINE__);
+        deallocate(b, options_.stream);
+        return {};
+      }
+    }
+    return b;
+  }
+
+  void deallocate(block b) noexcept { deallocate(b, options_.stream); }
+
+  const options& get_options() const noexcept { return options_; }
+
+  friend bool operator==(const cuda_async_upstream& l, const cuda_async_upstream& r) noexcept {
+    return l.options_.pool == r.options_.pool;
+  }
+
+ private:
+  options options_{};
+};
+
+}  // namespace alloy

@@ -1,0 +1,116 @@
+// std::pmr over alloy (pmr_resource) and alloy over std::pmr (pmr_upstream).
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <memory_resource>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <alloy/adaptor/pmr.hpp>
+#include <alloy/alloy.hpp>
+
+#include "support/conformance.hpp"
+
+using namespace alloy::literals;
+using alloy::testing::checking_upstream;
+
+BOOST_AUTO_TEST_SUITE(pmr)
+
+BOOST_AUTO_TEST_CASE(pmr_vector_runs_on_an_alloy_composition) {
+  alloy::limited<checking_upstream> alloc;
+  const auto records = alloc.inner().records();
+  {
+    alloy::pmr_resource resource{alloc};
+    std::pmr::vector<int> numbers{&resource};
+    for (int i = 0; i < 100'000; ++i) numbers.push_back(100'000 - i);
+    std::sort(numbers.begin(), numbers.end());
+    BOOST_TEST(numbers.front() == 1);
+    BOOST_TEST(numbers.back() == 100'000);
+    BOOST_TEST(alloc.bytes_in_use() == numbers.capacity() * sizeof(int));
+    std::pmr::vector<std::pmr::string> words{&resource};
+    for (int i = 0; i < 1000; ++i) words.emplace_back(std::string(100, static_cast<char>('a' + i % 26)));
+    BOOST_TEST(std::string_view(words[27]) == std::string(100, 'b'));
+  }
+  BOOST_TEST(alloc.bytes_in_use() == 0u);
+  BOOST_TEST(records->live_count() == 0u);
+  BOOST_TEST(records->errors.empty(), "sized deallocation through std::pmr must match");
+  BOOST_TEST(records->allocations > 10u);
+}
+
+BOOST_AUTO_TEST_CASE(resources_are_equal_when_they_share_the_allocator) {
+  alloy::limited<alloy::host_upstream> a, b;
+  alloy::pmr_resource ra1{a}, ra2{a}, rb{b};
+  BOOST_TEST(ra1.is_equal(ra2));
+  BOOST_TEST(!ra1.is_equal(rb));
+  BOOST_TEST(!ra1.is_equal(*std::pmr::new_delete_resource()));
+  BOOST_TEST(&ra1.get_allocator() == &a);
+}
+
+BOOST_AUTO_TEST_CASE(failure_throws_out_of_memory_with_the_limit) {
+  alloy::limited<alloy::host_upstream> alloc{alloy::host_upstream{}, {.bytes_limit = 1_MiB}};
+  alloy::pmr_resource resource{alloc};
+  void* held = resource.allocate(768_KiB, 256);
+  try {
+    (void)resource.allocate(512_KiB, 256);
+    BOOST_FAIL("expected alloy::out_of_memory");
+  } catch (const alloy::out_of_memory& oom) {
+    const std::string what = oom.what();
+    BOOST_TEST(what.find("tried to allocate 512.00 KiB") != std::string::npos, what);
+    BOOST_TEST(what.find("limit 1.00 MiB") != std::string::npos, what);
+    BOOST_TEST(what.find("in use 768.00 KiB") != std::string::npos, what);
+    BOOST_TEST(oom.report().in_use == 768_KiB);
+  }
+  BOOST_CHECK_THROW((void)resource.allocate(1, 3), alloy::logic_error);  // not a power of two
+  BOOST_CHECK_THROW((void)resource.allocate(std::size_t(-1) - 8, 8), std::bad_alloc);
+  resource.deallocate(held, 768_KiB, 256);
+  BOOST_TEST(alloc.bytes_in_use() == 0u);  // consistent after every failure
+  void* again = resource.allocate(1_MiB, 256);
+  resource.deallocate(again, 1_MiB, 256);
+}
+
+struct over_pmr {
+  template <class U>
+  using type = alloy::limited<U>;
+  template <class U>
+  static type<U> make(U up) {
+    return type<U>{std::move(up)};
+  }
+};
+
+BOOST_AUTO_TEST_CASE(pmr_upstream_serves_alloy_from_any_memory_resource) {
+  alloy::pmr_upstream up{std::pmr::new_delete_resource()};
+  alloy::testing::conformance_options opts;
+  opts.max_alignment = 256;  // pmr_upstream makes every request with one alignment (256 B)
+  opts.huge_requests = !alloy::testing::running_under_asan();
+  alloy::testing::check_conformance(up, opts);
+  BOOST_TEST(!up.allocate(64, 512), "alignments above the configured one are refused");
+  alloy::pmr_upstream wide{std::pmr::new_delete_resource(), {.alignment = 4096}};
+  const alloy::block b = wide.allocate(10, 4096);
+  BOOST_TEST(alloy::detail::is_aligned(b.ptr, 4096));
+  wide.deallocate(b);
+  BOOST_TEST((alloy::pmr_upstream{} == alloy::pmr_upstream{std::pmr::get_default_resource()}));
+}
+
+BOOST_AUTO_TEST_CASE(pmr_upstream_never_hands_out_misaligned_memory) {
+  // libstdc++'s pool resource ignores alignments above its block size for some sizes.
+  std::pmr::unsynchronized_pool_resource pool;
+  alloy::pmr_upstream up{&pool};
+  std::size_t served = 0;
+  for (std::size_t bytes = 1; bytes < 5000; bytes += 7) {
+    const alloy::block b = up.allocate(bytes, 256);
+    if (!b) continue;
+    ++served;
+    BOOST_TEST(alloy::detail::is_aligned(b.ptr, 256));
+    up.deallocate(b);
+  }
+  BOOST_TEST(served > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(pmr_upstream_turns_exceptions_into_empty_blocks) {
+  alloy::pmr_upstream up{std::pmr::null_memory_resource()};
+  BOOST_TEST(!up.allocate(16, 16));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
