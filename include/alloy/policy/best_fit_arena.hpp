@@ -1,0 +1,628 @@
+// alloy/policy/best_fit_arena.hpp
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <new>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <alloy/concepts.hpp>
+#include <alloy/config.hpp>
+#include <alloy/detail/align.hpp>
+#include <alloy/detail/best_fit_index.hpp>
+
+namespace alloy {
+
+/// How a `best_fit_arena` sizes the segments it takes from its upstream.
+enum class best_fit_growth : std::uint8_t {
+  doubling,  ///< `growth_size`, then twice the previous segment, up to `max_growth_size` (as TF's BFC)
+  fixed,     ///< every segment `growth_size`
+};
+
+/// A misuse `best_fit_arena::deallocate` detected and ignored.
+enum class arena_misuse : std::uint8_t {
+  double_free,      ///< the pointer starts a chunk that is already free
+  foreign_pointer,  ///< the pointer is not the start of a block this arena handed out
+  wrong_size,       ///< the block's size is not the size it was allocated with
+};
+
+/// Called on every misuse (see `best_fit_arena::options::on_misuse`).
+using arena_misuse_handler = void (*)(arena_misuse kind, block b, void* context) noexcept;
+
+/// Counts of the misuses a `best_fit_arena` detected.
+struct arena_misuse_counts {
+  std::size_t double_frees = 0;
+  std::size_t foreign_pointers = 0;
+  std::size_t wrong_sizes = 0;
+  std::size_t total() const noexcept { return double_frees + foreign_pointers + wrong_sizes; }
+};
+
+/// `best_fit_arena<Upstream>`: a coalescing best-fit arena (the large-block engine, DESIGN §3).
+///
+/// - Strategy: takes *segments* from `Upstream` and splits them into *chunks*. A request is
+///   rounded up to a multiple of `rounding` (default 256 B; a power of two) and served by the
+///   smallest free chunk that can hold it (best fit; among equal sizes the most recently freed
+///   below 16384 units, the lowest address above); the rest of that chunk is split off as a free chunk. A freed chunk is merged
+///   at once with free address neighbours of the same segment (never across segments).
+///   Alignments up to `rounding` come free (segments are taken aligned to `rounding`); larger
+///   power-of-two alignments (4 KiB, 2 MiB, any) are served inside the arena by splitting off the
+///   padding in front as a free chunk.
+/// - Growth: when nothing fits, a new segment of at least the request is taken: with
+///   `best_fit_growth::doubling` the first is `growth_size`, each next one twice as big, up to
+///   `max_growth_size` (defaults: 2 MiB doubling to 16 MiB, which kept peak reserved ÷ peak live
+///   at 1.14 on W1, see bench/README.md); with `best_fit_growth::fixed` each is `growth_size` (or
+///   the request, when bigger). `initial_size` bytes are taken at construction (lazily later if that fails), and
+///   `reserved_bytes()` never exceeds `maximum_size` (`bytes_reservable_limit()`): with
+///   `initial_size == maximum_size` the arena has a fixed capacity. Segments never shrink; only
+///   wholly free ones go back, on `release()` or when the upstream fails. (`maximum_size` is
+///   rounded down to a multiple of `rounding`.)
+/// - `max_split_size` (as PyTorch's): free chunks larger than it are *oversize*. A request of at
+///   most `max_split_size` never splits an oversize chunk (a segment grown for such a request is at
+///   most `max(max_split_size, request)`), except as a last resort when the arena cannot grow; a
+///   larger request takes an oversize chunk whole when less than `max_split_size` would be left
+///   over (else it splits it, and the rest stays oversize), and grows by exactly its size.
+/// - Metadata: all of it in host memory beside the arena, none in the managed memory (which is
+///   never read or written, so device memory works): a pool of chunk nodes (32-bit indices, address
+///   neighbours linked), the free index (one list per exact size below 16384 rounding units with a
+///   three-level bitmap; a treap keyed by (size, address) above), a hash table of allocated chunks
+///   by address, and a sorted vector of segments. Nodes are recycled: after warm-up no call
+///   allocates host memory (the pools grow geometrically, before anything is changed).
+/// - Complexity: allocate O(1) for chunks below 16384 units (4 MiB at the default rounding) and
+///   O(log n) expected above, n = free chunks; deallocate O(1) expected plus the same for
+///   re-indexing the merged chunk; neighbours O(1); `owns` O(log segments); `release` O(segments);
+///   `for_each_block` O(chunks); `largest_free_block` O(log n).
+/// - Zero bytes: a unique chunk of `rounding` bytes, returned as a block of size 0.
+/// - Failure: an empty block (counted in `counters().num_ooms`) when the request cannot be met:
+///   the arena first tries the preferred segment size, then exactly what the request needs, then
+///   (oversize chunks allowed) the last resort above, then releases every wholly free segment and,
+///   if that returned anything or the upstream had failed, retries once (`num_alloc_retries`).
+///   Alignments that are not a power of two and sizes whose rounding overflows give an empty
+///   block without touching the upstream (not counted as OOMs, as nothing was tried). If host
+///   metadata cannot grow (std::bad_alloc), the request fails the same way.
+/// - Misuse (DESIGN §7), detected in every build since the address lookup a free needs anyway
+///   finds it: a double free, a pointer that is not the start of a live block (foreign or
+///   interior), and a size that is not the one allocated are ignored (the arena is left as it
+///   was; a wrong-size free leaves the block allocated), counted in `misuses()`, and passed to
+///   `options::on_misuse` when set; with no handler, `ALLOY_CHECKED` builds print one line to
+///   stderr. A stale free of a block whose address was handed out again is a valid free of the
+///   new block when the sizes agree: no allocator without per-block generations can tell.
+///   `check_invariants()` verifies all the bookkeeping in O(chunks), for tests.
+/// - Capabilities: `owns` (the address lies in one of its segments), `release`,
+///   `reserved_bytes`, `counters`, `for_each_block` (segments in address order, chunks in
+///   address order, each with its state and requested size), plus `bytes_in_use` (rounded bytes
+///   of allocated chunks, so reserved = in use + free always), `requested_bytes`, `free_bytes`,
+///   `largest_free_block`, `bytes_reservable_limit`; `allocate_at` and `chunk_size` for a
+///   compacting defragmenter (`alloy::placement_arena`). No stream-ordered calls.
+/// - Destruction returns every segment to the upstream, live blocks or not.
+/// - Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena may
+///   only be destroyed or assigned to.
+template <allocator Upstream>
+class best_fit_arena {
+ public:
+  static constexpr bool host_accessible = Upstream::host_accessible;
+  static constexpr bool device_accessible = Upstream::device_accessible;
+
+  struct options {
+    std::size_t initial_size = 0;  ///< bytes taken at construction (one segment); 0 = none
+    std::size_t maximum_size = std::numeric_limits<std::size_t>::max();  ///< cap on reserved bytes
+    best_fit_growth growth = best_fit_growth::doubling;
+    std::size_t growth_size = std::size_t{2} << 20;       ///< first (doubling) or every (fixed) segment
+    std::size_t max_growth_size = std::size_t{16} << 20;  ///< doubling stops here
+    std::size_t rounding = 256;                            ///< a power of two (others round up to one)
+    std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+    arena_misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
+    void* misuse_context = nullptr;            ///< passed to `on_misuse`
+  };
+
+  best_fit_arena() : best_fit_arena(Upstream{}) {}
+  explicit best_fit_arena(Upstream upstream, options opts = {})
+      : upstream_(std::move(upstream)), opts_(normalised(opts)), shift_(log2(opts_.rounding)), index_(shift_) {
+    next_growth_ = opts_.growth_size;
+    if (opts_.initial_size != 0) {
+      try {
+        pool_.reserve(4);
+        segments_.reserve(4);
+      } catch (const std::bad_alloc&) {
+        return;
+      }
+      const std::size_t size = detail::round_up(std::min(opts_.initial_size, opts_.maximum_size), opts_.rounding);
+      if (size != 0 && size <= opts_.maximum_size) take_segment(size);
+    }
+  }
+
+  best_fit_arena(const best_fit_arena&) = delete;
+  best_fit_arena& operator=(const best_fit_arena&) = delete;
+  best_fit_arena(best_fit_arena&& other) noexcept
+      : upstream_(std::move(other.upstream_)),
+        opts_(other.opts_),
+        shift_(other.shift_),
+        index_(std::move(other.index_)),
+        pool_(std::move(other.pool_)),
+        map_(std::move(other.map_)),
+        segments_(std::move(other.segments_)),
+        next_growth_(other.next_growth_),
+        reserved_(other.reserved_),
+        in_use_(other.in_use_),
+        requested_(other.requested_),
+        counters_(other.counters_),
+        misuses_(other.misuses_) {
+    other.forget();
+  }
+  best_fit_arena& operator=(best_fit_arena&& other) noexcept {
+    if (this != &other) {
+      return_all_segments();
+      upstream_ = std::move(other.upstream_);
+      opts_ = other.opts_;
+      shift_ = other.shift_;
+      index_ = std::move(other.index_);
+      pool_ = std::move(other.pool_);
+      map_ = std::move(other.map_);
+      segments_ = std::move(other.segments_);
+      next_growth_ = other.next_growth_;
+      reserved_ = other.reserved_;
+      in_use_ = other.in_use_;
+      requested_ = other.requested_;
+      counters_ = other.counters_;
+      misuses_ = other.misuses_;
+      other.forget();
+    }
+    return *this;
+  }
+  ~best_fit_arena() { return_all_segments(); }
+
+  // ---- the allocator ---------------------------------------------------------------------------
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (!detail::is_power_of_two(alignment)) return {};
+    const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
+    if (rounded == 0) return {};
+    std::size_t need = rounded;  // what a chunk must span to hold the request at any address
+    if (alignment > opts_.rounding) {
+      if (rounded > std::numeric_limits<std::size_t>::max() - alignment) return {};
+      need = rounded + alignment - opts_.rounding;
+    }
+    try {
+      pool_.reserve(3);
+      map_.reserve_one();
+    } catch (const std::bad_alloc&) {
+      ++counters_.num_ooms;
+      return {};
+    }
+    std::uint32_t c = find_fit(rounded, need, alignment);
+    if (c == detail::best_fit_npos) c = grow_for(rounded, need);
+    if (c == detail::best_fit_npos) {
+      ++counters_.num_ooms;
+      return {};
+    }
+    return carve(c, rounded, bytes, alignment);
+  }
+
+  void deallocate(block b) noexcept {
+    if (b.ptr == nullptr) return;
+    const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
+    const std::size_t slot = map_.find_slot(addr);
+    if (slot == detail::best_fit_address_map::npos_slot) [[unlikely]] {
+      report(classify_unknown(addr), b);
+      return;
+    }
+    std::uint32_t c = map_.value_at(slot);
+    if (pool_[c].requested != b.size) [[unlikely]] {
+      report(arena_misuse::wrong_size, b);
+      return;
+    }
+    map_.erase_slot(slot);
+    detail::best_fit_chunk& node = pool_[c];
+    in_use_ -= node.size;
+    requested_ -= node.requested;
+    node.free = true;
+    node.requested = 0;
+    // Merge with the free neighbours (the lower chunk survives a merge).
+    const std::uint32_t n = node.next;
+    if (n != detail::best_fit_npos && pool_[n].free) {
+      index_.erase(pool_, n);
+      absorb_next(c);
+    }
+    const std::uint32_t p = pool_[c].prev;
+    if (p != detail::best_fit_npos && pool_[p].free) {
+      index_.erase(pool_, p);
+      absorb_next(p);
+      c = p;
+    }
+    index_.insert(pool_, c);
+  }
+
+  // ---- placement, for compacting_defragmenter (alloy::placement_arena) --------------------------
+
+  /// The bytes a block of `bytes` spans in the arena (`bytes` rounded up to `rounding`; 0 when
+  /// that overflows).
+  std::size_t chunk_size(std::size_t bytes) const noexcept {
+    return detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
+  }
+
+  /// Carves a block of `bytes` starting exactly at `where`: succeeds only when `where` is a
+  /// multiple of `rounding` and the block's `chunk_size` lies inside one free chunk (free bytes
+  /// before and after it stay free chunks; `max_split_size` does not apply). An empty block
+  /// otherwise, with the arena unchanged. O(chunks of that segment). For the defragmenter, which
+  /// moves blocks to places it chose.
+  block allocate_at(void* where, std::size_t bytes) noexcept {
+    const std::size_t rounded = chunk_size(bytes);
+    const auto addr = reinterpret_cast<std::uintptr_t>(where);
+    if (rounded == 0 || (addr & (opts_.rounding - 1)) != 0) return {};
+    const std::size_t s = segment_of(addr);
+    if (s == npos_segment) return {};
+    try {
+      pool_.reserve(3);
+      map_.reserve_one();
+    } catch (const std::bad_alloc&) {
+      return {};
+    }
+    std::uint32_t c = segments_[s].first;
+    while (c != detail::best_fit_npos && pool_[c].addr + pool_[c].size <= addr) c = pool_[c].next;
+    if (c == detail::best_fit_npos || !pool_[c].free) return {};
+    if (rounded > pool_[c].addr + pool_[c].size - addr) return {};
+    index_.erase(pool_, c);
+    if (addr != pool_[c].addr) {  // the free bytes in front stay a free chunk
+      const std::uint32_t rest = split(c, addr - pool_[c].addr);
+      index_.insert(pool_, c);
+      c = rest;
+    }
+    if (pool_[c].size != rounded) index_.insert(pool_, split(c, rounded));
+    detail::best_fit_chunk& node = pool_[c];
+    node.free = false;
+    node.requested = bytes;
+    in_use_ += node.size;
+    requested_ += bytes;
+    map_.insert(node.addr, c);
+    return {where, bytes};
+  }
+
+  // ---- capabilities ----------------------------------------------------------------------------
+
+  /// Whether the block's address lies inside one of this arena's segments.
+  bool owns(block b) const noexcept { return segment_of(reinterpret_cast<std::uintptr_t>(b.ptr)) != npos_segment; }
+
+  /// Returns every wholly free segment to the upstream; returns how many bytes went back.
+  std::size_t release() noexcept {
+    std::size_t released = 0;
+    for (std::size_t i = segments_.size(); i-- > 0;) {
+      const segment s = segments_[i];
+      const detail::best_fit_chunk& first = pool_[s.first];
+      if (!first.free || first.size != s.size) continue;
+      index_.erase(pool_, s.first);
+      pool_.give(s.first);
+      segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(i));
+      upstream_.deallocate(block{reinterpret_cast<void*>(s.base), s.size});
+      ++counters_.num_device_free;
+      reserved_ -= s.size;
+      released += s.size;
+    }
+    return released;
+  }
+
+  std::size_t reserved_bytes() const noexcept { return reserved_; }
+  allocator_counters counters() const noexcept { return counters_; }
+
+  /// Calls `visit(const block_info&)` for every chunk: segments in address order, chunks in
+  /// address order. Allocated chunks report their rounded extent as `size` and what was asked as
+  /// `requested`.
+  template <class F>
+  void for_each_block(F&& visit) const {
+    for (const segment& s : segments_) {
+      for (std::uint32_t c = s.first; c != detail::best_fit_npos; c = pool_[c].next) {
+        const detail::best_fit_chunk& node = pool_[c];
+        visit(block_info{.segment = reinterpret_cast<const void*>(s.base),
+                         .segment_size = s.size,
+                         .ptr = reinterpret_cast<const void*>(node.addr),
+                         .size = node.size,
+                         .requested = node.free ? 0 : node.requested,
+                         .state = node.free ? block_state::free : block_state::allocated});
+      }
+    }
+  }
+
+  /// Rounded bytes of the allocated chunks (so `reserved_bytes() == bytes_in_use() + free_bytes()`).
+  std::size_t bytes_in_use() const noexcept { return in_use_; }
+  /// Bytes the callers of the live blocks asked for.
+  std::size_t requested_bytes() const noexcept { return requested_; }
+  std::size_t free_bytes() const noexcept { return reserved_ - in_use_; }
+  /// The largest free chunk (the biggest request at alignment <= rounding served without growing).
+  std::size_t largest_free_block() const noexcept {
+    const std::uint32_t c = index_.largest(pool_);
+    return c == detail::best_fit_npos ? 0 : pool_[c].size;
+  }
+  /// `options::maximum_size` (SIZE_MAX when unbounded).
+  std::size_t bytes_reservable_limit() const noexcept { return opts_.maximum_size; }
+  std::size_t segment_count() const noexcept { return segments_.size(); }
+  std::size_t free_chunk_count() const noexcept { return index_.size(); }
+  std::size_t allocated_chunk_count() const noexcept { return map_.size(); }
+  arena_misuse_counts misuses() const noexcept { return misuses_; }
+  const options& get_options() const noexcept { return opts_; }
+
+  /// Verifies every invariant of the bookkeeping in O(chunks): chunks tile each segment, no two
+  /// free neighbours, every free chunk indexed and every allocated one mapped, sums agree.
+  bool check_invariants() const noexcept {
+    std::size_t reserved = 0, in_use = 0, requested = 0, free_chunks = 0, allocated = 0;
+    std::uintptr_t previous_end = 0;
+    for (const segment& s : segments_) {
+      if (s.base < previous_end) return false;
+      previous_end = s.base + s.size;
+      reserved += s.size;
+      std::uintptr_t at = s.base;
+      std::uint32_t before = detail::best_fit_npos;
+      for (std::uint32_t c = s.first; c != detail::best_fit_npos; c = pool_[c].next) {
+        const detail::best_fit_chunk& node = pool_[c];
+        if (node.addr != at || node.prev != before || node.size == 0) return false;
+        if ((node.size & (opts_.rounding - 1)) != 0) return false;
+        if (node.free) {
+          if (before != detail::best_fit_npos && pool_[before].free) return false;
+          ++free_chunks;
+        } else {
+          if (map_.find(node.addr) != c) return false;
+          in_use += node.size;
+          requested += node.requested;
+          ++allocated;
+        }
+        at += node.size;
+        before = c;
+      }
+      if (at != s.base + s.size) return false;
+    }
+    if (reserved != reserved_ || in_use != in_use_ || requested != requested_) return false;
+    if (free_chunks != index_.size() || allocated != map_.size()) return false;
+    return pool_.live() == free_chunks + allocated;
+  }
+
+  Upstream& upstream() noexcept { return upstream_; }
+  const Upstream& upstream() const noexcept { return upstream_; }
+  auto parts() noexcept { return std::tie(upstream_); }
+  auto parts() const noexcept { return std::tie(upstream_); }
+
+ private:
+  struct segment {
+    std::uintptr_t base;
+    std::size_t size;
+    std::uint32_t first;  ///< the lowest chunk; it survives every merge, so it never changes
+  };
+  static constexpr std::size_t npos_segment = static_cast<std::size_t>(-1);
+
+  static unsigned log2(std::size_t power_of_two) noexcept {
+    unsigned s = 0;
+    while ((std::size_t{1} << s) < power_of_two) ++s;
+    return s;
+  }
+  static options normalised(options o) noexcept {
+    if (o.rounding == 0) o.rounding = 1;
+    if (!detail::is_power_of_two(o.rounding)) {
+      std::size_t p = 1;
+      while (p < o.rounding && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
+      o.rounding = p;
+    }
+    o.maximum_size &= ~(o.rounding - 1);  // every segment is a whole number of rounding units
+    if (o.growth_size == 0) o.growth_size = o.rounding;
+    if (o.max_growth_size < o.growth_size) o.max_growth_size = o.growth_size;
+    return o;
+  }
+
+  /// The best free chunk for a request, or npos when none may serve it.
+  std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
+    std::uint32_t c = index_.best_fit(pool_, rounded);
+    if (c == detail::best_fit_npos) return c;
+    if (alignment > opts_.rounding && !fits_aligned(c, rounded, alignment)) {
+      c = index_.best_fit(pool_, need);
+      if (c == detail::best_fit_npos) return c;
+    }
+    if (pool_[c].size > opts_.max_split_size && rounded <= opts_.max_split_size) return detail::best_fit_npos;
+    return c;
+  }
+  bool fits_aligned(std::uint32_t c, std::size_t rounded, std::size_t alignment) const noexcept {
+    const detail::best_fit_chunk& node = pool_[c];
+    const std::uintptr_t start = (node.addr + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    return start - node.addr <= node.size - rounded;
+  }
+
+  /// Grows the arena for a request that found no chunk; returns the chunk to serve it from.
+  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need) noexcept {
+    const std::size_t max_split = opts_.max_split_size;
+    std::size_t preferred = need;
+    bool advances = false;
+    if (rounded > max_split) {
+      preferred = need;  // oversize requests get a segment of their own size (as PyTorch)
+    } else if (opts_.growth == best_fit_growth::fixed) {
+      preferred = std::max(need, opts_.growth_size);
+    } else {
+      preferred = std::max(need, next_growth_);
+      advances = true;
+    }
+    if (rounded <= max_split && max_split != std::numeric_limits<std::size_t>::max())
+      preferred = std::min(preferred, std::max(need, detail::round_up(max_split, opts_.rounding)));
+    preferred = std::max(detail::round_up(preferred, opts_.rounding), need);
+
+    bool upstream_failed = false;
+    std::uint32_t c = grow_by(preferred, need, upstream_failed);
+    if (c != detail::best_fit_npos) {
+      if (advances && next_growth_ < opts_.max_growth_size)
+        next_growth_ = next_growth_ > opts_.max_growth_size / 2 ? opts_.max_growth_size : next_growth_ * 2;
+      return c;
+    }
+    // Last resort for a small request: an oversize chunk, split after all.
+    if (rounded <= max_split && max_split != std::numeric_limits<std::size_t>::max()) {
+      c = index_.best_fit(pool_, need);
+      if (c != detail::best_fit_npos) return c;
+    }
+    const std::size_t released = release();
+    if (released == 0 && !upstream_failed) return detail::best_fit_npos;
+    ++counters_.num_alloc_retries;
+    bool ignored = false;
+    return grow_by(need, need, ignored);
+  }
+
+  /// Takes a segment of `preferred` bytes, else of `need` bytes, within the maximum size.
+  std::uint32_t grow_by(std::size_t preferred, std::size_t need, bool& upstream_failed) noexcept {
+    const std::size_t room = opts_.maximum_size - reserved_;
+    if (need > room) return detail::best_fit_npos;
+    preferred = std::min(preferred, room);
+    try {
+      segments_.reserve(segments_.size() + 1);
+    } catch (const std::bad_alloc&) {
+      return detail::best_fit_npos;
+    }
+    std::uint32_t c = take_segment(preferred);
+    if (c == detail::best_fit_npos) {
+      upstream_failed = true;
+      if (preferred > need) c = take_segment(need);
+    }
+    return c;
+  }
+
+  /// Asks the upstream for one segment and indexes it as one free chunk. Room for one segment
+  /// record and one node must have been reserved.
+  std::uint32_t take_segment(std::size_t size) noexcept {
+    const block got = upstream_.allocate(size, opts_.rounding);
+    if (!got) return detail::best_fit_npos;
+    const auto base = reinterpret_cast<std::uintptr_t>(got.ptr);
+    if ((base & (opts_.rounding - 1)) != 0) {  // an upstream that ignores alignment: unusable
+      upstream_.deallocate(got);
+      return detail::best_fit_npos;
+    }
+    ++counters_.num_device_alloc;
+    const std::uint32_t c = pool_.take();
+    detail::best_fit_chunk& node = pool_[c];
+    node.addr = base;
+    node.size = size;
+    node.free = true;
+    const auto at = std::lower_bound(segments_.begin(), segments_.end(), base,
+                                     [](const segment& s, std::uintptr_t a) { return s.base < a; });
+    segments_.insert(at, segment{base, size, c});
+    reserved_ += size;
+    index_.insert(pool_, c);
+    return c;
+  }
+
+  /// Hands out free chunk `c` for a request: splits off padding in front and the rest behind.
+  block carve(std::uint32_t c, std::size_t rounded, std::size_t bytes, std::size_t alignment) noexcept {
+    index_.erase(pool_, c);
+    const std::uintptr_t addr = pool_[c].addr;
+    if (alignment > opts_.rounding) {
+      const std::uintptr_t start = (addr + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+      if (start != addr) {  // the padding stays a free chunk (its neighbour before is allocated)
+        const std::uint32_t rest = split(c, start - addr);
+        index_.insert(pool_, c);
+        c = rest;
+      }
+    }
+    const std::size_t size = pool_[c].size;
+    const std::size_t leftover = size - rounded;
+    if (leftover != 0) {
+      const std::size_t max_split = opts_.max_split_size;
+      const bool whole = size > max_split && rounded > max_split && leftover <= max_split;
+      if (!whole) index_.insert(pool_, split(c, rounded));
+    }
+    detail::best_fit_chunk& node = pool_[c];
+    node.free = false;
+    node.requested = bytes;
+    in_use_ += node.size;
+    requested_ += bytes;
+    map_.insert(node.addr, c);
+    return {reinterpret_cast<void*>(node.addr), bytes};
+  }
+
+  /// Splits chunk `c` after `head` bytes; returns the new chunk behind it (not indexed).
+  std::uint32_t split(std::uint32_t c, std::size_t head) noexcept {
+    const std::uint32_t d = pool_.take();
+    detail::best_fit_chunk& first = pool_[c];
+    detail::best_fit_chunk& second = pool_[d];
+    second.addr = first.addr + head;
+    second.size = first.size - head;
+    second.free = true;
+    second.prev = c;
+    second.next = first.next;
+    if (first.next != detail::best_fit_npos) pool_[first.next].prev = d;
+    first.next = d;
+    first.size = head;
+    return d;
+  }
+
+  /// Merges the chunk after `c` into `c` (both out of the index).
+  void absorb_next(std::uint32_t c) noexcept {
+    detail::best_fit_chunk& node = pool_[c];
+    const std::uint32_t n = node.next;
+    node.size += pool_[n].size;
+    node.next = pool_[n].next;
+    if (node.next != detail::best_fit_npos) pool_[node.next].prev = c;
+    pool_.give(n);
+  }
+
+  std::size_t segment_of(std::uintptr_t addr) const noexcept {
+    auto at = std::upper_bound(segments_.begin(), segments_.end(), addr,
+                               [](std::uintptr_t a, const segment& s) { return a < s.base; });
+    if (at == segments_.begin()) return npos_segment;
+    --at;
+    if (addr - at->base >= at->size) return npos_segment;
+    return static_cast<std::size_t>(at - segments_.begin());
+  }
+
+  /// Why a freed pointer is not a live block (the slow path of misuse).
+  [[gnu::cold]] arena_misuse classify_unknown(std::uintptr_t addr) const noexcept {
+    const std::size_t s = segment_of(addr);
+    if (s == npos_segment) return arena_misuse::foreign_pointer;
+    for (std::uint32_t c = segments_[s].first; c != detail::best_fit_npos; c = pool_[c].next) {
+      if (pool_[c].addr == addr) return pool_[c].free ? arena_misuse::double_free : arena_misuse::foreign_pointer;
+      if (pool_[c].addr > addr) break;
+    }
+    return arena_misuse::foreign_pointer;
+  }
+
+  [[gnu::cold]] void report(arena_misuse kind, block b) noexcept {
+    switch (kind) {
+      case arena_misuse::double_free: ++misuses_.double_frees; break;
+      case arena_misuse::foreign_pointer: ++misuses_.foreign_pointers; break;
+      case arena_misuse::wrong_size: ++misuses_.wrong_sizes; break;
+    }
+    if (opts_.on_misuse != nullptr) {
+      opts_.on_misuse(kind, b, opts_.misuse_context);
+    } else if (ALLOY_CHECKED) {
+      static constexpr const char* what[] = {"double free", "free of a pointer it did not hand out",
+                                             "free with the wrong size"};
+      std::fprintf(stderr, "alloy: best_fit_arena: %s (%p, %zu bytes); ignored\n", what[static_cast<int>(kind)],
+                   b.ptr, b.size);
+    }
+  }
+
+  void return_all_segments() noexcept {
+    for (const segment& s : segments_) {
+      upstream_.deallocate(block{reinterpret_cast<void*>(s.base), s.size});
+      ++counters_.num_device_free;
+    }
+    segments_.clear();
+    pool_.clear();
+    map_.clear();
+    reserved_ = in_use_ = requested_ = 0;
+  }
+  void forget() noexcept {
+    segments_.clear();
+    pool_.clear();
+    map_.clear();
+    reserved_ = in_use_ = requested_ = 0;
+  }
+
+  Upstream upstream_{};
+  options opts_{};
+  unsigned shift_ = 8;
+  detail::best_fit_free_index index_;
+  detail::best_fit_chunk_pool pool_;
+  detail::best_fit_address_map map_;
+  std::vector<segment> segments_;
+  std::size_t next_growth_ = 0;
+  std::size_t reserved_ = 0;
+  std::size_t in_use_ = 0;
+  std::size_t requested_ = 0;
+  allocator_counters counters_{};
+  arena_misuse_counts misuses_{};
+};
+
+}  // namespace alloy
