@@ -1,0 +1,228 @@
+// alloy/showcase.hpp: ready-made compositions of the building blocks, to use as they are or to
+// copy and change.
+//
+//   alloy::caching_allocator<alloy::cuda_malloc_upstream> torch_like;   // PyTorch's layout
+//   alloy::default_allocator<alloy::cuda_async_upstream> alloc;         // what we recommend
+//
+// Each is a class derived from the `segregator` it is made of, so it has that segregator's
+// capabilities, accessors (`small()`, `large()`) and `parts()`; statistics see its small and large
+// pools. Like every policy, none is synchronized: wrap it in `synchronized<>` to share it.
+// The upstream is copied into every part; pass `alloy::ref<U>` for an upstream with state that
+// must stay in one place.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include <alloy/concepts.hpp>
+#include <alloy/detail/align.hpp>
+#include <alloy/literals.hpp>
+#include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/policy/segregator.hpp>
+#include <alloy/policy/size_class_pool.hpp>
+
+namespace alloy {
+
+// ---- caching_allocator ------------------------------------------------------------------------
+
+/// Knobs of `caching_allocator`, with PyTorch's values as defaults.
+struct caching_options {
+  /// Free blocks above this size are not split for smaller requests (PyTorch's
+  /// `max_split_size_mb`, in bytes); applies to both large-block arenas. Default: no limit.
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  std::size_t small_slab_size = std::size_t{2} << 20;      ///< PyTorch's kSmallBuffer
+  std::size_t large_segment_size = std::size_t{20} << 20;  ///< PyTorch's kLargeBuffer
+};
+
+namespace detail {
+
+/// Rounds every request up to a multiple of `Rounding` before passing it to `Inner` (PyTorch's
+/// kRoundLarge), handing back blocks of the size asked for. Frees rebuild the rounded block from
+/// the size. Passes on `Inner`'s capabilities; `requested_bytes()` counts what callers asked for.
+template <allocator Inner, std::size_t Rounding>
+class round_up_requests {
+  static_assert(is_power_of_two(Rounding));
+
+ public:
+  static constexpr bool host_accessible = Inner::host_accessible;
+  static constexpr bool device_accessible = Inner::device_accessible;
+
+  round_up_requests() = default;
+  explicit round_up_requests(Inner inner) : inner_(std::move(inner)) {}
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    const std::size_t rounded = round_up(bytes, Rounding);
+    if (rounded == 0 && bytes != 0) return {};
+    const block b = inner_.allocate(rounded, alignment);
+    if (!b) return {};
+    requested_ += bytes;
+    return {b.ptr, bytes};
+  }
+  void deallocate(block b) noexcept {
+    if (!b) return;
+    requested_ -= b.size;
+    inner_.deallocate({b.ptr, round_up(b.size, Rounding)});
+  }
+
+  bool owns(block b) const noexcept
+    requires owning_allocator<Inner>
+  {
+    return inner_.owns(b);
+  }
+  void release() noexcept
+    requires releasing_allocator<Inner>
+  {
+    inner_.release();
+  }
+  std::size_t reserved_bytes() const noexcept
+    requires reserving_allocator<Inner>
+  {
+    return inner_.reserved_bytes();
+  }
+  allocator_counters counters() const noexcept
+    requires counting_allocator<Inner>
+  {
+    return inner_.counters();
+  }
+  std::size_t bytes_in_use() const noexcept
+    requires requires(const Inner& i) { i.bytes_in_use(); }
+  {
+    return inner_.bytes_in_use();
+  }
+  std::size_t requested_bytes() const noexcept { return requested_; }
+  template <class F>
+    requires introspectable_allocator<Inner>
+  void for_each_block(F&& visit) const {
+    inner_.for_each_block(visit);
+  }
+
+  Inner& inner() noexcept { return inner_; }
+  const Inner& inner() const noexcept { return inner_; }
+  auto parts() noexcept { return std::tie(inner_); }
+  auto parts() const noexcept { return std::tie(inner_); }
+
+ private:
+  Inner inner_{};
+  std::size_t requested_ = 0;
+};
+
+/// The small pool of `caching_allocator`: classes from 512 B (PyTorch's kMinBlockSize) with four
+/// steps per octave. Classes go to 2 MiB, above the 1 MiB threshold, so that requests near 1 MiB
+/// with an alignment above 256 still fit (see `size_class_pool`).
+template <class Upstream>
+using caching_small_t = size_class_pool<Upstream, power2_classes<4, 512, (std::size_t{2} << 20)>>;
+template <class Upstream>
+using caching_huge_t = round_up_requests<best_fit_arena<Upstream>, (std::size_t{2} << 20)>;
+template <class Upstream>
+using caching_large_t = segregator<(std::size_t{10} << 20) - 1, best_fit_arena<Upstream>, caching_huge_t<Upstream>>;
+template <class Upstream>
+using caching_base_t = segregator<(std::size_t{1} << 20), caching_small_t<Upstream>, caching_large_t<Upstream>>;
+}  // namespace detail
+
+/// `caching_allocator<Upstream>`: PyTorch's documented CUDA caching allocator layout, made of our
+/// blocks.
+///
+/// - Requests of at most 1 MiB (PyTorch's small pool) come from a `size_class_pool` with 2 MiB
+///   slabs (kSmallBuffer) and classes from 512 B (kMinBlockSize) with four steps per octave.
+/// - Requests above 1 MiB and below 10 MiB (kMinLargeAlloc) come from a `best_fit_arena` that
+///   grows by 20 MiB segments (kLargeBuffer).
+/// - Requests of 10 MiB and more are rounded up to a multiple of 2 MiB (kRoundLarge) and come
+///   from a second `best_fit_arena` that takes segments of exactly that size when nothing cached
+///   fits.
+/// - Both arenas round chunks to 256 B, not PyTorch's 512: an arena takes its segments aligned
+///   to its rounding, and the CUDA upstreams guarantee 256.
+/// - `max_split_size` (PyTorch's `max_split_size_mb`) applies to both arenas.
+///
+/// Differences from PyTorch, by construction: the small pool serves fixed size classes from
+/// per-class slabs (O(1)) where PyTorch splits 2 MiB segments best fit; the two large ranges
+/// keep separate segments (PyTorch lets a big cached segment serve a mid-size request); nothing
+/// is stream-ordered (no per-stream pools, no events) and nothing is synchronized. On upstream
+/// failure each part releases its own wholly free slabs or segments and retries once
+/// (PyTorch frees every cached block of the device); call `release()` to return every cached
+/// byte. Memory kind: the upstream's.
+template <allocator Upstream>
+class caching_allocator : public detail::caching_base_t<Upstream> {
+  using base = detail::caching_base_t<Upstream>;
+  using small_t = detail::caching_small_t<Upstream>;
+  using large_t = detail::caching_large_t<Upstream>;
+  using huge_t = detail::caching_huge_t<Upstream>;
+  using arena_t = best_fit_arena<Upstream>;
+
+ public:
+  using options = caching_options;
+
+  caching_allocator() : caching_allocator(Upstream{}) {}
+  explicit caching_allocator(Upstream upstream, options opts = {})
+      : base(small_t{upstream, {.slab_size = opts.small_slab_size}},
+             large_t{arena_t{upstream,
+                             {.growth = best_fit_growth::fixed,
+                              .growth_size = opts.large_segment_size,
+                              .max_split_size = opts.max_split_size}},
+                     huge_t{arena_t{upstream,
+                                    {.growth = best_fit_growth::fixed,
+                                     .growth_size = std::size_t{2} << 20,
+                                     .max_split_size = opts.max_split_size}}}}) {}
+};
+
+// ---- default_allocator ------------------------------------------------------------------------
+
+namespace detail {
+template <class Upstream>
+using default_small_t = size_class_pool<Upstream, power2_classes<4, 256, (std::size_t{128} << 10)>>;
+template <class Upstream>
+using default_base_t = segregator<(std::size_t{64} << 10), default_small_t<Upstream>, best_fit_arena<Upstream>>;
+}  // namespace detail
+
+/// `default_allocator<Upstream>`: the composition we recommend when nothing is known about the
+/// workload.
+///
+///   segregator<64 KiB, size_class_pool<U, power2_classes<4, 256, 128 KiB>> (slabs of 64 KiB
+///              first, doubling to 256 KiB),
+///              best_fit_arena<U> (its default options)>
+///
+/// Chosen by measurement (`bench/compositions`, tables in bench/README.md): every trace in
+/// ../shared/traces (PyTorch training and inference steps, MiniMalloc instances) and workload W1
+/// (1,000 live, 256 B-4 MiB) replayed through the arena alone, pools up to 16 / 64 / 256 KiB
+/// beside the arena, a pool with 2 MiB slabs up to 1 MiB beside the arena, and
+/// `caching_allocator`. Peak reserved ÷ peak live (geometric mean over the traces; W1) and W1
+/// time per pair, one run on a 2-core VM:
+///   arena alone                                  1.599  1.141  92 ns
+///   pool <= 64 KiB, slabs 64 KiB..256 KiB + arena 1.619  1.143  61 ns  <- this one
+///   pool <= 64 KiB, slabs 64 KiB..2 MiB + arena   1.619  1.153  60 ns
+///   pool <= 256 KiB, slabs 64 KiB..2 MiB + arena  1.621  1.194  40 ns
+///   pool <= 1 MiB, 2 MiB slabs + arena            1.687  1.403  29 ns
+///   caching_allocator                             1.671  1.412  29 ns
+///   (thrust's disjoint pool, largest block 1 MiB / 4 MiB: W1 1.482 / 2.012 at 87 / 74 ns)
+/// The reasons:
+/// - The arena carries the bytes: best fit with coalescing holds the least memory; every
+///   composition's footprint is the arena's plus the pool's partly filled slabs.
+/// - The pool carries the count: small requests are the many, and the pool serves them in O(1)
+///   without cutting the arena's segments into slivers; up to 64 KiB it takes a third of the
+///   time off W1 for about 1 % of memory. Larger thresholds buy time with memory (each class in
+///   use holds whole slabs). Slabs start at 64 KiB and stop doubling at 256 KiB, which bounds
+///   the idle space of the big classes; over `cudaMalloc`, where each slab is a driver call,
+///   `options::small.slab_size = 2 MiB` trades that space for fewer calls.
+/// - Classes go to 128 KiB, above the threshold, so that requests near 64 KiB with alignments up
+///   to 64 KiB still fit the pool (see `size_class_pool`).
+/// Memory kind: the upstream's. Not synchronized.
+template <allocator Upstream>
+class default_allocator : public detail::default_base_t<Upstream> {
+  using base = detail::default_base_t<Upstream>;
+  using small_t = detail::default_small_t<Upstream>;
+  using arena_t = best_fit_arena<Upstream>;
+
+ public:
+  struct options {
+    typename small_t::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
+    typename arena_t::options large{};
+  };
+
+  default_allocator() : default_allocator(Upstream{}) {}
+  explicit default_allocator(Upstream upstream) : default_allocator(std::move(upstream), options{}) {}
+  default_allocator(Upstream upstream, options opts)
+      : base(small_t{upstream, opts.small}, arena_t{upstream, opts.large}) {}
+};
+
+}  // namespace alloy
