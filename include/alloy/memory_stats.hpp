@@ -1,0 +1,376 @@
+// alloy/memory_stats.hpp: PyTorch's `memory_stats()` and `memory_summary()`, and fastai's
+// `GPUMemTrace`, over any composition that has a `stats<>` part (DESIGN §5).
+//
+//   alloy::synchronized<alloy::stats<heap>> alloc;
+//   auto stats = alloy::memory_stats(alloc);            // std::map<std::string, std::int64_t>
+//   std::cout << alloy::memory_summary(alloc);
+//   alloy::memory_trace trace{alloc};                   // exact scoped peak, no polling thread
+//   ... ; trace.report("forward");                      // "△Used Peaked MB:     12      3 (forward)"
+//
+// The composition is searched for its first `stats<>` part (depth first). A `synchronized<>` met on
+// the way is locked for the query (`with_lock`), so statistics are read consistently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include <alloy/concepts.hpp>
+#include <alloy/error.hpp>
+#include <alloy/find.hpp>
+#include <alloy/policy/stats.hpp>
+
+namespace alloy {
+
+namespace detail {
+
+template <class A>
+concept stats_shaped = requires(A& a) {
+  a.trace_registry();
+  a.core();
+  a.statistics();
+};
+
+struct stats_match {
+  template <class A>
+  static constexpr bool test = stats_shaped<A>;
+};
+
+template <class A>
+inline constexpr bool contains_stats = contains_part<std::remove_cvref_t<A>, stats_match>();
+
+/// Calls `f(s)` on the first `stats<>` part of `a`, holding the lock of every `synchronized<>` on
+/// the way, and returns what `f` returns.
+template <class A, class F>
+decltype(auto) with_stats(A& a, F&& f) {
+  if constexpr (stats_shaped<A>) {
+    return std::forward<F>(f)(a);
+  } else if constexpr (requires { a.with_lock([](auto&) {}); }) {
+    return a.with_lock([&](auto& inner) -> decltype(auto) { return with_stats(inner, std::forward<F>(f)); });
+  } else {
+    auto parts = a.parts();
+    using parts_type = decltype(parts);
+    constexpr std::size_t index = []<std::size_t... I>(std::index_sequence<I...>) {
+      std::size_t found = sizeof...(I);
+      ((found == sizeof...(I) && contains_stats<std::tuple_element_t<I, parts_type>> ? (found = I, true) : false), ...);
+      return found;
+    }(std::make_index_sequence<std::tuple_size_v<parts_type>>{});
+    return with_stats(std::get<index>(parts), std::forward<F>(f));
+  }
+}
+
+/// The PyTorch names of the statistics arrays, in PyTorch's order.
+inline constexpr const char* stat_names[] = {"allocation",     "segment",           "active",
+                                             "inactive_split", "allocated_bytes",   "reserved_bytes",
+                                             "active_bytes",   "inactive_split_bytes", "requested_bytes"};
+inline constexpr const char* pool_names[] = {"all", "small_pool", "large_pool"};
+
+inline void put_stat(std::map<std::string, std::int64_t>& out, const std::string& prefix, const stat& s) {
+  out[prefix + ".current"] = s.current;
+  out[prefix + ".peak"] = s.peak;
+  out[prefix + ".allocated"] = s.allocated;
+  out[prefix + ".freed"] = s.freed;
+}
+
+inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c, bool pools,
+                                                             const allocator_counters& k, std::size_t max_split) {
+  std::map<std::string, std::int64_t> out;
+  const stat_array* arrays[] = {&c.allocation, &c.segment,    &c.allocation,          &c.inactive_split, &c.bytes,
+                                &c.reserved,   &c.bytes,      &c.inactive_split_bytes, &c.bytes};
+  for (std::size_t i = 0; i < std::size(stat_names); ++i) {
+    const stat_array& a = *arrays[i];
+    for (std::size_t p = 0; p < 3; ++p) {
+      // Without a segregator there is one pool: `all`, reported as `large_pool` too.
+      const stat s = pools ? a[p] : (p == 1 ? stat{} : a[0]);
+      put_stat(out, std::string(stat_names[i]) + "." + pool_names[p], s);
+    }
+  }
+  out["num_alloc_retries"] = static_cast<std::int64_t>(k.num_alloc_retries);
+  out["num_ooms"] = static_cast<std::int64_t>(c.num_ooms);
+  out["num_sync_all_streams"] = 0;  // alloy never synchronises every stream
+  out["num_device_alloc"] = static_cast<std::int64_t>(k.num_device_alloc);
+  out["num_device_free"] = static_cast<std::int64_t>(k.num_device_free);
+  out["max_split_size"] = max_split == static_cast<std::size_t>(-1) ? -1 : static_cast<std::int64_t>(max_split);
+  put_stat(out, "oversize_allocations", c.oversize);
+  put_stat(out, "oversize_segments", stat{});  // not tracked: always zero
+  return out;
+}
+
+}  // namespace detail
+
+/// PyTorch's `torch.cuda.memory_stats()` for the first `stats<>` part of `a`: every key PyTorch
+/// returns, named as PyTorch names them:
+/// `{allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes, active_bytes,
+/// inactive_split_bytes, requested_bytes}.{all, small_pool, large_pool}.{current, peak, allocated,
+/// freed}`, `num_alloc_retries`, `num_ooms`, `num_sync_all_streams`, `num_device_alloc`,
+/// `num_device_free`, `max_split_size` (-1 when no part splits blocks with a limit),
+/// `oversize_allocations.*` and `oversize_segments.*`. See `stats<>` for where each comes from;
+/// `active*` equal `allocation`/`allocated_bytes` (a block is active from allocate to deallocate),
+/// `requested_bytes` equal `allocated_bytes` (block sizes are requested sizes), and
+/// `num_sync_all_streams` and `oversize_segments` are zero.
+template <class A>
+  requires detail::contains_stats<A>
+std::map<std::string, std::int64_t> memory_stats(A& a) {
+  return detail::with_stats(a, [](auto& s) {
+    using S = std::remove_cvref_t<decltype(s)>;
+    const detail::stats_core& c = s.core();
+    return detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size());
+  });
+}
+
+/// `statistics()` of the first `stats<>` part of `a` (locked when a `synchronized<>` is on the way).
+template <class A>
+  requires detail::contains_stats<A>
+alloy::statistics statistics_of(A& a) {
+  return detail::with_stats(a, [](auto& s) { return s.statistics(); });
+}
+
+namespace detail {
+
+inline std::string summary_bytes(std::int64_t n) {
+  const bool negative = n < 0;
+  double v = static_cast<double>(negative ? -n : n);
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  // Like PyTorch: stay in a unit until the number would need more than four digits.
+  while (v >= 1024.0 * 10 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%s%.0f %s", negative ? "-" : "", v, units[u]);
+  return text;
+}
+
+inline std::string summary_count(std::int64_t n) {
+  char text[32];
+  if (n >= 1'000'000 || n <= -1'000'000) {
+    std::snprintf(text, sizeof text, "%.0fK", static_cast<double>(n) / 1000.0);
+  } else {
+    std::snprintf(text, sizeof text, "%lld", static_cast<long long>(n));
+  }
+  return text;
+}
+
+inline std::string make_memory_summary(const std::map<std::string, std::int64_t>& m, const alloy::statistics& s,
+                                       bool pools) {
+  constexpr int width = 79;
+  const std::string rule_double = "|" + std::string(width - 2, '=') + "|\n";
+  const std::string rule_single = "|" + std::string(width - 2, '-') + "|\n";
+  std::string out;
+  auto centered = [&](const std::string& text) {
+    const int pad = width - 2 - static_cast<int>(text.size());
+    const int left = pad > 0 ? pad / 2 : 0;
+    const int right = pad > 0 ? pad - left : 0;
+    out += "|" + std::string(left, ' ') + text + std::string(right, ' ') + "|\n";
+  };
+  auto two = [&](const std::string& l, const std::string& r) {
+    char line[160];
+    std::snprintf(line, sizeof line, "| %-36s| %-38s|\n", l.c_str(), r.c_str());
+    out += line;
+  };
+  auto row = [&](const char* label, const std::string& c, const std::string& p, const std::string& a,
+                 const std::string& f) {
+    char line[200];
+    std::snprintf(line, sizeof line, "| %-26s| %10s | %10s | %10s | %10s |\n", label, c.c_str(), p.c_str(),
+                  a.c_str(), f.c_str());
+    out += line;
+  };
+  auto metric = [&](const char* label, const char* key, bool bytes) {
+    for (int p = 0; p < 3; ++p) {
+      if (!pools && p == 1) continue;
+      const std::string prefix = std::string(key) + "." + (p == 0 ? "all" : p == 1 ? "small_pool" : "large_pool");
+      auto get = [&](const char* field) {
+        const std::int64_t v = m.at(prefix + "." + field);
+        return bytes ? summary_bytes(v) : summary_count(v);
+      };
+      if (!pools && p == 2) break;
+      row(p == 0 ? label : p == 1 ? "      from small pool" : "      from large pool", get("current"), get("peak"),
+          get("allocated"), get("freed"));
+    }
+    out += rule_single;
+  };
+
+  out += rule_double;
+  centered("alloy memory summary");
+  out += rule_single;
+  two("Out of memory: " + std::to_string(m.at("num_ooms")),
+      "Upstream retries: " + std::to_string(m.at("num_alloc_retries")));
+  two("Upstream allocs: " + std::to_string(m.at("num_device_alloc")),
+      "Upstream frees: " + std::to_string(m.at("num_device_free")));
+  out += rule_double;
+  row("Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed");
+  out += rule_single;
+  metric("Allocated memory", "allocated_bytes", true);
+  metric("Active memory", "active_bytes", true);
+  metric("Requested memory", "requested_bytes", true);
+  metric("Reserved memory", "reserved_bytes", true);
+  metric("Non-releasable memory", "inactive_split_bytes", true);
+  metric("Allocations", "allocation", false);
+  metric("Active allocs", "active", false);
+  metric("Reserved segments", "segment", false);
+  metric("Non-releasable allocs", "inactive_split", false);
+  row("Oversize allocations", summary_count(m.at("oversize_allocations.current")),
+      summary_count(m.at("oversize_allocations.peak")), summary_count(m.at("oversize_allocations.allocated")),
+      summary_count(m.at("oversize_allocations.freed")));
+  out += rule_double;
+  char frag[32];
+  std::snprintf(frag, sizeof frag, "%.1f%%", s.fragmentation * 100.0);
+  two("Bytes limit: " + (s.bytes_limit ? format_bytes(s.bytes_limit) : std::string("none")),
+      "Reservable limit: " + (s.bytes_reservable_limit ? format_bytes(s.bytes_reservable_limit) : std::string("none")));
+  two("Largest free block: " + format_bytes(s.largest_free_block), std::string("Fragmentation: ") + frag);
+  two("Largest allocation: " + format_bytes(s.largest_alloc_size),
+      "Max split size: " + (m.at("max_split_size") < 0 ? std::string("none")
+                                                        : format_bytes(static_cast<std::size_t>(m.at("max_split_size")))));
+  if (s.bytes_active || s.bytes_inactive || s.peak_bytes_active || s.bytes_reclaimed || s.num_defragmentations) {
+    two("Active (locked): " + format_bytes(s.bytes_active), "Inactive (unlocked): " + format_bytes(s.bytes_inactive));
+    two("Peak active: " + format_bytes(s.peak_bytes_active), "Reclaimed: " + format_bytes(s.bytes_reclaimed));
+    two("Reclaims single/full: " + std::to_string(s.num_single_reclaims) + "/" + std::to_string(s.num_full_reclaims),
+        "Defrags: " + std::to_string(s.num_defragmentations) + ", " + format_bytes(s.bytes_defragged));
+  }
+  out += rule_double;
+  return out;
+}
+
+}  // namespace detail
+
+/// A readable table of the statistics of the first `stats<>` part of `a`, after PyTorch's
+/// `torch.cuda.memory_summary()`: current, peak, total allocated and total freed of memory,
+/// blocks and segments, per pool when there are pools, then limits, free space and movable memory.
+template <class A>
+  requires detail::contains_stats<A>
+std::string memory_summary(A& a) {
+  return detail::with_stats(a, [](auto& s) {
+    using S = std::remove_cvref_t<decltype(s)>;
+    const detail::stats_core& c = s.core();
+    const auto m = detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size());
+    return detail::make_memory_summary(m, s.statistics(), S::has_pools);
+  });
+}
+
+/// fastai's `GPUMemTrace`, exactly, over the bytes in use of a `stats<>` allocator.
+///
+/// - `used_delta()`: bytes in use now minus at the start (or the last `reset()`); may be negative.
+/// - `peak_delta()`: the blip above the net change: `peak - start - max(used_delta, 0)`, where
+///   `peak` is the exact maximum of the bytes in use since the start (no polling: `stats<>` keeps
+///   a running maximum it folds into every live trace at each trace event).
+/// - `start()` (done by the constructor) and `reset()` restart both deltas; `stop()` freezes them
+///   (later calls return the frozen values until the next `start()`).
+/// - `report(note)` writes `△Used Peaked MB: <used> <peaked>` in whole MiB, followed by
+///   ` (ctx: note)` / ` (ctx)` / ` (note)` as fastai does, to the stream of the options
+///   (`std::cout` by default), unless silent. `report_and_reset(note)` reports, then resets.
+/// - Any number of traces may be alive on one allocator, nested or overlapping.
+/// - Not copyable or movable. The allocator must outlive the trace (a trace of an allocator that
+///   is gone keeps its last values). Trace calls are not synchronized with allocations made by
+///   other threads: call them from the thread that allocates, or while it is quiet.
+class memory_trace {
+ public:
+  struct options {
+    bool silent = false;                ///< no report at all (fastai's `silent`)
+    std::string ctx{};                  ///< note printed with every report (fastai's `ctx`)
+    std::ostream* out = &std::cout;     ///< where reports go
+  };
+
+  template <class A>
+    requires detail::contains_stats<A>
+  explicit memory_trace(A& alloc, options opts = {}) : options_(std::move(opts)) {
+    detail::with_stats(alloc, [&](auto& s) { s.trace_registry().attach(&state_); });
+    start();
+  }
+  memory_trace(const memory_trace&) = delete;
+  memory_trace& operator=(const memory_trace&) = delete;
+  ~memory_trace() {
+    if (state_.core != nullptr) state_.core->detach(&state_);
+  }
+
+  /// Starts (or restarts) tracing from the bytes in use now.
+  void start() noexcept {
+    state_.running = true;
+    reset();
+  }
+  /// Both deltas restart from the bytes in use now.
+  void reset() noexcept {
+    if (state_.core != nullptr) {
+      state_.core->flush();
+      state_.start = state_.core->in_use();
+    }
+    state_.peak = state_.start;
+  }
+  /// Freezes the deltas.
+  void stop() noexcept {
+    if (state_.running) compute();
+    state_.running = false;
+  }
+
+  std::int64_t used_delta() noexcept { return data().first; }
+  std::int64_t peak_delta() noexcept { return data().second; }
+  /// `{used_delta, peak_delta}` (fastai's `data()`).
+  std::pair<std::int64_t, std::int64_t> data() noexcept {
+    if (state_.running) compute();
+    return {used_, peaked_};
+  }
+  bool running() const noexcept { return state_.running; }
+
+  void silent(bool silent = true) noexcept { options_.silent = silent; }
+  bool is_silent() const noexcept { return options_.silent; }
+
+  /// `△Used Peaked MB: <used> <peaked>` (whole MiB, fastai's format).
+  std::string to_string() {
+    const auto [used, peaked] = data();
+    return "\xE2\x96\xB3Used Peaked MB: " + mib(used) + " " + mib(peaked);
+  }
+  void report(std::string_view note = {}) {
+    if (options_.silent || options_.out == nullptr) return;
+    *options_.out << to_string() << context(note) << '\n';
+  }
+  void report_and_reset(std::string_view note = {}) {
+    report(note);
+    reset();
+  }
+
+ private:
+  void compute() noexcept {
+    if (state_.core != nullptr) {
+      state_.core->flush();
+      used_ = state_.core->in_use() - state_.start;
+    } else {
+      used_ = state_.last_in_use - state_.start;
+    }
+    std::int64_t peaked = state_.peak - state_.start;
+    if (peaked < 0) {
+      peaked = 0;
+    } else if (used_ > 0) {
+      peaked -= used_;
+    }
+    peaked_ = peaked;
+  }
+  std::string context(std::string_view note) const {
+    std::string parts = options_.ctx;
+    if (!note.empty()) parts += (parts.empty() ? "" : ": ") + std::string(note);
+    return parts.empty() ? std::string() : " (" + parts + ")";
+  }
+  /// Whole MiB, truncated toward zero, at least 6 wide, with thousands separators.
+  static std::string mib(std::int64_t bytes) {
+    const std::int64_t m = bytes / (std::int64_t{1} << 20);
+    std::string digits = std::to_string(m < 0 ? -m : m);
+    for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<std::size_t>(i), ",");
+    if (m < 0) digits.insert(digits.begin(), '-');
+    if (digits.size() < 6) digits.insert(digits.begin(), 6 - digits.size(), ' ');
+    return digits;
+  }
+
+  options options_;
+  detail::trace_state state_{};
+  std::int64_t used_ = 0;
+  std::int64_t peaked_ = 0;
+};
+
+}  // namespace alloy

@@ -1,0 +1,785 @@
+// alloy/policy/stats.hpp
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <alloy/concepts.hpp>
+#include <alloy/detail/edge.hpp>
+#include <alloy/error.hpp>
+#include <alloy/find.hpp>
+#include <alloy/movable.hpp>
+
+namespace alloy {
+
+/// The statistics of a `stats<>` allocator (DESIGN §5), with the meanings of TensorFlow's and IBM
+/// Large Model Support's. Sizes in bytes. "Now" fields are current values, "peak" ones the exact
+/// maximum since construction or the last `reset_peak()`, "total" ones count since construction
+/// or the last `reset_accumulated()`. A field the composition cannot know is zero.
+struct statistics {
+  std::size_t num_allocs = 0;              ///< total: successful allocations (raw and movable)
+  std::size_t bytes_in_use = 0;            ///< now: bytes of live blocks (their sizes: what was asked)
+  std::size_t peak_bytes_in_use = 0;       ///< peak of bytes_in_use
+  std::size_t largest_alloc_size = 0;      ///< peak: largest single allocation
+  std::size_t bytes_limit = 0;             ///< smallest `bytes_limit()` of any part; 0 = none
+  std::size_t bytes_reserved = 0;          ///< now: bytes taken from the upstream (reserving parts)
+  std::size_t peak_bytes_reserved = 0;     ///< peak of bytes_reserved (exact: read after every call)
+  std::size_t bytes_reservable_limit = 0;  ///< `bytes_reservable_limit()` of a part; 0 = none
+  std::size_t bytes_inactive = 0;          ///< now: unlocked movable blocks on the device
+  std::size_t bytes_active = 0;            ///< now: locked movable blocks
+  std::size_t peak_bytes_active = 0;       ///< peak of bytes_active
+  std::size_t bytes_reclaimed = 0;         ///< total: bytes spilled to host to serve requests
+  std::size_t num_single_reclaims = 0;     ///< total: reclaims that spilled one block
+  std::size_t num_full_reclaims = 0;       ///< total: reclaims that spilled every unlocked block
+  std::size_t num_defragmentations = 0;    ///< total: defragmentations
+  std::size_t bytes_defragged = 0;         ///< total: bytes copied by defragmentation
+  std::size_t requested_bytes = 0;         ///< now: bytes callers asked for, before any rounding
+  std::size_t largest_free_block = 0;      ///< now: largest free piece (introspection)
+  double fragmentation = 0.0;              ///< now: 1 - largest free block / free bytes (introspection)
+  std::size_t num_alloc_retries = 0;       ///< total: failed upstream calls retried after a release
+  std::size_t num_ooms = 0;                ///< total: requests this allocator could not serve
+  std::size_t num_device_alloc = 0;        ///< total: upstream allocations (segments, slabs)
+  std::size_t num_device_free = 0;         ///< total: upstream deallocations
+};
+
+/// One statistic as PyTorch keeps it: now, peak, total increase and total decrease.
+struct stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::int64_t n) noexcept {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t n) noexcept {
+    current -= n;
+    freed += n;
+  }
+  /// Moves to `value`, counting the change as an increase or a decrease.
+  void observe(std::int64_t value) noexcept {
+    if (value > current) {
+      increase(value - current);
+    } else if (value < current) {
+      decrease(current - value);
+    }
+  }
+  void reset_peak() noexcept { peak = current; }
+  void reset_accumulated() noexcept { allocated = freed = 0; }
+  friend bool operator==(const stat&, const stat&) = default;
+};
+
+/// PyTorch's pool breakdown: `all`, `small_pool`, `large_pool` (indices into a `stat_array`).
+enum class pool : std::uint8_t { all = 0, small = 1, large = 2 };
+using stat_array = std::array<stat, 3>;
+
+namespace detail {
+
+// ---- walking a composition -------------------------------------------------------------------
+
+/// A part that routes by size the way `segregator<Threshold, Small, Large>` does (detected by
+/// shape, so any such policy gives `memory_stats` its small and large pools).
+template <class A>
+concept segregator_shaped = requires(A& a) {
+  a.small();
+  a.large();
+  { A::threshold } -> std::convertible_to<std::size_t>;
+};
+
+struct segregator_match {
+  template <class A>
+  static constexpr bool test = segregator_shaped<A>;
+};
+
+/// Calls `f(part)` for the first part on each path below `a` (itself included) for which
+/// `Pred<part>` holds, and does not look below it (composites add up their parts already).
+template <template <class> class Pred, class A, class F>
+void for_first_parts(A& a, F& f) {
+  if constexpr (Pred<std::remove_cv_t<A>>::value) {
+    f(a);
+  } else if constexpr (composite<A>) {
+    std::apply([&](auto&... part) { (for_first_parts<Pred>(part, f), ...); }, a.parts());
+  }
+}
+
+template <template <class> class Pred, class A>
+constexpr bool any_part() {
+  using T = std::remove_cvref_t<A>;
+  if constexpr (Pred<T>::value) {
+    return true;
+  } else if constexpr (composite<T>) {
+    using parts = decltype(std::declval<T&>().parts());
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (any_part<Pred, std::tuple_element_t<I, parts>>() || ...);
+    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
+  } else {
+    return false;
+  }
+}
+
+template <class A>
+struct is_reserving : std::bool_constant<reserving_allocator<A>> {};
+template <class A>
+struct is_counting : std::bool_constant<counting_allocator<A>> {};
+template <class A>
+struct is_movable_counting : std::bool_constant<movable_counting_allocator<A>> {};
+template <class A>
+struct has_bytes_limit : std::bool_constant<requires(const A& a) {
+  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
+}> {};
+template <class A>
+struct has_reservable_limit : std::bool_constant<requires(const A& a) {
+  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
+}> {};
+template <class A>
+struct has_max_split_size : std::bool_constant<requires(const A& a) {
+  { a.max_split_size() } -> std::convertible_to<std::size_t>;
+} || requires(const A& a) {
+  { a.get_options().max_split_size } -> std::convertible_to<std::size_t>;
+}> {};
+
+/// A part's `max_split_size()`, or its `get_options().max_split_size` (best_fit_arena).
+template <class A>
+std::size_t max_split_of(const A& a) noexcept {
+  if constexpr (requires { a.max_split_size(); }) {
+    return a.max_split_size();
+  } else {
+    return a.get_options().max_split_size;
+  }
+}
+template <class A>
+struct is_segregator : std::bool_constant<segregator_shaped<A>> {};
+
+/// Bytes reserved by the reserving parts of `a` (the first on each path).
+template <class A>
+std::size_t reserved_in(A& a) noexcept {
+  std::size_t sum = 0;
+  auto add = [&](auto& part) { sum += part.reserved_bytes(); };
+  for_first_parts<is_reserving>(a, add);
+  return sum;
+}
+
+/// Upstream traffic of the counting parts of `a`, added up.
+template <class A>
+allocator_counters counters_in(A& a) noexcept {
+  allocator_counters sum{};
+  auto add = [&](auto& part) {
+    const allocator_counters c = part.counters();
+    sum.num_device_alloc += c.num_device_alloc;
+    sum.num_device_free += c.num_device_free;
+    sum.num_alloc_retries += c.num_alloc_retries;
+    sum.num_ooms += c.num_ooms;
+  };
+  for_first_parts<is_counting>(a, add);
+  return sum;
+}
+
+template <class A>
+movable_counters movable_in(A& a) noexcept {
+  movable_counters sum{};
+  auto add = [&](auto& part) {
+    const movable_counters c = part.movable_statistics();
+    sum.bytes_active += c.bytes_active;
+    sum.peak_bytes_active += c.peak_bytes_active;
+    sum.bytes_inactive += c.bytes_inactive;
+    sum.bytes_spilled += c.bytes_spilled;
+    sum.bytes_reclaimed += c.bytes_reclaimed;
+    sum.num_single_reclaims += c.num_single_reclaims;
+    sum.num_full_reclaims += c.num_full_reclaims;
+    sum.num_spills += c.num_spills;
+    sum.bytes_restored += c.bytes_restored;
+    sum.num_restores += c.num_restores;
+    sum.num_defragmentations += c.num_defragmentations;
+    sum.bytes_defragged += c.bytes_defragged;
+    sum.num_moves += c.num_moves;
+  };
+  for_first_parts<is_movable_counting>(a, add);
+  return sum;
+}
+
+/// The smallest non-trivial value of `get(part)` over the parts matching `Pred`; 0 when none.
+template <template <class> class Pred, class A, class Get>
+std::size_t smallest_limit_in(A& a, Get get) noexcept {
+  std::size_t best = 0;
+  auto visit = [&](auto& part) {
+    const std::size_t limit = get(part);
+    if (limit != 0 && limit != std::numeric_limits<std::size_t>::max() && (best == 0 || limit < best)) best = limit;
+  };
+  for_first_parts<Pred>(a, visit);
+  return best;
+}
+
+/// The first segregator-shaped part of `a` (depth first).
+template <class A>
+decltype(auto) segregator_in(A& a) {
+  if constexpr (segregator_shaped<std::remove_cv_t<A>>) {
+    return (a);
+  } else {
+    return find_part<segregator_match>(a);
+  }
+}
+
+// ---- the counters every stats<> keeps, independent of Inner ----------------------------------
+
+class stats_core;
+
+/// The state of one `memory_trace`, registered with the `stats_core` it watches.
+struct trace_state {
+  stats_core* core = nullptr;
+  std::int64_t start = 0;  ///< bytes in use at start/reset
+  std::int64_t peak = 0;   ///< exact peak of bytes in use since start/reset (flushed)
+  std::int64_t last_in_use = 0;  ///< bytes in use when the allocator went away
+  bool running = false;
+};
+
+/// Counters of `stats<>` that do not depend on the inner allocator, and the registry of live
+/// traces. Traces get exact peaks without polling: the core keeps one running maximum of the bytes
+/// in use since the last trace event (`epoch_peak`); at every event (a trace starting, resetting,
+/// stopping or being read) the maximum is folded into every running trace and restarted. The hot
+/// path pays one comparison, however many traces are alive.
+class stats_core {
+ public:
+  stats_core() = default;
+  stats_core(stats_core&& other) noexcept { *this = std::move(other); }
+  stats_core& operator=(stats_core&& other) noexcept {
+    if (this == &other) return *this;
+    detach_traces();
+    allocation = other.allocation;
+    bytes = other.bytes;
+    reserved = other.reserved;
+    segment = other.segment;
+    oversize = other.oversize;
+    inactive_split = other.inactive_split;
+    inactive_split_bytes = other.inactive_split_bytes;
+    largest_alloc = other.largest_alloc;
+    num_ooms = other.num_ooms;
+    epoch_peak = other.epoch_peak;
+    last_reserved = other.last_reserved;
+    baseline_counters = other.baseline_counters;
+    baseline_movable = other.baseline_movable;
+    traces = std::move(other.traces);
+    other.traces.clear();
+    for (trace_state* t : traces) t->core = this;
+    return *this;
+  }
+  stats_core(const stats_core&) = delete;
+  stats_core& operator=(const stats_core&) = delete;
+  ~stats_core() { detach_traces(); }
+
+  // Hot path.
+  void on_allocate(std::size_t p, std::int64_t size) noexcept {
+    allocation[0].increase(1);
+    bytes[0].increase(size);
+    if (p != 0) {
+      allocation[p].increase(1);
+      bytes[p].increase(size);
+    }
+    if (size > largest_alloc) largest_alloc = size;
+    if (bytes[0].current > epoch_peak) epoch_peak = bytes[0].current;
+  }
+  void on_deallocate(std::size_t p, std::int64_t size) noexcept {
+    allocation[0].decrease(1);
+    bytes[0].decrease(size);
+    if (p != 0) {
+      allocation[p].decrease(1);
+      bytes[p].decrease(size);
+    }
+  }
+
+  std::int64_t in_use() const noexcept { return bytes[0].current; }
+
+  // Traces.
+  void attach(trace_state* t) {
+    flush();
+    traces.push_back(t);
+    t->core = this;
+  }
+  void detach(trace_state* t) noexcept {
+    flush();
+    traces.erase(std::remove(traces.begin(), traces.end(), t), traces.end());
+    t->core = nullptr;
+  }
+  /// Folds the running maximum into every running trace and restarts it.
+  void flush() noexcept {
+    for (trace_state* t : traces)
+      if (t->running && epoch_peak > t->peak) t->peak = epoch_peak;
+    epoch_peak = bytes[0].current;
+  }
+
+  void reset_peak() noexcept {
+    for (stat_array* a : {&allocation, &bytes, &reserved, &segment, &inactive_split, &inactive_split_bytes})
+      for (stat& s : *a) s.reset_peak();
+    oversize.reset_peak();
+    largest_alloc = 0;
+  }
+  void reset_accumulated() noexcept {
+    for (stat_array* a : {&allocation, &bytes, &reserved, &segment, &inactive_split, &inactive_split_bytes})
+      for (stat& s : *a) s.reset_accumulated();
+    oversize.reset_accumulated();
+    num_ooms = 0;
+  }
+
+  stat_array allocation{};            ///< live blocks (PyTorch `allocation` and `active`)
+  stat_array bytes{};                 ///< their sizes (PyTorch `allocated_bytes`, `requested_bytes`, `active_bytes`)
+  stat_array reserved{};              ///< bytes reserved, observed after every call
+  stat_array segment{};               ///< segments held, observed when reserved bytes change
+  stat oversize{};                    ///< live requests above max_split_size
+  stat_array inactive_split{};        ///< free pieces of partly used segments, observed at queries
+  stat_array inactive_split_bytes{};  ///< their bytes, observed at queries
+  std::int64_t largest_alloc = 0;
+  std::size_t num_ooms = 0;
+  std::int64_t epoch_peak = 0;
+  std::size_t last_reserved = 0;
+  allocator_counters baseline_counters{};  ///< inner counters at the last reset_accumulated()
+  movable_counters baseline_movable{};     ///< inner movable counters at the last reset_accumulated()
+  std::vector<trace_state*> traces;
+
+ private:
+  void detach_traces() noexcept {
+    flush();
+    for (trace_state* t : traces) t->core = nullptr, t->last_in_use = bytes[0].current;
+    traces.clear();
+  }
+};
+
+}  // namespace alloy::detail
+
+/// `stats<Inner>` counts everything DESIGN §5 names, exactly, and keeps scoped traces.
+///
+/// - Strategy: every call is forwarded to `Inner`; on the way back `stats<>` updates a handful of
+///   counters (live blocks and bytes, in total and per pool, their peaks, the largest request) and
+///   reads `Inner`'s reserved bytes (one O(1) call) to keep the reserved peak exact. When the
+///   reserved bytes changed, which happens only when a segment is taken or given back, it also
+///   reads the segment counts. No map, no heap allocation, no lock on the hot path.
+/// - Sizes: a block's size is the size its caller asked for (DESIGN §2), so `bytes_in_use`,
+///   `requested_bytes`, and PyTorch's `allocated_bytes`, `requested_bytes` and `active_bytes` all
+///   count requested sizes and are equal. Rounded sizes and free space come from introspection,
+///   at query time only: `largest_free_block`, `fragmentation`, PyTorch's `inactive_split*`, and
+///   the snapshot.
+/// - Where each field comes from (zero when the composition cannot tell):
+///   - counted here, exact: `num_allocs`, `bytes_in_use`, `peak_bytes_in_use`,
+///     `largest_alloc_size`, `requested_bytes`, `num_ooms` (requests that failed here), PyTorch's
+///     `allocation`, `active`, `*_bytes` of blocks, `oversize_allocations`;
+///   - reserving parts (`reserved_bytes()`, the first on each path): `bytes_reserved`,
+///     `peak_bytes_reserved` (read after every call, so exact), PyTorch's `reserved_bytes`;
+///   - counting parts (`counters()`): `num_device_alloc`, `num_device_free`, `num_alloc_retries`,
+///     PyTorch's `segment` (device allocations minus frees, observed when reserved bytes change);
+///   - movable parts (`movable_statistics()`): `bytes_active`, `bytes_inactive`,
+///     `peak_bytes_active`, `bytes_reclaimed`, `num_single_reclaims`, `num_full_reclaims`,
+///     `num_defragmentations`, `bytes_defragged`;
+///   - `bytes_limit()` / `bytes_reservable_limit()` of any part (the smallest);
+///   - introspection (`for_each_block`, O(blocks) at query time): `largest_free_block`,
+///     `fragmentation`, PyTorch's `inactive_split` and `inactive_split_bytes` (their totals and
+///     peak are observed at queries, so `allocated - freed == current` holds but they are lower
+///     bounds).
+/// - Pools: when the composition has a segregator-shaped part (`small()`, `large()`, `threshold`),
+///   requests of at most `threshold` bytes count in `small_pool`, larger ones in `large_pool`, and
+///   each pool's reserved bytes, segments and free pieces come from that side. Without one, there
+///   is one pool, reported as `large_pool` (`small_pool` is all zero).
+/// - `reset_peak()`: every peak becomes the current value and `largest_alloc_size` restarts (as
+///   PyTorch's `reset_peak_memory_stats` and TF's `ClearStats`). `reset_accumulated()`: totals
+///   (`allocated`, `freed`, `num_allocs`, `num_ooms`, the upstream and reclaim counters) restart
+///   from zero, as PyTorch's `reset_accumulated_memory_stats`; current values are untouched.
+/// - Traces: `alloy::memory_trace` (alloy/memory_stats.hpp) registers here; any number, each with
+///   an exact peak, at the cost of one comparison per allocation. Traces are re-pointed when the
+///   allocator is moved; they must not outlive it (a trace of a destroyed allocator reads zero).
+/// - Capabilities: exactly those of `Inner` (stream-ordered and movable calls are counted like the
+///   others; movable ones when `Inner` can say a handle's size), plus `oom_report_for`.
+/// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
+template <allocator Inner>
+class stats {
+ public:
+  static constexpr bool host_accessible = Inner::host_accessible;
+  static constexpr bool device_accessible = Inner::device_accessible;
+  /// Whether requests are split into small and large pools (a segregator-shaped part exists).
+  static constexpr bool has_pools = detail::any_part<detail::is_segregator, Inner>();
+
+  struct options {
+    bool introspect = true;  ///< walk the blocks at query time (free space, inactive_split)
+  };
+
+  stats() { init(); }
+  explicit stats(Inner inner, options opts = {}) : inner_(std::move(inner)), options_(opts) { init(); }
+
+  // ---- allocation ------------------------------------------------------------------------------
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return counted(inner_.allocate(bytes, alignment), bytes);
+  }
+  void deallocate(block b) noexcept {
+    uncounted(b);
+    inner_.deallocate(b);
+    check_reserved();
+  }
+
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    return counted(inner_.allocate(bytes, alignment, stream), bytes);
+  }
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  void deallocate(block b, Stream stream) noexcept {
+    uncounted(b);
+    inner_.deallocate(b, stream);
+    check_reserved();
+  }
+
+  // ---- movable blocks (when Inner has them) ----------------------------------------------------
+
+  handle allocate_movable(std::size_t bytes) noexcept(noexcept(std::declval<Inner&>().allocate_movable(std::size_t{})))
+    requires movable_allocator<Inner>
+  {
+    const handle h = inner_.allocate_movable(bytes);
+    if constexpr (sized_movable_allocator<Inner>) {
+      if (h) {
+        core_.on_allocate(pool_of(bytes), static_cast<std::int64_t>(bytes));
+        count_oversize(bytes);
+      } else {
+        ++core_.num_ooms;
+      }
+    }
+    check_reserved();
+    return h;
+  }
+  void* lock(handle h)
+    requires movable_allocator<Inner>
+  {
+    void* p = inner_.lock(h);
+    check_reserved();
+    return p;
+  }
+  void unlock(handle h)
+    requires movable_allocator<Inner>
+  {
+    inner_.unlock(h);
+  }
+  void deallocate(handle h)
+    requires movable_allocator<Inner>
+  {
+    if constexpr (sized_movable_allocator<Inner>) {
+      const bool live = is_live(h);
+      const std::size_t size = inner_.size_of(h);
+      inner_.deallocate(h);  // throws for a bad handle, before anything is counted
+      if (live) uncounted(block{nullptr, size}, true);
+    } else {
+      inner_.deallocate(h);
+    }
+    check_reserved();
+  }
+  std::size_t size_of(handle h) const
+    requires sized_movable_allocator<Inner>
+  {
+    return inner_.size_of(h);
+  }
+  movable_counters movable_statistics() const noexcept
+    requires movable_counting_allocator<Inner>
+  {
+    return inner_.movable_statistics();
+  }
+  void reset_movable_peak() noexcept
+    requires requires(Inner& i) { i.reset_movable_peak(); }
+  {
+    inner_.reset_movable_peak();
+  }
+
+  // ---- capabilities of Inner -------------------------------------------------------------------
+
+  bool owns(block b) const noexcept
+    requires owning_allocator<Inner>
+  {
+    return inner_.owns(b);
+  }
+  void release() noexcept
+    requires releasing_allocator<Inner>
+  {
+    inner_.release();
+    check_reserved();
+  }
+  std::size_t reserved_bytes() const noexcept
+    requires reserving_allocator<Inner>
+  {
+    return inner_.reserved_bytes();
+  }
+  template <class F>
+    requires introspectable_allocator<Inner>
+  void for_each_block(F&& visit) const {
+    inner_.for_each_block(visit);
+  }
+  allocator_counters counters() const noexcept
+    requires counting_allocator<Inner>
+  {
+    return inner_.counters();
+  }
+
+  // ---- statistics --------------------------------------------------------------------------------
+
+  /// Bytes of live blocks (the sizes callers asked for).
+  std::size_t bytes_in_use() const noexcept { return static_cast<std::size_t>(core_.in_use()); }
+
+  /// Every field of DESIGN §5. O(1), plus one walk over the blocks when `Inner` is introspectable
+  /// and `options::introspect` is on.
+  alloy::statistics statistics() const {
+    refresh();
+    Inner& in = mutable_inner();
+    alloy::statistics s;
+    const auto& c = core_;
+    s.num_allocs = static_cast<std::size_t>(c.allocation[0].allocated);
+    s.bytes_in_use = static_cast<std::size_t>(c.bytes[0].current);
+    s.peak_bytes_in_use = static_cast<std::size_t>(c.bytes[0].peak);
+    s.largest_alloc_size = static_cast<std::size_t>(c.largest_alloc);
+    s.requested_bytes = s.bytes_in_use;
+    s.bytes_limit = detail::smallest_limit_in<detail::has_bytes_limit>(in, [](auto& p) { return p.bytes_limit(); });
+    s.bytes_reservable_limit = detail::smallest_limit_in<detail::has_reservable_limit>(
+        in, [](auto& p) { return p.bytes_reservable_limit(); });
+    s.bytes_reserved = static_cast<std::size_t>(c.reserved[0].current);
+    s.peak_bytes_reserved = static_cast<std::size_t>(c.reserved[0].peak);
+    if constexpr (detail::any_part<detail::is_movable_counting, Inner>()) {
+      const movable_counters m = detail::movable_in(in);
+      const movable_counters& b = c.baseline_movable;
+      s.bytes_active = m.bytes_active;
+      s.bytes_inactive = m.bytes_inactive;
+      s.peak_bytes_active = m.peak_bytes_active;
+      s.bytes_reclaimed = m.bytes_reclaimed - b.bytes_reclaimed;
+      s.num_single_reclaims = m.num_single_reclaims - b.num_single_reclaims;
+      s.num_full_reclaims = m.num_full_reclaims - b.num_full_reclaims;
+      s.num_defragmentations = m.num_defragmentations - b.num_defragmentations;
+      s.bytes_defragged = m.bytes_defragged - b.bytes_defragged;
+    }
+    const allocator_counters k = accumulated_counters();
+    s.num_alloc_retries = k.num_alloc_retries;
+    s.num_device_alloc = k.num_device_alloc;
+    s.num_device_free = k.num_device_free;
+    s.num_ooms = c.num_ooms;
+    if constexpr (introspectable_allocator<Inner>) {
+      if (options_.introspect) {
+        const detail::free_space space = detail::measure_free_space(inner_);
+        s.largest_free_block = space.largest;
+        s.fragmentation = space.fragmentation();
+      }
+    }
+    return s;
+  }
+
+  /// The counters behind `alloy::memory_stats` (refreshed). Internal; use `alloy::memory_stats`.
+  const detail::stats_core& core() const {
+    refresh();
+    return core_;
+  }
+  detail::stats_core& trace_registry() noexcept { return core_; }
+
+  /// Upstream counters since the last `reset_accumulated()`.
+  allocator_counters accumulated_counters() const noexcept {
+    allocator_counters k{};
+    if constexpr (detail::any_part<detail::is_counting, Inner>()) {
+      const allocator_counters now = detail::counters_in(mutable_inner());
+      const allocator_counters& b = core_.baseline_counters;
+      k.num_device_alloc = now.num_device_alloc - b.num_device_alloc;
+      k.num_device_free = now.num_device_free - b.num_device_free;
+      k.num_alloc_retries = now.num_alloc_retries - b.num_alloc_retries;
+      k.num_ooms = now.num_ooms - b.num_ooms;
+    }
+    return k;
+  }
+
+  /// The largest request size for which a part said it does not split blocks; SIZE_MAX if none.
+  std::size_t max_split_size() const noexcept { return max_split_; }
+
+  /// Every peak restarts from the current value (PyTorch `reset_peak_memory_stats`).
+  void reset_peak() noexcept {
+    refresh_reserved();
+    core_.reset_peak();
+    auto reset = [](auto& part) {
+      if constexpr (requires { part.reset_movable_peak(); }) part.reset_movable_peak();
+    };
+    detail::for_first_parts<detail::is_movable_counting>(inner_, reset);
+  }
+  /// Totals restart from zero (PyTorch `reset_accumulated_memory_stats`).
+  void reset_accumulated() noexcept {
+    refresh_reserved();
+    core_.reset_accumulated();
+    if constexpr (detail::any_part<detail::is_counting, Inner>()) core_.baseline_counters = detail::counters_in(inner_);
+    if constexpr (detail::any_part<detail::is_movable_counting, Inner>()) core_.baseline_movable = detail::movable_in(inner_);
+  }
+
+  /// What `alloy::out_of_memory` reports when a request of `bytes` failed (the edges ask).
+  oom_report oom_report_for(std::size_t bytes, std::size_t alignment) const {
+    const alloy::statistics s = statistics();
+    oom_report r{.requested = bytes, .alignment = alignment};
+    r.limit = s.bytes_limit != 0 ? s.bytes_limit : s.bytes_reservable_limit;
+    r.in_use = s.bytes_in_use;
+    r.reserved = s.bytes_reserved;
+    r.largest_free_block = s.largest_free_block;
+    r.fragmentation = s.fragmentation;
+    return r;
+  }
+
+  const options& get_options() const noexcept { return options_; }
+  Inner& inner() noexcept { return inner_; }
+  const Inner& inner() const noexcept { return inner_; }
+  auto parts() noexcept { return std::tie(inner_); }
+  auto parts() const noexcept { return std::tie(inner_); }
+
+ private:
+  static constexpr bool knows_reserved = detail::any_part<detail::is_reserving, Inner>();
+  static constexpr bool knows_max_split = detail::any_part<detail::has_max_split_size, Inner>();
+
+  Inner& mutable_inner() const noexcept { return const_cast<Inner&>(inner_); }
+
+  void init() noexcept {
+    if constexpr (knows_max_split) {
+      max_split_ = detail::smallest_limit_in<detail::has_max_split_size>(inner_, [](auto& p) { return detail::max_split_of(p); });
+      if (max_split_ == 0) max_split_ = std::numeric_limits<std::size_t>::max();
+    }
+    refresh_reserved();
+  }
+
+  std::size_t pool_of(std::size_t bytes) const noexcept {
+    if constexpr (has_pools) {
+      using seg = std::remove_cvref_t<decltype(detail::segregator_in(std::declval<Inner&>()))>;
+      return bytes <= static_cast<std::size_t>(seg::threshold) ? 1 : 2;
+    } else {
+      return 0;  // one pool: `all`, reported as large_pool as well
+    }
+  }
+
+  block counted(block b, std::size_t bytes) noexcept {
+    if (b) {
+      core_.on_allocate(pool_of(bytes), static_cast<std::int64_t>(b.size));
+      count_oversize(b.size);
+    } else {
+      ++core_.num_ooms;
+    }
+    check_reserved();
+    return b;
+  }
+  void uncounted(block b, bool live = false) noexcept {
+    if (!b && !live) return;
+    core_.on_deallocate(pool_of(b.size), static_cast<std::int64_t>(b.size));
+    uncount_oversize(b.size);
+  }
+  void count_oversize(std::size_t size) noexcept {
+    if constexpr (knows_max_split) {
+      if (size > max_split_) core_.oversize.increase(1);
+    }
+  }
+  void uncount_oversize(std::size_t size) noexcept {
+    if constexpr (knows_max_split) {
+      if (size > max_split_) core_.oversize.decrease(1);
+    }
+  }
+  bool is_live(handle h) const noexcept {
+    if constexpr (requires { inner_.is_live(h); }) {
+      return inner_.is_live(h);
+    } else {
+      return static_cast<bool>(h);
+    }
+  }
+
+  void check_reserved() noexcept {
+    if constexpr (knows_reserved) {
+      if (detail::reserved_in(inner_) != core_.last_reserved) refresh_reserved();
+    }
+  }
+
+  /// Observes the reserved bytes and segments, overall and per pool (rare: they changed).
+  void refresh_reserved() const noexcept {
+    Inner& in = mutable_inner();
+    auto& c = core_;
+    if constexpr (knows_reserved) {
+      c.last_reserved = detail::reserved_in(in);
+      c.reserved[0].observe(static_cast<std::int64_t>(c.last_reserved));
+    }
+    constexpr bool counting = detail::any_part<detail::is_counting, Inner>();
+    if constexpr (counting) {
+      const allocator_counters k = detail::counters_in(in);
+      c.segment[0].observe(static_cast<std::int64_t>(k.num_device_alloc - k.num_device_free));
+    }
+    if constexpr (has_pools) {
+      auto& seg = detail::segregator_in(in);
+      observe_side(seg.small(), 1);
+      observe_side(seg.large(), 2);
+    }
+  }
+  template <class Side>
+  void observe_side(Side& side, std::size_t p) const noexcept {
+    if constexpr (detail::any_part<detail::is_reserving, Side>())
+      core_.reserved[p].observe(static_cast<std::int64_t>(detail::reserved_in(side)));
+    if constexpr (detail::any_part<detail::is_counting, Side>()) {
+      const allocator_counters k = detail::counters_in(side);
+      core_.segment[p].observe(static_cast<std::int64_t>(k.num_device_alloc - k.num_device_free));
+    }
+  }
+
+  /// Brings the observed statistics up to date (reserved, segments, inactive splits).
+  void refresh() const {
+    refresh_reserved();
+    if constexpr (introspectable_allocator<Inner>) {
+      if (!options_.introspect) return;
+      if constexpr (has_pools) {
+        auto& seg = detail::segregator_in(mutable_inner());
+        std::array<std::int64_t, 3> count{}, bytes{};
+        if constexpr (introspectable_allocator<std::remove_cvref_t<decltype(seg.small())>> &&
+                      introspectable_allocator<std::remove_cvref_t<decltype(seg.large())>>) {
+          split_pieces(seg.small(), count[1], bytes[1]);
+          split_pieces(seg.large(), count[2], bytes[2]);
+          count[0] = count[1] + count[2];
+          bytes[0] = bytes[1] + bytes[2];
+        } else {
+          split_pieces(inner_, count[0], bytes[0]);
+        }
+        for (std::size_t p = 0; p < 3; ++p) {
+          core_.inactive_split[p].observe(count[p]);
+          core_.inactive_split_bytes[p].observe(bytes[p]);
+        }
+      } else {
+        std::int64_t count = 0, bytes = 0;
+        split_pieces(inner_, count, bytes);
+        core_.inactive_split[0].observe(count);
+        core_.inactive_split_bytes[0].observe(bytes);
+      }
+    }
+  }
+
+  /// Free pieces of segments that also hold blocks in use (PyTorch's "inactive split").
+  template <class A>
+  static void split_pieces(const A& a, std::int64_t& count, std::int64_t& bytes) {
+    const void* segment = nullptr;
+    std::int64_t seg_count = 0, seg_bytes = 0;
+    bool seg_used = false;
+    auto close = [&] {
+      if (seg_used) count += seg_count, bytes += seg_bytes;
+      seg_count = seg_bytes = 0;
+      seg_used = false;
+    };
+    a.for_each_block([&](const block_info& info) {
+      if (info.segment != segment) {
+        close();
+        segment = info.segment;
+      }
+      if (info.state == block_state::free) {
+        ++seg_count;
+        seg_bytes += static_cast<std::int64_t>(info.size);
+      } else {
+        seg_used = true;
+      }
+    });
+    close();
+  }
+
+  Inner inner_{};
+  options options_{};
+  std::size_t max_split_ = std::numeric_limits<std::size_t>::max();
+  mutable detail::stats_core core_{};
+};
+
+}  // namespace alloy
