@@ -1,0 +1,556 @@
+// alloy/policy/host_spill_reclaimer.hpp
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <alloy/concepts.hpp>
+#include <alloy/detail/align.hpp>
+#include <alloy/movable.hpp>
+
+namespace alloy {
+
+/// `host_spill_reclaimer<Device, Host>` serves requests the device side cannot by spilling idle
+/// movable blocks to the host side, after IBM Large Model Support.
+///
+/// - Movable blocks (`allocate_movable`, `lock`, `unlock`, `deallocate(handle)`; the rules are in
+///   `alloy/movable.hpp`) live on `Device` while resident. An unlocked resident block may be
+///   spilled: copied to a block from `Host` and its device memory freed. `lock` on a spilled block
+///   brings it back (allocating on the device, spilling others if needed), copies it in and frees
+///   the host copy; the returned pointer stays fixed until the last `unlock`.
+/// - Reclaim, when a device request fails: first a *single reclaim*: one unlocked resident block
+///   is spilled and the request retried. With a `Device` that has introspection (an arena, a
+///   defragmenter), it is the smallest block whose eviction, merged with the free pieces beside
+///   it, makes a piece that holds the request (O(n) scan); otherwise, or when there is none, the
+///   smallest block at least as large as the request. If there is no such block, or the retry
+///   fails too, a *full reclaim*: every unlocked resident block is spilled and the request
+///   retried once more. A reclaim that spilled
+///   nothing (no unlocked block, or the host side failed for every candidate) is not counted, and
+///   the request fails with an empty block / empty handle / nullptr from `lock`. A request the
+///   device can never hold (more than its `bytes_limit()` / `bytes_reservable_limit()`, a size
+///   near SIZE_MAX, a bad alignment) fails at once and spills nothing.
+/// - Raw `allocate`/`deallocate` go to `Device`; a raw block never moves. When `Device` fails a raw
+///   request, movable blocks are reclaimed for it the same way (`options::reclaim_for_raw`).
+/// - When `Device` is itself movable (a `compacting_defragmenter`), the reclaimer keeps its resident
+///   blocks as `Device` handles, so the device side may compact them, and it tries compaction
+///   before spilling (the device side fails only after it could not open a hole). Its
+///   defragmentation counters are reported with the reclaimer's.
+/// - Counters (`movable_statistics()`): `bytes_active`, `peak_bytes_active`, `bytes_inactive`,
+///   `bytes_spilled`, `bytes_reclaimed` (bytes spilled), `num_single_reclaims`,
+///   `num_full_reclaims`, `num_spills`, `bytes_restored`, `num_restores`. Sizes are requested
+///   sizes. A single reclaim that did not suffice is counted, then the full one.
+/// - Failure: noexcept allocation paths; a host side that fails, or a copy that fails, leaves the
+///   block where it was, intact (the next candidate is tried). Nothing is lost: the destructor
+///   frees every block still alive, resident or spilled.
+/// - Metadata: a handle table (one entry of ~48 B per movable block, on the host) and an ordered
+///   set of the unlocked resident blocks by size: `allocate_movable`, `lock`, `unlock` O(log n)
+///   when no reclaim is needed; the single-reclaim choice O(log n) by size, O(n) with an
+///   introspectable device; full reclaim O(n). Nothing is written into managed memory.
+/// - Capabilities: `owns`, `release` (both sides), `reserved_bytes` (device side), `counters()`
+///   (device side; a device failure that a reclaim made good counts as a retry, not an OOM) and
+///   introspection (device side, movable pieces shown active/inactive) when the parts have them.
+/// - Thread safety: none (wrap in `synchronized`, which forwards the handle calls). Memory kind:
+///   that of `Device`.
+/// - Move-only (it owns the blocks its handles name).
+template <allocator Device, allocator Host>
+class host_spill_reclaimer {
+ public:
+  static constexpr bool host_accessible = Device::host_accessible;
+  static constexpr bool device_accessible = Device::device_accessible;
+  /// Whether resident blocks are kept as handles of a movable `Device`.
+  static constexpr bool device_is_movable = movable_allocator<Device>;
+
+  struct options {
+    bool reclaim_for_raw = true;     ///< reclaim movable blocks when a raw request fails
+    copy_engine::options copy = {};  ///< the stream spills and restores copy on
+  };
+
+  host_spill_reclaimer() = default;
+  explicit host_spill_reclaimer(Device device, Host host = Host{}) : device_(std::move(device)), host_(std::move(host)) {}
+  host_spill_reclaimer(Device device, Host host, options opts)
+      : device_(std::move(device)), host_(std::move(host)), options_(opts), copier_(opts.copy) {}
+
+  host_spill_reclaimer(host_spill_reclaimer&&) = default;
+  host_spill_reclaimer& operator=(host_spill_reclaimer&& other) noexcept {
+    if (this != &other) {
+      free_all();
+      device_ = std::move(other.device_);
+      host_ = std::move(other.host_);
+      table_ = std::move(other.table_);
+      unlocked_ = std::move(other.unlocked_);
+      options_ = other.options_;
+      copier_ = other.copier_;
+      counters_ = other.counters_;
+      absorbed_ooms_ = other.absorbed_ooms_;
+      rescued_ = other.rescued_;
+    }
+    return *this;
+  }
+  host_spill_reclaimer(const host_spill_reclaimer&) = delete;
+  host_spill_reclaimer& operator=(const host_spill_reclaimer&) = delete;
+  ~host_spill_reclaimer() { free_all(); }
+
+  // ---- raw blocks: pass through, never moved -------------------------------------------------
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const block b = device_.allocate(bytes, alignment)) return b;
+    if (!options_.reclaim_for_raw) return {};
+    return counted_reclaim(bytes, alignment, [&] { return device_.allocate(bytes, alignment); });
+  }
+  void deallocate(block b) noexcept { device_.deallocate(b); }
+
+  // ---- movable blocks ------------------------------------------------------------------------
+
+  /// A resident, unlocked block of `bytes`; an empty handle when not even a reclaim makes room.
+  handle allocate_movable(std::size_t bytes) noexcept {
+    resident r = allocate_resident(bytes);
+    if (!r) return {};
+    const handle h = table_.insert(entry{bytes, r, {}, 0, nullptr});
+    if (!h) {
+      free_resident(r, bytes);
+      return {};
+    }
+    if (!mark_unlocked(h, bytes)) {
+      table_.erase(h);
+      free_resident(r, bytes);
+      return {};
+    }
+    counters_.bytes_inactive += bytes;
+    return h;
+  }
+
+  /// Makes the block resident (restoring it from host memory if it was spilled) and pins it;
+  /// nullptr when a spilled block cannot be brought back (it stays spilled and intact).
+  void* lock(handle h) {
+    entry& e = detail::entry_or_throw(table_, h, "lock");
+    if (e.locks > 0) {
+      ++e.locks;
+      return e.locked;
+    }
+    if (!e.dev) {  // spilled: bring it back
+      resident r = allocate_resident(e.size);
+      if (!r) return nullptr;
+      void* p = pin(r);
+      if (p == nullptr || !copier_.template copy_between<Device, Host>(p, e.host.ptr, e.size)) {
+        if (p != nullptr) unpin(r);
+        free_resident(r, e.size);
+        return nullptr;
+      }
+      host_.deallocate(e.host);
+      e.host = {};
+      e.dev = r;
+      e.locks = 1;
+      e.locked = p;
+      counters_.bytes_spilled -= e.size;
+      counters_.bytes_restored += e.size;
+      ++counters_.num_restores;
+      detail::note_active(counters_, e.size);
+      return p;
+    }
+    void* p = pin(e.dev);
+    if (p == nullptr) return nullptr;
+    unlocked_.erase({e.size, h.id});
+    e.locks = 1;
+    e.locked = p;
+    counters_.bytes_inactive -= e.size;
+    detail::note_active(counters_, e.size);
+    return p;
+  }
+
+  /// Undoes one `lock`; after the last one the block may be moved or spilled.
+  void unlock(handle h) {
+    entry& e = detail::entry_or_throw(table_, h, "unlock");
+    if (e.locks == 0) throw logic_error("unlock of a handle that is not locked (id " + std::to_string(h.id) + ")");
+    if (e.locks > 1) {
+      --e.locks;
+      return;
+    }
+    unlocked_.insert({e.size, h.id});  // may throw std::bad_alloc before anything changed
+    e.locks = 0;
+    e.locked = nullptr;
+    unpin(e.dev);
+    counters_.bytes_active -= e.size;
+    counters_.bytes_inactive += e.size;
+  }
+
+  /// Frees the block, wherever it is. Throws for a locked, empty, unknown or stale handle.
+  void deallocate(handle h) {
+    entry& e = detail::entry_or_throw(table_, h, "deallocate");
+    if (e.locks > 0) throw logic_error("deallocate of a locked handle (id " + std::to_string(h.id) + ")");
+    if (e.dev) {
+      unlocked_.erase({e.size, h.id});
+      counters_.bytes_inactive -= e.size;
+      free_resident(e.dev, e.size);
+    } else {
+      counters_.bytes_spilled -= e.size;
+      host_.deallocate(e.host);
+    }
+    table_.erase(h);
+  }
+
+  /// Spills every unlocked resident block now (a full reclaim not asked for by a request; not
+  /// counted as one). Returns the bytes spilled.
+  std::size_t spill_all() noexcept { return spill_unlocked(); }
+
+  // ---- questions about handles (empty/unknown/stale handles: false, 0) ------------------------
+
+  std::size_t size_of(handle h) const noexcept {
+    const entry* e = table_.find(h);
+    return e ? e->size : 0;
+  }
+  bool is_resident(handle h) const noexcept {
+    const entry* e = table_.find(h);
+    return e && e->dev;
+  }
+  bool is_locked(handle h) const noexcept {
+    const entry* e = table_.find(h);
+    return e && e->locks > 0;
+  }
+  bool is_live(handle h) const noexcept { return table_.find(h) != nullptr; }
+  std::size_t movable_count() const noexcept { return table_.size(); }
+
+  // ---- counters and capabilities -------------------------------------------------------------
+
+  movable_counters movable_statistics() const noexcept {
+    movable_counters c = counters_;
+    if constexpr (movable_counting_allocator<Device>) {
+      const movable_counters d = device_.movable_statistics();
+      c.num_defragmentations = d.num_defragmentations;
+      c.bytes_defragged = d.bytes_defragged;
+      c.num_moves = d.num_moves;
+    }
+    return c;
+  }
+  void reset_movable_peak() noexcept { counters_.peak_bytes_active = counters_.bytes_active; }
+
+  bool owns(block b) const noexcept
+    requires owning_allocator<Device>
+  {
+    return device_.owns(b);
+  }
+  void release() noexcept
+    requires releasing_allocator<Device>
+  {
+    device_.release();
+    if constexpr (releasing_allocator<Host>) host_.release();
+  }
+  std::size_t reserved_bytes() const noexcept
+    requires reserving_allocator<Device>
+  {
+    return device_.reserved_bytes();
+  }
+  /// The device side's counters, as if each request were one call: device failures that a
+  /// reclaim made good are not OOMs but `num_alloc_retries`.
+  allocator_counters counters() const noexcept
+    requires counting_allocator<Device>
+  {
+    allocator_counters c = device_.counters();
+    c.num_ooms -= absorbed_ooms_;
+    c.num_alloc_retries += rescued_;
+    return c;
+  }
+  /// The device side's pieces; with a raw `Device`, pieces holding movable blocks are reported
+  /// `active` (locked) or `inactive` (unlocked) instead of `allocated`.
+  template <class F>
+    requires introspectable_allocator<Device>
+  void for_each_block(F&& visit) const {
+    if constexpr (device_is_movable) {
+      device_.for_each_block(visit);
+    } else {
+      std::unordered_map<const void*, bool> movable;  // ptr -> locked
+      table_.for_each([&](handle, const entry& e) {
+        if (e.dev) movable.emplace(e.dev.ptr, e.locks > 0);
+      });
+      device_.for_each_block([&](const block_info& info) {
+        if (info.state == block_state::allocated) {
+          if (const auto found = movable.find(info.ptr); found != movable.end()) {
+            block_info copy = info;
+            copy.state = found->second ? block_state::active : block_state::inactive;
+            visit(copy);
+            return;
+          }
+        }
+        visit(info);
+      });
+    }
+  }
+
+  const options& get_options() const noexcept { return options_; }
+  Device& device() noexcept { return device_; }
+  const Device& device() const noexcept { return device_; }
+  Host& host() noexcept { return host_; }
+  const Host& host() const noexcept { return host_; }
+  auto parts() noexcept { return std::tie(device_, host_); }
+  auto parts() const noexcept { return std::tie(device_, host_); }
+
+ private:
+  /// Where a resident block lives on the device: a raw block, or a handle of a movable device.
+  struct resident {
+    block raw{};
+    handle moved{};
+    explicit operator bool() const noexcept {
+      if constexpr (device_is_movable) {
+        return static_cast<bool>(moved);
+      } else {
+        return static_cast<bool>(raw);
+      }
+    }
+  };
+
+  struct entry {
+    std::size_t size = 0;
+    resident dev{};     // empty when spilled
+    block host{};       // the spilled copy; empty when resident
+    std::uint32_t locks = 0;
+    void* locked = nullptr;  // the pinned address while locked
+  };
+
+  resident try_device(std::size_t bytes) noexcept {
+    if constexpr (device_is_movable) {
+      return {{}, device_.allocate_movable(bytes)};
+    } else {
+      return {device_.allocate(bytes, movable_alignment), {}};
+    }
+  }
+
+  resident allocate_resident(std::size_t bytes) noexcept {
+    if (resident r = try_device(bytes)) return r;
+    return counted_reclaim(bytes, movable_alignment, [&] { return try_device(bytes); });
+  }
+
+  void free_resident(resident r, std::size_t bytes) noexcept {
+    if constexpr (device_is_movable) {
+      (void)bytes;
+      try {
+        device_.deallocate(r.moved);
+      } catch (...) {  // cannot happen: the handle is live and unlocked
+      }
+    } else {
+      (void)bytes;
+      device_.deallocate(r.raw);
+    }
+  }
+
+  /// The device address of a resident block, pinned in place while it is locked.
+  void* pin(resident r) noexcept {
+    if constexpr (device_is_movable) {
+      try {
+        return device_.lock(r.moved);
+      } catch (...) {
+        return nullptr;
+      }
+    } else {
+      return r.raw.ptr;
+    }
+  }
+  void unpin(resident r) noexcept {
+    if constexpr (device_is_movable) {
+      try {
+        device_.unlock(r.moved);
+      } catch (...) {
+      }
+    } else {
+      (void)r;
+    }
+  }
+
+  bool mark_unlocked(handle h, std::size_t bytes) noexcept {
+    try {
+      unlocked_.insert({bytes, h.id});
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  /// Spills one unlocked resident block; false (nothing changed) when the host side or the copy
+  /// fails.
+  bool spill(handle h) noexcept {
+    entry* e = table_.find(h);
+    if (e == nullptr || !e->dev || e->locks > 0) return false;
+    const block host = host_.allocate(e->size, movable_alignment);
+    if (!host) return false;
+    void* p = pin(e->dev);
+    if (p == nullptr) {
+      host_.deallocate(host);
+      return false;
+    }
+    const bool copied = copier_.template copy_between<Host, Device>(host.ptr, p, e->size);
+    unpin(e->dev);
+    if (!copied) {
+      host_.deallocate(host);
+      return false;
+    }
+    unlocked_.erase({e->size, h.id});
+    free_resident(e->dev, e->size);
+    e->dev = {};
+    e->host = host;
+    counters_.bytes_inactive -= e->size;
+    counters_.bytes_spilled += e->size;
+    counters_.bytes_reclaimed += e->size;
+    ++counters_.num_spills;
+    return true;
+  }
+
+  /// Spills every unlocked resident block it can; returns the bytes spilled.
+  std::size_t spill_unlocked() noexcept {
+    std::size_t spilled = 0;
+    for (auto it = unlocked_.begin(); it != unlocked_.end();) {
+      const auto [size, id] = *it;
+      ++it;  // spill() erases the current element
+      if (spill(handle{id})) spilled += size;
+    }
+    return spilled;
+  }
+
+  /// Whether the device side can show where each resident block lies (for choose_by_hole).
+  static constexpr bool device_shows_places =
+      introspectable_allocator<Device> &&
+      (!device_is_movable || requires(const Device& d, handle h) { { d.address_of(h) } -> std::convertible_to<const void*>; });
+
+  const void* place_of(const entry& e) const noexcept {
+    if constexpr (device_is_movable) {
+      return device_.address_of(e.dev.moved);
+    } else {
+      return e.dev.raw.ptr;
+    }
+  }
+
+  /// With an introspectable device: the unlocked resident block of the smallest size whose
+  /// eviction, merged with the free pieces beside it, leaves a piece that holds `bytes` at
+  /// `alignment`; 0 when there is none (or host memory for the scan ran out).
+  std::uint64_t choose_by_hole(std::size_t bytes, std::size_t alignment) const noexcept {
+    if constexpr (device_shows_places) {
+      try {
+        std::size_t need = detail::round_up(bytes == 0 ? 1 : bytes, movable_alignment);
+        if constexpr (requires { device_.chunk_size(bytes); }) need = device_.chunk_size(bytes);
+        if (need == 0) return 0;
+        if (alignment > movable_alignment) need += alignment - movable_alignment;
+        std::unordered_map<const void*, std::pair<std::uint64_t, std::size_t>> candidates;  // ptr -> (id, size)
+        candidates.reserve(unlocked_.size());
+        for (const auto& [size, id] : unlocked_) {
+          if (const entry* e = table_.find(handle{id})) candidates.emplace(place_of(*e), std::pair{id, size});
+        }
+        std::vector<block_info> pieces;
+        device_.for_each_block([&](const block_info& info) { pieces.push_back(info); });
+        std::uint64_t best = 0;
+        std::size_t best_size = 0;
+        for (std::size_t i = 0; i < pieces.size(); ++i) {
+          if (pieces[i].state == block_state::free || pieces[i].state == block_state::active) continue;
+          const auto found = candidates.find(pieces[i].ptr);
+          if (found == candidates.end()) continue;
+          std::size_t hole = pieces[i].size;
+          if (i > 0 && pieces[i - 1].state == block_state::free && pieces[i - 1].segment == pieces[i].segment)
+            hole += pieces[i - 1].size;
+          if (i + 1 < pieces.size() && pieces[i + 1].state == block_state::free && pieces[i + 1].segment == pieces[i].segment)
+            hole += pieces[i + 1].size;
+          if (hole >= need && (best == 0 || found->second.second < best_size)) {
+            best = found->second.first;
+            best_size = found->second.second;
+          }
+        }
+        return best;
+      } catch (...) {
+        return 0;
+      }
+    } else {
+      (void)bytes;
+      (void)alignment;
+      return 0;
+    }
+  }
+
+  /// False when the device side can never hold `bytes`, however much is spilled: more than its
+  /// `bytes_limit()` or `bytes_reservable_limit()` when it has one, or a size whose rounding
+  /// overflows. Such a request spills nothing.
+  bool could_ever_fit(std::size_t bytes) const noexcept {
+    if (detail::round_up(bytes, movable_alignment) == 0 && bytes != 0) return false;
+    if constexpr (requires { { device_.bytes_limit() } -> std::convertible_to<std::size_t>; }) {
+      if (bytes > device_.bytes_limit()) return false;
+    }
+    if constexpr (requires { { device_.bytes_reservable_limit() } -> std::convertible_to<std::size_t>; }) {
+      if (bytes > device_.bytes_reservable_limit()) return false;
+    }
+    return true;
+  }
+
+  std::size_t device_ooms() const noexcept {
+    if constexpr (counting_allocator<Device>) {
+      return device_.counters().num_ooms;
+    } else {
+      return 0;
+    }
+  }
+
+  /// reclaim_and_retry, keeping the device's counters honest: device failures that a reclaim made
+  /// good are retries, not OOMs.
+  template <class Attempt>
+  auto counted_reclaim(std::size_t bytes, std::size_t alignment, Attempt&& attempt) noexcept -> decltype(attempt()) {
+    const std::size_t before = device_ooms();
+    auto r = reclaim_and_retry(bytes, alignment, attempt);
+    absorbed_ooms_ += device_ooms() - before;
+    if (r) {
+      if constexpr (counting_allocator<Device>) ++absorbed_ooms_;  // the failure that started the reclaim
+      ++rescued_;
+    }
+    return r;
+  }
+
+  /// Single reclaim, then full reclaim, retrying `attempt` after each.
+  template <class Attempt>
+  auto reclaim_and_retry(std::size_t bytes, std::size_t alignment, Attempt&& attempt) noexcept -> decltype(attempt()) {
+    if (!could_ever_fit(bytes) || !detail::is_power_of_two(alignment)) return {};
+    // Single: with a raw introspectable device, the smallest block whose eviction opens a big
+    // enough piece; otherwise (or when the host side refuses it) the smallest unlocked resident
+    // block at least as large as the request, trying the next larger one when the host refuses.
+    bool single = false;
+    if (const std::uint64_t chosen = choose_by_hole(bytes, alignment); chosen != 0 && spill(handle{chosen})) {
+      single = true;
+    } else {
+      for (auto it = unlocked_.lower_bound({bytes, 0}); it != unlocked_.end(); ++it) {
+        if (spill(handle{it->second})) {
+          single = true;
+          break;
+        }
+      }
+    }
+    if (single) {
+      ++counters_.num_single_reclaims;
+      if (auto r = attempt()) return r;
+    }
+    if (unlocked_.empty()) return {};
+    if (spill_unlocked() == 0) return {};
+    ++counters_.num_full_reclaims;
+    return attempt();
+  }
+
+  void free_all() noexcept {
+    table_.for_each([&](handle, entry& e) {
+      if (e.dev) {
+        if (e.locks > 0) unpin(e.dev);
+        e.locks = 0;
+        free_resident(e.dev, e.size);
+      }
+      if (e.host) host_.deallocate(e.host);
+    });
+    table_ = {};
+    unlocked_.clear();
+  }
+
+  Device device_{};
+  Host host_{};
+  detail::handle_table<entry> table_{};
+  std::set<std::pair<std::size_t, std::uint64_t>> unlocked_{};  // (size, handle id) of unlocked resident blocks
+  options options_{};
+  copy_engine copier_{};
+  movable_counters counters_{};
+  std::size_t absorbed_ooms_ = 0;  // device OOMs that were not failures of a request
+  std::size_t rescued_ = 0;        // requests served after a reclaim
+};
+
+}  // namespace alloy
