@@ -71,7 +71,7 @@ enum class bad_rows : std::uint8_t { stop, skip };
 struct trace_read_options {
   bad_rows on_bad_row = bad_rows::stop;
   /// Called for every problem as it is found (skip mode), with the file name and the problem.
-  std::function<void(const std::string& name, const trace_problem&)> report;
+  std::function<void(const std::string& name, const trace_problem&)> report{};
   std::size_t max_problems_kept = 1000;
 };
 
@@ -166,13 +166,12 @@ inline file_text read_file_text(const std::string& path) {
   for (;;) {
     const int n = gzread(file, buffer, sizeof buffer);
     if (n > 0) out.text.append(buffer, static_cast<std::size_t>(n));
-    if (n < 0 || (n == 0 && !gzeof(file))) {
-      int code = 0;
-      const char* message = gzerror(file, &code);
+    if (n > 0) continue;
+    int code = Z_OK;  // the end: clean, or a stream cut short (Z_BUF_ERROR) or corrupt
+    const char* message = gzerror(file, &code);
+    if (n < 0 || (code != Z_OK && code != Z_STREAM_END) || !gzeof(file))
       out.error = message != nullptr && *message != '\0' ? message : "read error";
-      break;
-    }
-    if (n == 0) break;
+    break;
   }
   gzclose(file);
   return out;
