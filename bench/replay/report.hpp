@@ -1,0 +1,358 @@
+// bench/replay/report.hpp: what alloy-replay prints and writes, from its replay results: a table
+// for the terminal, JSON for programs, Markdown for bench/README.md, and an SVG chart of reserved
+// and in-use bytes over the trace, one line per composition.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <filesystem>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "replay/replay.hpp"
+#include "support/rmm_trace.hpp"
+
+namespace alloy::replay {
+
+/// One trace and what every composition did with it.
+struct trace_report {
+  std::string path;
+  const bench::rmm_trace* trace = nullptr;
+  std::vector<replay_result> results;
+};
+
+/// The settings every report states.
+struct report_settings {
+  std::size_t capacity = unlimited;
+  std::size_t alignment = 256;
+  int repetitions = 1;
+};
+
+// ---- formatting ------------------------------------------------------------------------------------
+
+/// "512 B", "64.0 KiB", "4.94 GiB": three significant digits, binary units.
+inline std::string format_bytes(double bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024 && u < 5) bytes /= 1024, ++u;
+  char text[32];
+  if (u == 0) {
+    std::snprintf(text, sizeof text, "%.0f B", bytes);
+  } else {
+    std::snprintf(text, sizeof text, bytes >= 100 ? "%.0f %s" : bytes >= 10 ? "%.1f %s" : "%.2f %s", bytes, units[u]);
+  }
+  return text;
+}
+
+inline std::string format_capacity(std::size_t capacity) {
+  return capacity == unlimited ? "unlimited" : format_bytes(static_cast<double>(capacity));
+}
+
+/// 1234567 -> "1,234,567".
+inline std::string format_count(std::size_t n) {
+  std::string digits = std::to_string(n), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i != 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+inline std::string format_fixed(double v, int decimals) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%.*f", decimals, v);
+  return text;
+}
+
+/// The file name without its folders and its trace extensions.
+inline std::string display_name(const std::string& path) {
+  if (path == "-") return "stdin";
+  std::string n = std::filesystem::path(path).filename().string();
+  for (const char* ext : {".gz", ".csv", ".rmm", ".events"}) {
+    if (n.size() > std::string(ext).size() && n.ends_with(ext)) n.resize(n.size() - std::string(ext).size());
+  }
+  return n;
+}
+
+/// One line about the trace: its events, requests, failures, peak live, never freed.
+inline std::string describe_trace(const bench::rmm_trace& t) {
+  std::ostringstream s;
+  s << format_count(t.events.size()) << " events (" << t.format << "): " << format_count(t.allocations) << " allocations, "
+    << format_count(t.failures) << " failed when recorded, peak live " << format_bytes(static_cast<double>(t.peak_live_bytes))
+    << ", " << format_count(t.unfreed) << " never freed";
+  if (t.problem_count != 0) s << "; " << format_count(t.problem_count) << " bad rows skipped";
+  return s.str();
+}
+
+// ---- terminal table ---------------------------------------------------------------------------------
+
+inline void print_table(std::ostream& out, const trace_report& r, const report_settings& s) {
+  out << display_name(r.path) << "\n  " << describe_trace(*r.trace) << "\n  device capacity "
+      << format_capacity(s.capacity) << ", alignment " << s.alignment << "; ns/op is the median of "
+      << s.repetitions << (s.repetitions == 1 ? " replay" : " replays") << "\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %8s %11s\n", "composition", "ns/op", "peak in use",
+                "peak reserved", "reserved/", "upstream", "failed", "moved");
+  out << line;
+  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %8s %11s\n", "", "", "", "", "peak live", "calls",
+                "requests", "");
+  out << line;
+  for (const replay_result& x : r.results) {
+    std::snprintf(line, sizeof line, "  %-26s %9.1f %12s %14s %10.3f %10s %8s %11s", x.composition.c_str(), x.ns_per_op,
+                  format_bytes(static_cast<double>(x.peak_in_use)).c_str(),
+                  format_bytes(static_cast<double>(x.peak_reserved)).c_str(), x.reserved_over_live,
+                  format_count(x.upstream_calls()).c_str(), format_count(x.failed).c_str(),
+                  format_bytes(static_cast<double>(x.bytes_moved)).c_str());
+    out << line;
+    if (x.leaked != 0) out << "  (leaked " << format_bytes(static_cast<double>(x.leaked)) << ")";
+    out << '\n';
+  }
+  out << '\n';
+}
+
+// ---- JSON ---------------------------------------------------------------------------------------------
+
+inline std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += esc;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+inline void write_json(std::ostream& out, const std::vector<trace_report>& reports, const report_settings& s) {
+  out << "{\n  \"tool\": \"alloy-replay\",\n  \"capacity\": ";
+  if (s.capacity == unlimited) {
+    out << "null";
+  } else {
+    out << s.capacity;
+  }
+  out << ",\n  \"alignment\": " << s.alignment << ",\n  \"repetitions\": " << s.repetitions << ",\n  \"traces\": [";
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    const trace_report& r = reports[i];
+    const bench::rmm_trace& t = *r.trace;
+    out << (i ? "," : "") << "\n    {\n      \"path\": " << json_string(r.path) << ",\n      \"name\": "
+        << json_string(display_name(r.path)) << ",\n      \"format\": " << json_string(t.format)
+        << ",\n      \"events\": " << t.events.size() << ",\n      \"allocations\": " << t.allocations
+        << ",\n      \"recorded_failures\": " << t.failures << ",\n      \"peak_live_bytes\": " << t.peak_live_bytes
+        << ",\n      \"never_freed\": " << t.unfreed << ",\n      \"bad_rows\": " << t.problem_count
+        << ",\n      \"problems\": [";
+    for (std::size_t p = 0; p < t.problems.size(); ++p)
+      out << (p ? ", " : "") << "{\"line\": " << t.problems[p].line << ", \"message\": " << json_string(t.problems[p].message)
+          << "}";
+    out << "],\n      \"results\": [";
+    for (std::size_t k = 0; k < r.results.size(); ++k) {
+      const replay_result& x = r.results[k];
+      out << (k ? "," : "") << "\n        {\"composition\": " << json_string(x.composition)
+          << ", \"ns_per_op\": " << format_fixed(x.ns_per_op, 2) << ", \"ns_per_op_runs\": [";
+      for (std::size_t n = 0; n < x.ns_per_op_runs.size(); ++n) out << (n ? ", " : "") << format_fixed(x.ns_per_op_runs[n], 2);
+      out << "], \"operations\": " << x.operations << ", \"requests\": " << x.requests << ", \"served\": " << x.served
+          << ", \"failed_requests\": " << x.failed << ", \"peak_in_use\": " << x.peak_in_use
+          << ", \"peak_reserved\": " << x.peak_reserved << ", \"reserved_over_live\": " << format_fixed(x.reserved_over_live, 4)
+          << ", \"end_in_use\": " << x.end_in_use << ", \"end_reserved\": " << x.end_reserved
+          << ", \"upstream_allocs\": " << x.upstream_allocs << ", \"upstream_frees\": " << x.upstream_frees
+          << ", \"upstream_refusals\": " << x.upstream_refusals << ", \"bytes_moved\": " << x.bytes_moved
+          << ", \"leaked\": " << x.leaked << ",\n         \"series\": {\"event\": [";
+      for (std::size_t p = 0; p < x.series.size(); ++p) out << (p ? "," : "") << x.series[p].event;
+      out << "], \"in_use\": [";
+      for (std::size_t p = 0; p < x.series.size(); ++p) out << (p ? "," : "") << x.series[p].in_use;
+      out << "], \"reserved\": [";
+      for (std::size_t p = 0; p < x.series.size(); ++p) out << (p ? "," : "") << x.series[p].reserved;
+      out << "]}}";
+    }
+    out << "\n      ]\n    }";
+  }
+  out << "\n  ]\n}\n";
+}
+
+// ---- Markdown -------------------------------------------------------------------------------------
+
+/// A ratio cell: "1.035", with the failed requests when there were any.
+inline std::string ratio_cell(const replay_result& x) {
+  std::string cell = format_fixed(x.reserved_over_live, 3);
+  if (x.failed != 0) cell += " (" + format_count(x.failed) + " failed)";
+  return cell;
+}
+
+/// The summary table (peak reserved ÷ peak live, one row per trace) and one details table per trace.
+inline void write_markdown(std::ostream& out, const std::vector<trace_report>& reports, const report_settings& s) {
+  if (reports.empty()) return;
+  const std::vector<replay_result>& first = reports.front().results;
+  out << "Peak reserved ÷ peak live (device capacity " << format_capacity(s.capacity) << ", alignment " << s.alignment
+      << "; failed requests in brackets):\n\n| trace | events | peak live |";
+  for (const replay_result& x : first) out << ' ' << x.composition << " |";
+  out << "\n|---|---:|---:|";
+  for (std::size_t i = 0; i < first.size(); ++i) out << "---:|";
+  out << '\n';
+  for (const trace_report& r : reports) {
+    out << "| " << display_name(r.path) << " | " << format_count(r.trace->events.size()) << " | "
+        << format_bytes(static_cast<double>(r.trace->peak_live_bytes)) << " |";
+    for (const replay_result& x : r.results) out << ' ' << ratio_cell(x) << " |";
+    out << '\n';
+  }
+  out << "\nEvery figure, per trace (ns/op: median of " << s.repetitions << "; upstream calls: device allocations + frees):\n\n";
+  for (const trace_report& r : reports) {
+    out << "<details><summary>" << display_name(r.path) << "</summary>\n\n" << describe_trace(*r.trace)
+        << ".\n\n| composition | ns/op | peak in use | peak reserved | reserved ÷ live | upstream calls | failed | moved |\n"
+        << "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const replay_result& x : r.results) {
+      out << "| " << x.composition << " | " << format_fixed(x.ns_per_op, 1) << " | "
+          << format_bytes(static_cast<double>(x.peak_in_use)) << " | " << format_bytes(static_cast<double>(x.peak_reserved))
+          << " | " << format_fixed(x.reserved_over_live, 3) << " | " << format_count(x.upstream_calls()) << " | "
+          << format_count(x.failed) << " | " << format_bytes(static_cast<double>(x.bytes_moved)) << " |\n";
+    }
+    out << "\n</details>\n\n";
+  }
+}
+
+// ---- SVG --------------------------------------------------------------------------------------------
+
+namespace detail {
+
+inline std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+/// A round step for about `ticks` ticks over [0, max] bytes: 1, 2, 5, 10, 20, 50, 100, 200 or
+/// 500 times B, KiB, MiB, GiB or TiB.
+inline double nice_byte_step(double max, int ticks) {
+  const double raw = max / ticks;
+  double unit = 1;
+  while (unit * 1024 <= raw) unit *= 1024;
+  for (double m : {1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0})
+    if (m * unit >= raw) return m * unit;
+  return 1024 * unit;
+}
+
+/// A round step for about `ticks` ticks over [0, max]: 1, 2 or 5 times a power of 10.
+inline double nice_step(double max, int ticks) {
+  const double raw = std::max(max / ticks, 1.0);
+  double base = 1;
+  while (base * 10 <= raw) base *= 10;
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * base >= raw) return m * base;
+  return 10 * base;
+}
+
+}  // namespace detail
+
+/// Reserved bytes (solid) of every composition over the trace, and the bytes in use (grey area;
+/// a dashed line for a composition that failed requests, whose in-use bytes differ).
+inline void write_svg(std::ostream& out, const trace_report& r, const report_settings& s) {
+  static const char* const palette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                        "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+  const double width = 1000, height = 520, left = 80, right = 290, top = 56, bottom = 52;
+  const double plot_w = width - left - right, plot_h = height - top - bottom;
+  const double events = static_cast<double>(std::max<std::size_t>(r.trace->events.size(), 1));
+  double ymax = 1;
+  for (const replay_result& x : r.results)
+    for (const series_point& p : x.series) ymax = std::max({ymax, static_cast<double>(p.reserved), static_cast<double>(p.in_use)});
+  const bool show_capacity = s.capacity != unlimited && static_cast<double>(s.capacity) <= ymax * 1.25;
+  if (show_capacity) ymax = std::max(ymax, static_cast<double>(s.capacity));
+  const double step = detail::nice_byte_step(ymax, 6);
+  ymax = std::ceil(ymax / step) * step;
+  auto px = [&](double event) { return left + plot_w * (event + 1) / events; };
+  auto py = [&](double bytes) { return top + plot_h * (1 - bytes / ymax); };
+  auto num = [](double v) { return format_fixed(v, 1); };
+
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height << "\" viewBox=\"0 0 "
+      << width << ' ' << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<text x=\"" << left << "\" y=\"22\" font-size=\"15\" font-weight=\"bold\">"
+      << detail::xml_escape(display_name(r.path)) << "</text>\n"
+      << "<text x=\"" << left << "\" y=\"40\" fill=\"#555\">alloy-replay: bytes reserved from the device (lines) and in use "
+      << "(grey) over the trace; device capacity " << detail::xml_escape(format_capacity(s.capacity)) << "</text>\n";
+  // Grid and axes.
+  for (double y = 0; y <= ymax + step / 2; y += step) {
+    out << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << num(py(y)) << "\" y2=\"" << num(py(y))
+        << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << left - 6 << "\" y=\"" << num(py(y) + 4)
+        << "\" text-anchor=\"end\" fill=\"#555\">" << format_bytes(y) << "</text>\n";
+  }
+  const double xstep = detail::nice_step(events, 6);
+  for (double x = 0; x <= events; x += xstep) {
+    out << "<text x=\"" << num(left + plot_w * x / events) << "\" y=\"" << top + plot_h + 18
+        << "\" text-anchor=\"middle\" fill=\"#555\">" << format_count(static_cast<std::size_t>(x)) << "</text>\n";
+  }
+  out << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << height - 12 << "\" text-anchor=\"middle\" fill=\"#555\">event</text>\n"
+      << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_w << "\" height=\"" << plot_h
+      << "\" fill=\"none\" stroke=\"#999\"/>\n";
+  if (show_capacity) {
+    out << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << num(py(static_cast<double>(s.capacity)))
+        << "\" y2=\"" << num(py(static_cast<double>(s.capacity)))
+        << "\" stroke=\"#d62728\" stroke-dasharray=\"6 4\"/>\n<text x=\"" << left + plot_w - 4 << "\" y=\""
+        << num(py(static_cast<double>(s.capacity)) - 5) << "\" text-anchor=\"end\" fill=\"#d62728\">capacity</text>\n";
+  }
+  // In use: the area of the first composition that served everything (else the first).
+  const replay_result* demand = r.results.empty() ? nullptr : &r.results.front();
+  for (const replay_result& x : r.results)
+    if (x.failed == 0) {
+      demand = &x;
+      break;
+    }
+  if (demand != nullptr && !demand->series.empty()) {
+    out << "<polygon fill=\"#d9d9d9\" stroke=\"none\" points=\"" << num(px(-1)) << ',' << num(py(0));
+    for (const series_point& p : demand->series)
+      out << ' ' << num(px(static_cast<double>(p.event))) << ',' << num(py(static_cast<double>(p.in_use)));
+    out << ' ' << num(px(static_cast<double>(demand->series.back().event))) << ',' << num(py(0)) << "\"/>\n";
+  }
+  for (std::size_t k = 0; k < r.results.size(); ++k) {
+    const replay_result& x = r.results[k];
+    const char* colour = palette[k % 10];
+    if (x.failed != 0 && &x != demand) {
+      out << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1\" stroke-dasharray=\"4 3\" points=\"";
+      for (const series_point& p : x.series)
+        out << num(px(static_cast<double>(p.event))) << ',' << num(py(static_cast<double>(p.in_use))) << ' ';
+      out << "\"/>\n";
+    }
+    out << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1.6\" points=\"";
+    for (const series_point& p : x.series)
+      out << num(px(static_cast<double>(p.event))) << ',' << num(py(static_cast<double>(p.reserved))) << ' ';
+    out << "\"/>\n";
+  }
+  // Legend: colour, name, peak reserved ÷ peak live, failures.
+  const double lx = left + plot_w + 16;
+  double ly = top + 6;
+  out << "<text x=\"" << lx << "\" y=\"" << ly << "\" font-weight=\"bold\">reserved ÷ peak live</text>\n";
+  ly += 20;
+  for (std::size_t k = 0; k < r.results.size(); ++k, ly += 20) {
+    const replay_result& x = r.results[k];
+    out << "<line x1=\"" << lx << "\" x2=\"" << lx + 22 << "\" y1=\"" << ly - 4 << "\" y2=\"" << ly - 4 << "\" stroke=\""
+        << palette[k % 10] << "\" stroke-width=\"3\"/>\n<text x=\"" << lx + 28 << "\" y=\"" << ly << "\">"
+        << detail::xml_escape(x.composition) << "  " << format_fixed(x.reserved_over_live, 3);
+    if (x.failed != 0) out << ", " << format_count(x.failed) << " failed";
+    out << "</text>\n";
+  }
+  out << "<rect x=\"" << lx << "\" y=\"" << ly - 12 << "\" width=\"22\" height=\"10\" fill=\"#d9d9d9\"/>\n<text x=\""
+      << lx + 28 << "\" y=\"" << ly - 2 << "\">in use (peak " << format_bytes(static_cast<double>(r.trace->peak_live_bytes))
+      << ")</text>\n</svg>\n";
+}
+
+}  // namespace alloy::replay
