@@ -44,9 +44,10 @@ options:
   --capacity SIZE        capacity of the simulated device, e.g. 80GiB, 1.5GiB, 512MiB
                          (default: unlimited). Nothing that large is touched: the device hands
                          out address space that replay never writes to.
-  --compositions LIST    comma-separated names, or 'all' (default), 'alloy', 'peers'
-  --list                 print the compositions and exit (the whole_device_* ones need
-                         --capacity)
+  --compositions LIST    comma-separated names, or 'all' (default), 'alloy', 'peers'; the
+                         whole_device_* ones (an arena holding the whole device from the
+                         start) need --capacity and are chosen by name only
+  --list                 print the compositions and exit
   --alignment N          alignment of every request (default 256)
   --scale N              multiply every MiniMalloc size by N (the shipped events use 1024)
   --repeat N             timed replays per composition; ns/op is their median (default 3)
@@ -248,8 +249,10 @@ int main(int argc, char** argv) {
       if (!known) usage_error("unknown composition '" + n + "' (alloy-replay --list names them)");
     }
     for (const auto& c : all) {
-      if (c.needs_capacity && opts.capacity == replay::unlimited) {
-        if (names.count(c.name)) usage_error(c.name + " needs a device of finite capacity (--capacity)");
+      if (c.needs_capacity) {  // reserves the whole device: only when named
+        if (names.count(c.name) && opts.capacity == replay::unlimited)
+          usage_error(c.name + " needs a device of finite capacity (--capacity)");
+        if (names.count(c.name)) chosen.push_back(&c);
         continue;
       }
       if (names.count("all") || names.count(c.name) || (names.count("alloy") && !c.peer) || (names.count("peers") && c.peer))

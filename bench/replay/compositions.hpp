@@ -12,7 +12,8 @@
 //                            segregator passes movable calls on only when both sides have them)
 //   caching_allocator        alloy::caching_allocator, PyTorch's layout (showcase.hpp)
 //   whole_device_arena       best_fit_arena with the whole device as its one segment from the
-//                            start (initial_size = maximum_size = capacity; only with a capacity)
+//                            start (initial_size = maximum_size = capacity; only with a capacity,
+//                            and only when named: it reserves the whole device by design)
 //   whole_device_arena+defrag the same under compacting_defragmenter, every request movable
 //   std_pmr_pool             std::pmr::unsynchronized_pool_resource, largest_required_pool_block
 //                            1 MiB, other options default
@@ -231,7 +232,7 @@ struct composition {
   std::string name;
   std::string description;
   bool peer = false;           ///< not alloy: a pool of std::pmr or thrust::mr
-  bool needs_capacity = false;  ///< only with a device of finite capacity
+  bool needs_capacity = false;  ///< only with a device of finite capacity; chosen by name only
   std::function<replay_result(const bench::rmm_trace&, simulated_device&, const replay_options&)> run;
 };
 

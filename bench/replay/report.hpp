@@ -252,6 +252,15 @@ inline double nice_byte_step(double max, int ticks) {
   return 1024 * unit;
 }
 
+/// A tick's label in the unit of the step: "1200 MiB" rather than "1.17 GiB".
+inline std::string tick_label(double bytes, double step) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  double unit = 1;
+  while (unit * 1024 <= step && u < 5) unit *= 1024, ++u;
+  return format_fixed(bytes / unit, 0) + " " + units[u];
+}
+
 /// A round step for about `ticks` ticks over [0, max]: 1, 2 or 5 times a power of 10.
 inline double nice_step(double max, int ticks) {
   const double raw = std::max(max / ticks, 1.0);
@@ -267,9 +276,10 @@ inline double nice_step(double max, int ticks) {
 /// Reserved bytes (solid) of every composition over the trace, and the bytes in use (grey area;
 /// a dashed line for a composition that failed requests, whose in-use bytes differ).
 inline void write_svg(std::ostream& out, const trace_report& r, const report_settings& s) {
-  static const char* const palette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-                                        "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
-  const double width = 1000, height = 520, left = 80, right = 290, top = 56, bottom = 52;
+  static const char* const palette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948",
+                                        "#b07aa1", "#ff9da7", "#9c755f", "#79706e", "#17becf", "#1f3a93"};
+  constexpr std::size_t colours = sizeof palette / sizeof palette[0];
+  const double width = 1100, height = 520, left = 80, right = 350, top = 56, bottom = 52;
   const double plot_w = width - left - right, plot_h = height - top - bottom;
   const double events = static_cast<double>(std::max<std::size_t>(r.trace->events.size(), 1));
   double ymax = 1;
@@ -294,7 +304,7 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
   for (double y = 0; y <= ymax + step / 2; y += step) {
     out << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << num(py(y)) << "\" y2=\"" << num(py(y))
         << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << left - 6 << "\" y=\"" << num(py(y) + 4)
-        << "\" text-anchor=\"end\" fill=\"#555\">" << format_bytes(y) << "</text>\n";
+        << "\" text-anchor=\"end\" fill=\"#555\">" << detail::tick_label(y, step) << "</text>\n";
   }
   const double xstep = detail::nice_step(events, 6);
   for (double x = 0; x <= events; x += xstep) {
@@ -325,7 +335,7 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
   }
   for (std::size_t k = 0; k < r.results.size(); ++k) {
     const replay_result& x = r.results[k];
-    const char* colour = palette[k % 10];
+    const char* colour = palette[k % colours];
     if (x.failed != 0 && &x != demand) {
       out << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1\" stroke-dasharray=\"4 3\" points=\"";
       for (const series_point& p : x.series)
@@ -345,7 +355,7 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
   for (std::size_t k = 0; k < r.results.size(); ++k, ly += 20) {
     const replay_result& x = r.results[k];
     out << "<line x1=\"" << lx << "\" x2=\"" << lx + 22 << "\" y1=\"" << ly - 4 << "\" y2=\"" << ly - 4 << "\" stroke=\""
-        << palette[k % 10] << "\" stroke-width=\"3\"/>\n<text x=\"" << lx + 28 << "\" y=\"" << ly << "\">"
+        << palette[k % colours] << "\" stroke-width=\"3\"/>\n<text x=\"" << lx + 28 << "\" y=\"" << ly << "\">"
         << detail::xml_escape(x.composition) << "  " << format_fixed(x.reserved_over_live, 3);
     if (x.failed != 0) out << ", " << format_count(x.failed) << " failed";
     out << "</text>\n";
