@@ -151,9 +151,10 @@ inline rmm_trace read_trace(const std::string& path, const trace_read_options& o
       break;
     case trace_format::pytorch_pickle:
       throw std::runtime_error(path +
-                               ": a Python pickle (a PyTorch memory snapshot?); convert it first:\n"
-                               "  scripts/snapshot-to-rmm-csv " +
-                               path + " > trace.csv   (or pipe it: ... | alloy-replay -)");
+                               ": a Python pickle (a PyTorch memory snapshot?); convert it first with "
+                               "snapshot-to-rmm-csv (scripts/snapshot-to-rmm-csv in alloy's source, installed "
+                               "beside alloy-replay):\n  snapshot-to-rmm-csv " +
+                               path + " | alloy-replay [options] -");
     case trace_format::unknown:
       if (text.empty()) throw std::runtime_error(describe(path, {0, "empty file (no header)"}));
       throw std::runtime_error(describe(
