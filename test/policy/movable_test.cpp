@@ -291,6 +291,37 @@ BOOST_AUTO_TEST_CASE(single_reclaim_over_an_arena_picks_the_block_that_opens_the
   BOOST_TEST(a.device().free_bytes() == 4096u);
 }
 
+// Over a raw arena, introspection shows movable pieces as active (locked) or inactive (unlocked)
+// and raw pieces as allocated; spilled blocks are not on the device, so they are not shown.
+BOOST_AUTO_TEST_CASE(introspection_over_a_raw_arena_marks_movable_pieces) {
+  using arena = alloy::best_fit_arena<checking_upstream>;
+  alloy::host_spill_reclaimer<arena, checking_upstream> a{
+      arena{checking_upstream{}, {.initial_size = 4096, .maximum_size = 4096}}, checking_upstream{}};
+  static_assert(alloy::introspectable_allocator<decltype(a)>);
+  const handle locked = a.allocate_movable(1024);
+  const handle unlocked = a.allocate_movable(512);
+  const alloy::block raw = a.allocate(256, 256);
+  BOOST_REQUIRE(locked && unlocked && raw);
+  void* const p = a.lock(locked);
+  std::map<alloy::block_state, std::size_t> bytes;
+  std::size_t pieces = 0;
+  a.for_each_block([&](const alloy::block_info& info) {
+    bytes[info.state] += info.size;
+    ++pieces;
+    if (info.ptr == p) BOOST_TEST((info.state == alloy::block_state::active));
+    if (info.ptr == raw.ptr) BOOST_TEST((info.state == alloy::block_state::allocated));
+  });
+  BOOST_TEST(pieces == 4u);
+  BOOST_TEST(bytes[alloy::block_state::active] == 1024u);
+  BOOST_TEST(bytes[alloy::block_state::inactive] == 512u);
+  BOOST_TEST(bytes[alloy::block_state::allocated] == 256u);
+  BOOST_TEST(bytes[alloy::block_state::free] == 4096u - 1024 - 512 - 256);
+  a.unlock(locked);
+  a.deallocate(raw);
+  a.deallocate(locked);
+  a.deallocate(unlocked);
+}
+
 BOOST_AUTO_TEST_CASE(impossible_requests_spill_nothing) {
   auto a = make_reclaimer(1000);
   const handle x = a.allocate_movable(600);

@@ -264,7 +264,7 @@ class host_spill_reclaimer {
     } else {
       std::unordered_map<const void*, bool> movable;  // ptr -> locked
       table_.for_each([&](handle, const entry& e) {
-        if (e.dev) movable.emplace(e.dev.ptr, e.locks > 0);
+        if (e.dev) movable.emplace(e.dev.raw.ptr, e.locks > 0);
       });
       device_.for_each_block([&](const block_info& info) {
         if (info.state == block_state::allocated) {
