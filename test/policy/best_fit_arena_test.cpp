@@ -478,6 +478,8 @@ BOOST_AUTO_TEST_CASE(best_fit_coalescing_and_splitting) {
   best_fit_arena<checking_upstream> arena{checking_upstream{}, {.initial_size = 1_MiB, .maximum_size = 1_MiB}};
   BOOST_TEST(arena.reserved_bytes() == 1_MiB);
   BOOST_TEST(arena.bytes_reservable_limit() == 1_MiB);
+  BOOST_TEST(best_fit_arena<checking_upstream>{}.bytes_reservable_limit() == std::numeric_limits<std::size_t>::max(),
+             "unbounded stays SIZE_MAX, not rounded down");
   // Carve holes of 10 KiB, 3 KiB and 5 KiB separated by live blocks.
   const block a = arena.allocate(10_KiB, 256), s1 = arena.allocate(256, 256);
   const block b = arena.allocate(3_KiB, 256), s2 = arena.allocate(256, 256);
@@ -520,6 +522,50 @@ BOOST_AUTO_TEST_CASE(large_alignments_are_served_inside_the_arena) {
   BOOST_TEST(every_segment_one_free_chunk(arena));
   BOOST_TEST(!arena.allocate(1, 3));
   BOOST_TEST(!arena.allocate(1, std::size_t{1} << 63), "no overflow when padding a huge alignment");
+}
+
+namespace {
+
+/// Promises 256 B, as CUDA's calls do, and never gives more: every block starts 256 B past a
+/// 4 KiB boundary. Refuses alignments above its promise, as the CUDA upstreams do.
+struct only_256_aligned_upstream {
+  static constexpr bool host_accessible = true;
+  static constexpr bool device_accessible = false;
+  static constexpr std::size_t max_alignment = 256;
+  checking_upstream under{};
+  alloy::block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (alignment > max_alignment || bytes > SIZE_MAX - 4096) return {};
+    const alloy::block b = under.allocate(bytes + 256, 4096);
+    if (!b) return {};
+    return {static_cast<char*>(b.ptr) + 256, bytes};
+  }
+  void deallocate(alloy::block b) noexcept {
+    if (b) under.deallocate({static_cast<char*>(b.ptr) - 256, b.size + 256});
+  }
+};
+
+}  // namespace
+
+// A rounding above what the upstream promises (CUDA: 256 B) still gives rounding-aligned
+// segments: the arena asks for what the upstream can do and aligns inside a slightly longer one.
+BOOST_AUTO_TEST_CASE(rounding_above_the_upstream_alignment) {
+  best_fit_arena<only_256_aligned_upstream> arena{only_256_aligned_upstream{},
+                                                  {.initial_size = 0, .rounding = 4096}};
+  std::vector<block> blocks;
+  for (const std::size_t size : std::vector<std::size_t>{1000, 5000, 3_MiB, 100}) {
+    const block x = arena.allocate(size, 4096);
+    BOOST_REQUIRE(x);
+    BOOST_TEST(alloy::detail::is_aligned(x.ptr, 4096));
+    std::memset(x.ptr, 0x5a, x.size);
+    blocks.push_back(x);
+  }
+  BOOST_TEST(arena.check_invariants());
+  for (block x : blocks) arena.deallocate(x);
+  BOOST_TEST(every_segment_one_free_chunk(arena));
+  arena.release();
+  BOOST_TEST(arena.reserved_bytes() == 0u);
+  const auto& records = *arena.upstream().under.records();
+  BOOST_TEST(records.allocations == records.deallocations, "every upstream block went back");
 }
 
 BOOST_AUTO_TEST_CASE(growth_doubles_or_steps) {

@@ -278,6 +278,8 @@ BOOST_AUTO_TEST_CASE(scripted_sequence_two_pools) {
   BOOST_TEST(summary.find("from small pool") != std::string::npos);
   BOOST_TEST(summary.find("Allocated memory") != std::string::npos);
   BOOST_TEST(summary.find("Reserved segments") != std::string::npos);
+  BOOST_TEST(summary.find("Reservable limit: none") != std::string::npos, "unbounded arenas have no limit");
+  BOOST_TEST(st.bytes_reservable_limit == 0u);
   a.deallocate(s2);
   a.deallocate(l1);
 }

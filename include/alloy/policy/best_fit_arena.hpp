@@ -49,7 +49,8 @@ struct arena_misuse_counts {
 ///   smallest free chunk that can hold it (best fit; among equal sizes the most recently freed
 ///   below 16384 units, the lowest address above); the rest of that chunk is split off as a free chunk. A freed chunk is merged
 ///   at once with free address neighbours of the same segment (never across segments).
-///   Alignments up to `rounding` come free (segments are taken aligned to `rounding`); larger
+///   Alignments up to `rounding` come free (segments are aligned to `rounding`, also over an
+///   upstream whose `max_alignment` is smaller: it is then asked for a little more); larger
 ///   power-of-two alignments (4 KiB, 2 MiB, any) are served inside the arena by splitting off the
 ///   padding in front as a free chunk.
 /// - Growth: when nothing fits, a new segment of at least the request is taken: with
@@ -296,7 +297,7 @@ class best_fit_arena {
       index_.erase(pool_, s.first);
       pool_.give(s.first);
       segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(i));
-      upstream_.deallocate(block{reinterpret_cast<void*>(s.base), s.size});
+      upstream_.deallocate(s.taken);
       ++counters_.num_device_free;
       reserved_ -= s.size;
       released += s.size;
@@ -336,7 +337,10 @@ class best_fit_arena {
     return c == detail::best_fit_npos ? 0 : pool_[c].size;
   }
   /// `options::maximum_size` (SIZE_MAX when unbounded).
-  std::size_t bytes_reservable_limit() const noexcept { return opts_.maximum_size; }
+  std::size_t bytes_reservable_limit() const noexcept {
+    constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+    return opts_.maximum_size == (unbounded & ~(opts_.rounding - 1)) ? unbounded : opts_.maximum_size;
+  }
   std::size_t segment_count() const noexcept { return segments_.size(); }
   std::size_t free_chunk_count() const noexcept { return index_.size(); }
   std::size_t allocated_chunk_count() const noexcept { return map_.size(); }
@@ -387,8 +391,18 @@ class best_fit_arena {
     std::uintptr_t base;
     std::size_t size;
     std::uint32_t first;  ///< the lowest chunk; it survives every merge, so it never changes
+    block taken;          ///< what the upstream handed out (it may start before `base`)
   };
   static constexpr std::size_t npos_segment = static_cast<std::size_t>(-1);
+
+  /// The largest alignment `Upstream` promises (`max_alignment` when it declares one).
+  static constexpr std::size_t upstream_alignment() noexcept {
+    if constexpr (requires { Upstream::max_alignment; }) {
+      return Upstream::max_alignment;
+    } else {
+      return std::numeric_limits<std::size_t>::max();
+    }
+  }
 
   static unsigned log2(std::size_t power_of_two) noexcept {
     unsigned s = 0;
@@ -482,12 +496,28 @@ class best_fit_arena {
   /// Asks the upstream for one segment and indexes it as one free chunk. Room for one segment
   /// record and one node must have been reserved.
   std::uint32_t take_segment(std::size_t size) noexcept {
-    const block got = upstream_.allocate(size, opts_.rounding);
+    // Segments start on a multiple of `rounding`. An upstream that promises less (CUDA's calls
+    // guarantee 256 B) is asked for what it can promise; when the segment it hands out falls
+    // short, it goes back and one `rounding - promised` bytes longer is taken and aligned inside.
+    const std::size_t promised = std::min(opts_.rounding, upstream_alignment());
+    block got = upstream_.allocate(size, promised);
     if (!got) return detail::best_fit_npos;
-    const auto base = reinterpret_cast<std::uintptr_t>(got.ptr);
-    if ((base & (opts_.rounding - 1)) != 0) {  // an upstream that ignores alignment: unusable
+    auto base = reinterpret_cast<std::uintptr_t>(got.ptr);
+    if ((base & (opts_.rounding - 1)) != 0) {
       upstream_.deallocate(got);
-      return detail::best_fit_npos;
+      ++counters_.num_device_alloc;
+      ++counters_.num_device_free;
+      const std::size_t padded = size + (opts_.rounding - promised);
+      if (promised != opts_.rounding && padded > size) got = upstream_.allocate(padded, promised);
+      else got = {};  // an upstream that ignored the alignment it was asked for: unusable
+      if (!got) return detail::best_fit_npos;
+      base = detail::round_up(reinterpret_cast<std::uintptr_t>(got.ptr), opts_.rounding);
+      if (base - reinterpret_cast<std::uintptr_t>(got.ptr) > opts_.rounding - promised) {
+        upstream_.deallocate(got);  // not even aligned to what it promised
+        ++counters_.num_device_alloc;
+        ++counters_.num_device_free;
+        return detail::best_fit_npos;
+      }
     }
     ++counters_.num_device_alloc;
     const std::uint32_t c = pool_.take();
@@ -497,7 +527,7 @@ class best_fit_arena {
     node.free = true;
     const auto at = std::lower_bound(segments_.begin(), segments_.end(), base,
                                      [](const segment& s, std::uintptr_t a) { return s.base < a; });
-    segments_.insert(at, segment{base, size, c});
+    segments_.insert(at, segment{base, size, c, got});
     reserved_ += size;
     index_.insert(pool_, c);
     return c;
@@ -595,7 +625,7 @@ class best_fit_arena {
 
   void return_all_segments() noexcept {
     for (const segment& s : segments_) {
-      upstream_.deallocate(block{reinterpret_cast<void*>(s.base), s.size});
+      upstream_.deallocate(s.taken);
       ++counters_.num_device_free;
     }
     segments_.clear();
