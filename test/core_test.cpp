@@ -77,6 +77,33 @@ BOOST_AUTO_TEST_CASE(ref_shares_one_allocator) {
   BOOST_TEST(&first.get() == &shared);
 }
 
+// ref has exactly the capabilities of what it refers to: counters, introspection and handles.
+BOOST_AUTO_TEST_CASE(ref_passes_on_every_capability) {
+  using arena = alloy::best_fit_arena<alloy::host_upstream>;
+  using movable = alloy::compacting_defragmenter<arena>;
+  movable shared{arena{alloy::host_upstream{}, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
+  alloy::ref r{shared};
+  static_assert(alloy::counting_allocator<decltype(r)>);
+  static_assert(alloy::introspectable_allocator<decltype(r)>);
+  static_assert(alloy::releasing_allocator<decltype(r)>);
+  static_assert(alloy::movable_allocator<decltype(r)>);
+  static_assert(!alloy::movable_allocator<alloy::ref<arena>>);
+  const alloy::handle h = r.allocate_movable(4096);
+  BOOST_REQUIRE(h);
+  BOOST_TEST(r.size_of(h) == 4096u);
+  void* p = r.lock(h);
+  BOOST_TEST(p != nullptr);
+  BOOST_TEST(r.movable_statistics().bytes_active == 4096u);
+  r.unlock(h);
+  std::size_t pieces = 0;
+  r.for_each_block([&](const alloy::block_info&) { ++pieces; });
+  BOOST_TEST(pieces == 2u, "the movable block and the free rest of the segment");
+  BOOST_TEST(r.counters().num_device_alloc == 1u);
+  r.deallocate(h);
+  r.release();
+  BOOST_TEST(r.counters().num_device_free == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(find_reaches_parts_by_type) {
   using inner = alloy::limited<alloy::testing::checking_upstream>;
   using composition = alloy::synchronized<alloy::fallback<alloy::null_upstream, inner>>;

@@ -4,17 +4,19 @@
 #include <cstddef>
 #include <memory>
 #include <tuple>
+#include <utility>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/passes_on.hpp>
 
 namespace alloy {
 
 /// `ref<A>` refers to an allocator owned elsewhere and forwards every call to it, so one stateful
 /// allocator (a device pool, say) can be the upstream of two compositions. It has exactly the
-/// capabilities of `A`. The referred allocator must outlive the ref. Not synchronized: share a
+/// capabilities of `A`, movable handles included. The referred allocator must outlive the ref. Not synchronized: share a
 /// `synchronized<...>` if two threads use it.
 template <allocator A>
-class ref {
+class ref : public detail::passes_on_capabilities<ref<A>, A> {
  public:
   static constexpr bool host_accessible = A::host_accessible;
   static constexpr bool device_accessible = A::device_accessible;
@@ -35,27 +37,39 @@ class ref {
     target_->deallocate(b, stream);
   }
 
-  bool owns(block b) const noexcept
-    requires owning_allocator<A>
+  // Movable blocks (DESIGN §4), when `A` has them.
+  handle allocate_movable(std::size_t bytes) noexcept(noexcept(std::declval<A&>().allocate_movable(bytes)))
+    requires movable_allocator<A>
   {
-    return target_->owns(b);
+    return target_->allocate_movable(bytes);
   }
-  void release() noexcept
-    requires releasing_allocator<A>
+  void* lock(handle h)
+    requires movable_allocator<A>
   {
-    target_->release();
+    return target_->lock(h);
   }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<A>
+  void unlock(handle h)
+    requires movable_allocator<A>
   {
-    return target_->reserved_bytes();
+    target_->unlock(h);
   }
-  template <class F>
-    requires introspectable_allocator<A>
-  void for_each_block(F&& visit) const {
-    target_->for_each_block(visit);
+  void deallocate(handle h)
+    requires movable_allocator<A>
+  {
+    target_->deallocate(h);
+  }
+  std::size_t size_of(handle h) const
+    requires movable_allocator<A> && requires(const A& a) { a.size_of(h); }
+  {
+    return target_->size_of(h);
+  }
+  auto movable_statistics() const noexcept
+    requires requires(const A& a) { a.movable_statistics(); }
+  {
+    return target_->movable_statistics();
   }
 
+  A& inner() const noexcept { return *target_; }
   A& get() const noexcept { return *target_; }
   auto parts() const noexcept { return std::tie(*target_); }
   friend bool operator==(const ref& l, const ref& r) noexcept { return l.target_ == r.target_; }

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/passes_on.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
@@ -42,7 +43,7 @@ namespace detail {
 /// kRoundLarge), handing back blocks of the size asked for. Frees rebuild the rounded block from
 /// the size. Passes on `Inner`'s capabilities; `requested_bytes()` counts what callers asked for.
 template <allocator Inner, std::size_t Rounding>
-class round_up_requests {
+class round_up_requests : public passes_on_capabilities<round_up_requests<Inner, Rounding>, Inner> {
   static_assert(is_power_of_two(Rounding));
 
  public:
@@ -66,37 +67,12 @@ class round_up_requests {
     inner_.deallocate({b.ptr, round_up(b.size, Rounding)});
   }
 
-  bool owns(block b) const noexcept
-    requires owning_allocator<Inner>
-  {
-    return inner_.owns(b);
-  }
-  void release() noexcept
-    requires releasing_allocator<Inner>
-  {
-    inner_.release();
-  }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<Inner>
-  {
-    return inner_.reserved_bytes();
-  }
-  allocator_counters counters() const noexcept
-    requires counting_allocator<Inner>
-  {
-    return inner_.counters();
-  }
   std::size_t bytes_in_use() const noexcept
     requires requires(const Inner& i) { i.bytes_in_use(); }
   {
     return inner_.bytes_in_use();
   }
   std::size_t requested_bytes() const noexcept { return requested_; }
-  template <class F>
-    requires introspectable_allocator<Inner>
-  void for_each_block(F&& visit) const {
-    inner_.for_each_block(visit);
-  }
 
   Inner& inner() noexcept { return inner_; }
   const Inner& inner() const noexcept { return inner_; }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <alloy/alloy.hpp>
+#include <alloy/policy/best_fit_arena.hpp>
 
 #include "support/conformance.hpp"
 
@@ -90,6 +91,28 @@ BOOST_AUTO_TEST_CASE(limited_refuses_past_the_limit_without_asking_inner) {
   alloc.set_bytes_limit(std::numeric_limits<std::size_t>::max());
   BOOST_TEST(!alloc.allocate(std::numeric_limits<std::size_t>::max(), 1), "no overflow in the limit check");
   BOOST_TEST(alloc.bytes_in_use() == 0u);
+}
+
+// Refusals are out-of-memory failures to the caller, so counters() adds them to the inner
+// part's num_ooms; the rest of the counters are the inner part's.
+BOOST_AUTO_TEST_CASE(limited_counts_refusals_as_ooms) {
+  using arena = alloy::best_fit_arena<checking_upstream>;
+  alloy::limited<arena> alloc{arena{checking_upstream{}, {.initial_size = 4096}}, {.bytes_limit = 1000}};
+  static_assert(alloy::counting_allocator<decltype(alloc)>);
+  static_assert(alloy::introspectable_allocator<decltype(alloc)>);
+  static_assert(alloy::reserving_allocator<decltype(alloc)>);
+  const alloy::block a = alloc.allocate(800, 256);
+  BOOST_REQUIRE(a);
+  BOOST_TEST(!alloc.allocate(300, 256));
+  BOOST_TEST(!alloc.allocate(500, 256));
+  BOOST_TEST(alloc.num_refused() == 2u);
+  const alloy::allocator_counters c = alloc.counters();
+  BOOST_TEST(c.num_ooms == 2u);
+  BOOST_TEST(c.num_device_alloc == alloc.inner().counters().num_device_alloc);
+  BOOST_TEST(alloc.reserved_bytes() == alloc.inner().reserved_bytes());
+  alloc.deallocate(a);
+  alloc.release();
+  BOOST_TEST(alloc.reserved_bytes() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(limited_does_not_count_what_inner_failed) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/passes_on.hpp>
 
 namespace alloy {
 
@@ -19,9 +20,12 @@ namespace alloy {
 /// - Options: `bytes_limit` (default: no limit); `set_bytes_limit()` changes it at run time
 ///   (lowering it below the bytes in use refuses new requests until enough are freed).
 /// - Capabilities: exactly those of `Inner`; stream-ordered calls are counted the same way.
-/// - Thread safety: none (wrap in `synchronized`). Metadata: two counters.
+///   `counters()` adds the refusals to `Inner`'s `num_ooms` (to a caller they are out-of-memory
+///   failures). Movable handles are not passed on: the cap is on raw blocks, so put `limited`
+///   under a `host_spill_reclaimer`, as its device side, to give movable memory a capacity.
+/// - Thread safety: none (wrap in `synchronized`). Metadata: three counters.
 template <allocator Inner>
-class limited {
+class limited : public detail::passes_on_capabilities<limited<Inner>, Inner> {
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -34,7 +38,7 @@ class limited {
   explicit limited(Inner inner, options opts = {}) : inner_(std::move(inner)), limit_(opts.bytes_limit) {}
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!fits(bytes)) return {};
+    if (!fits(bytes)) return refuse();
     return count(inner_.allocate(bytes, alignment));
   }
   void deallocate(block b) noexcept {
@@ -45,7 +49,7 @@ class limited {
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
-    if (!fits(bytes)) return {};
+    if (!fits(bytes)) return refuse();
     return count(inner_.allocate(bytes, alignment, stream));
   }
   template <class Stream>
@@ -55,29 +59,18 @@ class limited {
     inner_.deallocate(b, stream);
   }
 
-  bool owns(block b) const noexcept
-    requires owning_allocator<Inner>
+  allocator_counters counters() const noexcept
+    requires counting_allocator<Inner>
   {
-    return inner_.owns(b);
-  }
-  void release() noexcept
-    requires releasing_allocator<Inner>
-  {
-    inner_.release();
-  }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<Inner>
-  {
-    return inner_.reserved_bytes();
-  }
-  template <class F>
-    requires introspectable_allocator<Inner>
-  void for_each_block(F&& visit) const {
-    inner_.for_each_block(visit);
+    allocator_counters c = inner_.counters();
+    c.num_ooms += refused_;
+    return c;
   }
 
   std::size_t bytes_limit() const noexcept { return limit_; }
   std::size_t bytes_in_use() const noexcept { return in_use_; }
+  /// Requests refused because they would have passed the limit.
+  std::size_t num_refused() const noexcept { return refused_; }
   void set_bytes_limit(std::size_t limit) noexcept { limit_ = limit; }
 
   Inner& inner() noexcept { return inner_; }
@@ -87,6 +80,10 @@ class limited {
 
  private:
   bool fits(std::size_t bytes) const noexcept { return in_use_ <= limit_ && bytes <= limit_ - in_use_; }
+  block refuse() noexcept {
+    ++refused_;
+    return {};
+  }
   block count(block b) noexcept {
     if (b) in_use_ += b.size;
     return b;
@@ -95,6 +92,7 @@ class limited {
   Inner inner_{};
   std::size_t limit_ = std::numeric_limits<std::size_t>::max();
   std::size_t in_use_ = 0;
+  std::size_t refused_ = 0;
 };
 
 }  // namespace alloy

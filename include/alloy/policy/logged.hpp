@@ -19,6 +19,7 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/passes_on.hpp>
 #include <alloy/error.hpp>
 
 #if defined(__linux__)
@@ -77,7 +78,7 @@ std::uint64_t stream_bits(Stream stream) noexcept {
 ///   failed state) is lost, the allocation is not affected.
 /// - Thread safety: none (wrap in `synchronized`). Move-only when it owns its file.
 template <allocator Inner>
-class logged {
+class logged : public detail::passes_on_capabilities<logged<Inner>, Inner> {
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -124,31 +125,6 @@ class logged {
     inner_.deallocate(b, stream);
   }
 
-  bool owns(block b) const noexcept
-    requires owning_allocator<Inner>
-  {
-    return inner_.owns(b);
-  }
-  void release() noexcept
-    requires releasing_allocator<Inner>
-  {
-    inner_.release();
-  }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<Inner>
-  {
-    return inner_.reserved_bytes();
-  }
-  template <class F>
-    requires introspectable_allocator<Inner>
-  void for_each_block(F&& visit) const {
-    inner_.for_each_block(visit);
-  }
-  allocator_counters counters() const noexcept
-    requires counting_allocator<Inner>
-  {
-    return inner_.counters();
-  }
 
   /// Flushes the log.
   void flush() noexcept {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/passes_on.hpp>
 #include <alloy/detail/edge.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
@@ -396,7 +397,7 @@ class stats_core {
 ///   others; movable ones when `Inner` can say a handle's size), plus `oom_report_for`.
 /// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
 template <allocator Inner>
-class stats {
+class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -494,31 +495,11 @@ class stats {
 
   // ---- capabilities of Inner -------------------------------------------------------------------
 
-  bool owns(block b) const noexcept
-    requires owning_allocator<Inner>
-  {
-    return inner_.owns(b);
-  }
   void release() noexcept
     requires releasing_allocator<Inner>
   {
     inner_.release();
     check_reserved();
-  }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<Inner>
-  {
-    return inner_.reserved_bytes();
-  }
-  template <class F>
-    requires introspectable_allocator<Inner>
-  void for_each_block(F&& visit) const {
-    inner_.for_each_block(visit);
-  }
-  allocator_counters counters() const noexcept
-    requires counting_allocator<Inner>
-  {
-    return inner_.counters();
   }
 
   // ---- statistics --------------------------------------------------------------------------------

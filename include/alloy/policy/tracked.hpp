@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/passes_on.hpp>
 #include <alloy/error.hpp>
 
 #if __has_include(<execinfo.h>)
@@ -65,7 +66,7 @@ struct tracked_allocation {
 /// - The tracker does not free outstanding blocks when destroyed: it reports them, `Inner` (and
 ///   its own leak checks) decides. Thread safety: none (wrap in `synchronized`).
 template <allocator Inner>
-class tracked {
+class tracked : public detail::passes_on_capabilities<tracked<Inner>, Inner> {
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -98,31 +99,6 @@ class tracked {
     inner_.deallocate(b, stream);
   }
 
-  bool owns(block b) const noexcept
-    requires owning_allocator<Inner>
-  {
-    return inner_.owns(b);
-  }
-  void release() noexcept
-    requires releasing_allocator<Inner>
-  {
-    inner_.release();
-  }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<Inner>
-  {
-    return inner_.reserved_bytes();
-  }
-  template <class F>
-    requires introspectable_allocator<Inner>
-  void for_each_block(F&& visit) const {
-    inner_.for_each_block(visit);
-  }
-  allocator_counters counters() const noexcept
-    requires counting_allocator<Inner>
-  {
-    return inner_.counters();
-  }
 
   // ---- questions -------------------------------------------------------------------------------
 
