@@ -49,6 +49,21 @@ concept stream_ordered_allocator =
       { a.deallocate(b, stream) } noexcept;
     };
 
+/// `allocate_keeping_cache(bytes, alignment)`: as `allocate`, but when the upstream fails the
+/// allocator fails too instead of giving cached free memory back to the upstream and retrying.
+/// `stream_ordered` needs it: free memory may still be in use by work on a stream, and must not
+/// reach the upstream before that work is done.
+template <class A>
+concept cache_keeping_allocator = allocator<A> && requires(A& a, std::size_t bytes, std::size_t alignment) {
+  { a.allocate_keeping_cache(bytes, alignment) } noexcept -> std::same_as<block>;
+};
+
+/// `record_use(block, stream)`: the block is used on `stream` too (see `alloy::record_use`).
+template <class A, class Stream>
+concept use_recording_allocator = allocator<A> && requires(A& a, block b, Stream stream) {
+  a.record_use(b, stream);
+};
+
 /// `reserved_bytes()`: bytes currently taken from the upstream, in O(1).
 template <class A>
 concept reserving_allocator = allocator<A> && requires(const A& a) {

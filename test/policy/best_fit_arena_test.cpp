@@ -657,6 +657,37 @@ BOOST_AUTO_TEST_CASE(upstream_failure_releases_free_segments_and_retries_once) {
   BOOST_TEST(records->errors.empty());
 }
 
+// allocate_keeping_cache: the same upstream failure gives an empty block, keeps the free segments
+// and counts neither a retry nor an OOM (stream_ordered retries with allocate after waiting).
+BOOST_AUTO_TEST_CASE(allocate_keeping_cache_never_releases) {
+  failing_upstream up;
+  const auto records = up.records();
+  {
+    best_fit_arena<failing_upstream> arena{up, {.growth_size = 1_MiB, .max_growth_size = 1_MiB}};
+    std::vector<block> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(arena.allocate_keeping_cache(1_MiB, 256));
+    BOOST_TEST(arena.segment_count() == 3u);
+    arena.deallocate(blocks[1]);
+    const block reused = arena.allocate_keeping_cache(1_MiB, 256);  // from the cache: no upstream call
+    BOOST_TEST(reused.ptr == blocks[1].ptr);
+    arena.deallocate(reused);
+    up.set_options({.fail_from = up.calls()});
+    BOOST_TEST(!arena.allocate_keeping_cache(2_MiB, 256));
+    BOOST_TEST(arena.segment_count() == 3u);
+    BOOST_TEST(records->live_count() == 3u);
+    BOOST_TEST(arena.counters().num_alloc_retries == 0u);
+    BOOST_TEST(arena.counters().num_ooms == 0u);
+    BOOST_TEST(!arena.allocate(2_MiB, 256));  // the releasing call gives the free segment back
+    BOOST_TEST(arena.segment_count() == 2u);
+    BOOST_TEST(arena.counters().num_ooms == 1u);
+    BOOST_TEST(arena.check_invariants());
+    arena.deallocate(blocks[0]);
+    arena.deallocate(blocks[2]);
+  }
+  BOOST_TEST(records->live_count() == 0u);
+  BOOST_TEST(records->errors.empty());
+}
+
 BOOST_AUTO_TEST_CASE(null_upstream_gives_empty_blocks) {
   best_fit_arena<alloy::null_upstream> arena{alloy::null_upstream{}, {.initial_size = 1_MiB}};
   BOOST_TEST(arena.reserved_bytes() == 0u);

@@ -286,6 +286,26 @@ BOOST_AUTO_TEST_CASE(failing_upstream_gives_empty_blocks_and_counts) {
   pool.deallocate(b);
 }
 
+BOOST_AUTO_TEST_CASE(allocate_keeping_cache_never_releases) {
+  failing_upstream up;
+  alloy::size_class_pool<failing_upstream> pool{up};
+  const auto records = up.records();
+  const alloy::block a = pool.allocate_keeping_cache(5000, 256);
+  BOOST_REQUIRE(a);
+  pool.deallocate(a);  // a wholly free slab
+  up.set_options({.fail_from = up.calls()});
+  BOOST_TEST(!pool.allocate_keeping_cache(100, 256));  // needs a slab of another class
+  BOOST_TEST(pool.slab_count() == 1u);
+  BOOST_TEST(records->live_count() == 1u);
+  BOOST_TEST(pool.counters().num_alloc_retries == 0u);
+  BOOST_TEST(pool.counters().num_ooms == 0u);
+  const alloy::block again = pool.allocate_keeping_cache(5000, 256);  // its own class: cached
+  BOOST_TEST(again.ptr == a.ptr);
+  pool.deallocate(again);
+  pool.release();
+  BOOST_TEST(records->live_count() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(failing_upstream_releases_free_slabs_and_retries) {
   failing_upstream up;
   alloy::size_class_pool<failing_upstream> pool{up};

@@ -9,7 +9,7 @@
 namespace alloy::detail {
 
 /// Base (CRTP) of decorators whose optional capabilities are their inner part's, passed on
-/// untouched: `owns`, `release`, `reserved_bytes`, `for_each_block` and `counters`. Each member
+/// untouched: `owns`, `release`, `reserved_bytes`, `for_each_block`, `record_use` and `counters`. Each member
 /// exists only when `Inner` has the capability (a wrapper passes on only what its part has); a
 /// decorator that changes one declares its own, which hides the one here. `Derived` provides
 /// `inner()`.
@@ -35,6 +35,11 @@ class passes_on_capabilities {
     requires introspectable_allocator<Inner>
   void for_each_block(F&& visit) const {
     part().for_each_block(visit);
+  }
+  template <class Stream>
+    requires use_recording_allocator<Inner, Stream>
+  void record_use(block b, Stream stream) {
+    part().record_use(b, stream);
   }
   allocator_counters counters() const noexcept
     requires counting_allocator<Inner>

@@ -98,7 +98,9 @@ struct arena_misuse_counts {
 ///   address order, each with its state and requested size), plus `bytes_in_use` (rounded bytes
 ///   of allocated chunks, so reserved = in use + free always), `requested_bytes`, `free_bytes`,
 ///   `largest_free_block`, `bytes_reservable_limit`; `allocate_at` and `chunk_size` for a
-///   compacting defragmenter (`alloy::placement_arena`). No stream-ordered calls.
+///   compacting defragmenter (`alloy::placement_arena`); `allocate_keeping_cache` (no release and
+///   retry on upstream failure), which makes it a valid inner part of `stream_ordered`, the
+///   policy that gives it stream-ordered calls.
 /// - Destruction returns every segment to the upstream, live blocks or not.
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena may
 ///   only be destroyed or assigned to.
@@ -179,6 +181,17 @@ class best_fit_arena {
   // ---- the allocator ---------------------------------------------------------------------------
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, true);
+  }
+  /// As `allocate`, but an upstream failure is not answered by releasing free segments and
+  /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`, whose
+  /// free memory may still be in use on a stream; it then waits and calls `allocate`).
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, false);
+  }
+
+ private:
+  block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
     const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
     if (rounded == 0) return {};
@@ -195,13 +208,15 @@ class best_fit_arena {
       return {};
     }
     std::uint32_t c = find_fit(rounded, need, alignment);
-    if (c == detail::best_fit_npos) c = grow_for(rounded, need);
+    if (c == detail::best_fit_npos) c = grow_for(rounded, need, may_release);
     if (c == detail::best_fit_npos) {
-      ++counters_.num_ooms;
+      if (may_release) ++counters_.num_ooms;  // else the caller retries with release
       return {};
     }
     return carve(c, rounded, bytes, alignment);
   }
+
+ public:
 
   void deallocate(block b) noexcept {
     if (b.ptr == nullptr) return;
@@ -440,7 +455,7 @@ class best_fit_arena {
   }
 
   /// Grows the arena for a request that found no chunk; returns the chunk to serve it from.
-  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need) noexcept {
+  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, bool may_release) noexcept {
     const std::size_t max_split = opts_.max_split_size;
     std::size_t preferred = need;
     bool advances = false;
@@ -468,6 +483,7 @@ class best_fit_arena {
       c = index_.best_fit(pool_, need);
       if (c != detail::best_fit_npos) return c;
     }
+    if (!may_release) return detail::best_fit_npos;
     const std::size_t released = release();
     if (released == 0 && !upstream_failed) return detail::best_fit_npos;
     ++counters_.num_alloc_retries;

@@ -13,8 +13,8 @@ namespace alloy {
 ///
 /// - Routing of frees: a block goes back to `Primary` if `Primary.owns(block)`, else to
 ///   `Secondary`; so `Primary` must have `owns` (checked at compile time).
-/// - Capabilities: `owns`, `release`, `reserved_bytes`, introspection and stream-ordered calls
-///   only when both parts have them. Memory kind: what both parts share.
+/// - Capabilities: `owns`, `release`, `reserved_bytes`, introspection, stream-ordered calls,
+///   `allocate_keeping_cache` and `record_use`, only when both parts have them. Memory kind: what both parts share.
 /// - Failure: an empty block when both fail; a failed `Primary` is not retried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: none of its own.
 template <owning_allocator Primary, allocator Secondary>
@@ -35,6 +35,23 @@ class fallback {
       primary_.deallocate(b);
     } else {
       secondary_.deallocate(b);
+    }
+  }
+
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<Primary> && cache_keeping_allocator<Secondary>
+  {
+    if (const block b = primary_.allocate_keeping_cache(bytes, alignment)) return b;
+    return secondary_.allocate_keeping_cache(bytes, alignment);
+  }
+
+  template <class Stream>
+    requires use_recording_allocator<Primary, Stream> && use_recording_allocator<Secondary, Stream>
+  void record_use(block b, Stream stream) {
+    if (primary_.owns(b)) {
+      primary_.record_use(b, stream);
+    } else {
+      secondary_.record_use(b, stream);
     }
   }
 

@@ -20,7 +20,8 @@ namespace alloy {
 ///   `Large`, or its free could not be routed).
 /// - Capabilities: `owns`, `release`, `reserved_bytes` (the sum), `counters` (the sums),
 ///   `bytes_in_use` and `requested_bytes` (the sums), introspection (`Small`'s blocks, then `Large`'s) and
-///   stream-ordered calls, each only when both parts have it. Memory kind: what both parts share.
+///   stream-ordered calls, `allocate_keeping_cache` and `record_use`, each only when both parts
+///   have it. Memory kind: what both parts share.
 /// - Failure: an empty block when the chosen part fails; the other part is not tried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: none of its own; O(1) overhead.
 template <std::size_t Threshold, allocator Small, allocator Large>
@@ -44,6 +45,23 @@ class segregator {
       small_.deallocate(b);
     } else {
       large_.deallocate(b);
+    }
+  }
+
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<Small> && cache_keeping_allocator<Large>
+  {
+    return is_small(bytes) ? small_.allocate_keeping_cache(bytes, alignment)
+                           : large_.allocate_keeping_cache(bytes, alignment);
+  }
+
+  template <class Stream>
+    requires use_recording_allocator<Small, Stream> && use_recording_allocator<Large, Stream>
+  void record_use(block b, Stream stream) {
+    if (is_small(b.size)) {
+      small_.record_use(b, stream);
+    } else {
+      large_.record_use(b, stream);
     }
   }
 

@@ -265,7 +265,9 @@ struct size_class_usage {
 /// - Capabilities: `owns`, `release`, `reserved_bytes` (O(1)), `counters`, `for_each_block`
 ///   (every block of every slab, free ones included), `bytes_in_use` (sum of class sizes
 ///   handed out) and `requested_bytes` (sum of sizes asked), `usage(class)` per class.
-///   Memory kind: the upstream's. Not stream-ordered.
+///   `allocate_keeping_cache` (no release and retry on upstream failure), which makes it a valid
+///   inner part of `stream_ordered`, the policy that gives it stream-ordered calls. Memory kind:
+///   the upstream's.
 /// - Thread safety: none (wrap in `synchronized`).
 template <allocator Upstream, class Classes = power2_classes<>>
 class size_class_pool {
@@ -339,6 +341,17 @@ class size_class_pool {
   }
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, true);
+  }
+  /// As `allocate`, but an upstream failure is not answered by releasing empty slabs and
+  /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`, which
+  /// then makes its streams' work finish and calls `allocate`).
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, false);
+  }
+
+ private:
+  block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
     std::size_t need = bytes;
     if (alignment > natural_alignment) {
@@ -361,7 +374,7 @@ class size_class_pool {
       index = cls.bump_next++;
       if (cls.bump_next == slabs_[id].capacity) cls.bump_slab = none;
     } else {
-      if (!new_slab(ci)) return {};
+      if (!new_slab(ci, may_release)) return {};
       id = cls.bump_slab;
       index = cls.bump_next++;
       if (cls.bump_next == slabs_[id].capacity) cls.bump_slab = none;
@@ -380,6 +393,7 @@ class size_class_pool {
     return {p, bytes};
   }
 
+ public:
   void deallocate(block b) noexcept {
     if (!b) return;
     const std::uint32_t id = slab_of(b.ptr);
@@ -538,11 +552,12 @@ class size_class_pool {
 
   /// Takes a slab for class `ci` and makes it the class's bump slab. Leaves everything as it was
   /// on failure (upstream or host metadata).
-  bool new_slab(std::size_t ci) noexcept {
+  bool new_slab(std::size_t ci, bool may_release) noexcept {
     class_state& cls = classes_[ci];
     const std::size_t bytes = cls.next_slab;
     const std::size_t capacity = bytes / cls.size;
     block got = upstream_.allocate(bytes, natural_alignment);
+    if (!got && !may_release) return false;  // not an OOM yet: the caller retries with release
     if (!got) {
       ++counters_.num_alloc_retries;
       release();

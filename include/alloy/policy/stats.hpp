@@ -422,6 +422,14 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
     check_reserved();
   }
 
+  /// A failure here is not an OOM yet: the caller (`stream_ordered`) retries with `allocate`.
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<Inner>
+  {
+    const block b = inner_.allocate_keeping_cache(bytes, alignment);
+    return b ? counted(b, bytes) : b;
+  }
+
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {

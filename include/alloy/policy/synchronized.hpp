@@ -39,6 +39,19 @@ class synchronized {
     inner_.deallocate(b);
   }
 
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<Inner>
+  {
+    std::lock_guard lock(mutex_);
+    return inner_.allocate_keeping_cache(bytes, alignment);
+  }
+  template <class Stream>
+    requires use_recording_allocator<Inner, Stream>
+  void record_use(block b, Stream stream) {
+    std::lock_guard lock(mutex_);
+    inner_.record_use(b, stream);
+  }
+
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
