@@ -9,6 +9,8 @@
 #include <alloy/literals.hpp>
 #include <alloy/movable.hpp>
 #include <alloy/ref.hpp>
+#include <alloy/stream.hpp>
+#include <alloy/host_stream.hpp>
 
 #include <alloy/upstream/host_upstream.hpp>
 #include <alloy/upstream/null_upstream.hpp>
@@ -29,6 +31,7 @@
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 #include <alloy/policy/stats.hpp>
+#include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/policy/tracked.hpp>
 

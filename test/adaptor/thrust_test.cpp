@@ -18,6 +18,8 @@
 
 #include <alloy/adaptor/thrust.hpp>
 #include <alloy/alloy.hpp>
+#include <alloy/host_stream.hpp>
+#include <alloy/policy/stream_ordered.hpp>
 
 #include "support/checking_upstream.hpp"
 
@@ -96,6 +98,28 @@ BOOST_AUTO_TEST_CASE(policy_with_a_stream_uses_the_stream_ordered_calls) {
   BOOST_TEST(alloc.allocate_streams.size() == alloc.deallocate_streams.size());
   BOOST_TEST(std::all_of(alloc.allocate_streams.begin(), alloc.allocate_streams.end(), [](int s) { return s == 7; }));
   BOOST_TEST(alloc.plain_calls == 0u);
+}
+
+// With a stream_ordered composition, the policy's scratch memory is ordered on its stream: sorts
+// on two host streams share one arena, the second stream's arrival is waited for once, and the
+// scratch frees are recorded as events from then on.
+BOOST_AUTO_TEST_CASE(policy_on_host_streams_orders_scratch_memory) {
+  using arena = alloy::best_fit_arena<checking_upstream>;
+  checking_upstream up;
+  {
+    alloy::stream_ordered<arena, alloy::host_stream*> alloc{arena{up}};
+    alloy::host_stream a, b;
+    for (alloy::host_stream* s : {&a, &b, &a}) {
+      auto keys = random_keys(100'000);
+      thrust::sort(alloy::thrust_policy(alloc, s), keys.begin(), keys.end());
+      BOOST_TEST(std::is_sorted(keys.begin(), keys.end()));
+    }
+    BOOST_TEST(alloc.order_counters().host_synchronizations == 1u);
+    BOOST_TEST(alloc.order_counters().events_recorded > 0u);
+    BOOST_TEST(alloc.inner().bytes_in_use() == 0u);
+  }
+  BOOST_TEST(up.records()->live.empty());
+  BOOST_TEST(up.records()->errors.empty());
 }
 
 BOOST_AUTO_TEST_CASE(scratch_failure_throws_out_of_memory_and_leaks_nothing) {

@@ -1,0 +1,90 @@
+// alloy/stream.hpp: the small stream/event vocabulary stream-ordered allocation is written against.
+#pragma once
+
+#include <concepts>
+
+#include <alloy/config.hpp>
+
+#if ALLOY_HAS_CUDA
+#  include <cuda_runtime_api.h>
+#endif
+
+namespace alloy {
+
+/// `stream_traits<S>` teaches alloy a stream type `S`: an in-order queue of work, with events
+/// that mark a point in it. Specialized for `cudaStream_t` (in CUDA builds) and for
+/// `alloy::host_stream` (`<alloy/host_stream.hpp>`), so the ordering logic of
+/// `alloy::stream_ordered` runs for real on machines without a GPU.
+///
+/// A specialization provides, all `noexcept`:
+/// - `event_type`, default-constructible and movable; `create(event&) -> bool`, `destroy(event&)`;
+/// - `record(event&, S) -> bool`: the event now marks the end of the work enqueued on `S` so far
+///   (re-recording an event does not affect waits already enqueued on it);
+/// - `wait(S, const event&) -> bool`: work enqueued on `S` afterwards starts only after the event
+///   (a wait on the stream's side, as `cudaStreamWaitEvent`; the host does not block);
+/// - `ready(const event&) -> bool`: the work before the event is done (a non-blocking query);
+/// - `synchronize(const event&)` and `synchronize(S)`: block the host until done.
+/// A `false` from `create`, `record` or `wait` means the stream could not do it (a CUDA error);
+/// callers then fall back to a host synchronization, which is always correct.
+template <class S>
+struct stream_traits;
+
+/// A stream type alloy can order memory on (see `stream_traits`).
+template <class S>
+concept stream = std::equality_comparable<S> && std::copyable<S> &&
+    requires(S s, typename stream_traits<S>::event_type& e, const typename stream_traits<S>::event_type& ce) {
+      { stream_traits<S>::create(e) } noexcept -> std::same_as<bool>;
+      { stream_traits<S>::destroy(e) } noexcept;
+      { stream_traits<S>::record(e, s) } noexcept -> std::same_as<bool>;
+      { stream_traits<S>::wait(s, ce) } noexcept -> std::same_as<bool>;
+      { stream_traits<S>::ready(ce) } noexcept -> std::same_as<bool>;
+      { stream_traits<S>::synchronize(ce) } noexcept;
+      { stream_traits<S>::synchronize(s) } noexcept;
+    };
+
+#if ALLOY_HAS_CUDA
+/// CUDA streams and events. Events are created with `cudaEventDisableTiming` (the cheap kind).
+/// A failing call is reported by its `false` result and its sticky error is cleared, so the
+/// caller's fallback (a host synchronization) starts clean.
+template <>
+struct stream_traits<cudaStream_t> {
+  using event_type = cudaEvent_t;
+
+  static bool create(cudaEvent_t& e) noexcept {
+    return ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  static void destroy(cudaEvent_t& e) noexcept {
+    if (e != nullptr) ok(cudaEventDestroy(e));
+    e = nullptr;
+  }
+  static bool record(cudaEvent_t& e, cudaStream_t s) noexcept { return ok(cudaEventRecord(e, s)); }
+  static bool wait(cudaStream_t s, const cudaEvent_t& e) noexcept { return ok(cudaStreamWaitEvent(s, e, 0)); }
+  static bool ready(const cudaEvent_t& e) noexcept {
+    const cudaError_t status = cudaEventQuery(e);
+    if (status == cudaSuccess) return true;
+    if (status != cudaErrorNotReady) {
+      cudaGetLastError();
+      synchronize(e);  // an event we cannot query is treated as done once waited for
+      return true;
+    }
+    return false;
+  }
+  // If even a synchronization fails, the whole device is waited for: the caller is about to hand
+  // the memory out again and must not do so early.
+  static void synchronize(const cudaEvent_t& e) noexcept {
+    if (!ok(cudaEventSynchronize(e))) ok(cudaDeviceSynchronize());
+  }
+  static void synchronize(cudaStream_t s) noexcept {
+    if (!ok(cudaStreamSynchronize(s))) ok(cudaDeviceSynchronize());
+  }
+
+ private:
+  static bool ok(cudaError_t status) noexcept {
+    if (status == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  }
+};
+#endif
+
+}  // namespace alloy
