@@ -1,0 +1,122 @@
+// bench/streams/stream_replay.cpp: the shipped PyTorch traces replayed on 1, 2 and 4 streams
+// (allocation i on stream i mod N, freed on its stream) over a simulated 80 GiB device, through
+//   - alloy:     stream_ordered<best_fit_arena>: frees coalesce at once whatever the stream; only
+//                the ordering (events) is kept per stream;
+//   - per-stream: one best_fit_arena per stream, the layout of PyTorch's caching allocator and of
+//                RMM's per-stream free lists without stealing: a stream's free memory serves only
+//                that stream.
+// Prints peak reserved ÷ peak live for each, and what the ordering cost (events, device-side
+// waits, host synchronizations). The streams are alloy::host_streams with no work enqueued, so
+// events complete almost at once: waits are counted only for events still pending, as on a GPU
+// that keeps up with the host.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <alloy/host_stream.hpp>
+#include <alloy/literals.hpp>
+#include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/policy/stream_ordered.hpp>
+
+#include "replay/simulated_device.hpp"
+#include "replay/trace_reader.hpp"
+
+using namespace alloy::literals;
+using alloy::block;
+using alloy::host_stream;
+using alloy::replay::device_upstream;
+using alloy::replay::simulated_device;
+using arena_t = alloy::best_fit_arena<device_upstream>;
+
+namespace {
+
+struct outcome {
+  std::size_t peak_reserved = 0;
+  std::size_t failed = 0;
+  alloy::stream_order_counters order{};
+};
+
+/// Replays `trace` with `allocate(bytes, stream_index)` / `deallocate(block, stream_index)`.
+template <class Allocate, class Deallocate>
+std::size_t replay(const alloy::bench::rmm_trace& trace, int streams, Allocate&& allocate, Deallocate&& deallocate) {
+  std::vector<block> blocks(trace.allocations);
+  std::size_t failed = 0;
+  for (const auto& e : trace.events) {
+    const int s = static_cast<int>(e.allocation % static_cast<std::size_t>(streams));
+    if (e.action == alloy::bench::trace_action::allocate) {
+      blocks[e.allocation] = allocate(e.size, s);
+      failed += !blocks[e.allocation];
+    } else if (e.action == alloy::bench::trace_action::free && blocks[e.allocation]) {
+      deallocate(blocks[e.allocation], s);
+      blocks[e.allocation] = {};
+    }
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    if (blocks[i]) deallocate(blocks[i], static_cast<int>(i % static_cast<std::size_t>(streams)));
+  return failed;
+}
+
+outcome run_alloy(const alloy::bench::rmm_trace& trace, int streams) {
+  simulated_device device(80_GiB);
+  std::vector<std::unique_ptr<host_stream>> s;
+  for (int i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
+  outcome out;
+  {
+    alloy::stream_ordered<arena_t, host_stream*> alloc{arena_t{device_upstream{device}}};
+    out.failed = replay(
+        trace, streams, [&](std::size_t n, int i) { return alloc.allocate(n, 256, s[i].get()); },
+        [&](block b, int i) { alloc.deallocate(b, s[i].get()); });
+    out.order = alloc.order_counters();
+  }
+  out.peak_reserved = device.peak_reserved();
+  return out;
+}
+
+outcome run_per_stream(const alloy::bench::rmm_trace& trace, int streams) {
+  simulated_device device(80_GiB);
+  outcome out;
+  {
+    std::vector<arena_t> arenas;
+    for (int i = 0; i < streams; ++i) arenas.emplace_back(device_upstream{device});
+    out.failed = replay(
+        trace, streams, [&](std::size_t n, int i) { return arenas[i].allocate(n, 256); },
+        [&](block b, int i) { arenas[i].deallocate(b); });
+  }
+  out.peak_reserved = device.peak_reserved();
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::filesystem::path dir = argc > 1 ? argv[1] : std::filesystem::path(ALLOY_TRACE_DIR) / "pytorch";
+  if (!std::filesystem::is_directory(dir)) {
+    std::fprintf(stderr, "stream_replay: no traces at %s\n", dir.c_str());
+    return 1;
+  }
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".gz" || entry.path().extension() == ".csv") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  std::printf("peak reserved / peak live, allocation i on stream i mod N (80 GiB simulated device)\n\n");
+  std::printf("| trace | streams | alloy stream_ordered | per-stream arenas | per-stream / alloy | events | waits | host syncs | failed (alloy / per-stream) |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& file : files) {
+    const alloy::bench::rmm_trace trace = alloy::bench::read_trace(file.string());
+    std::string name = file.filename().string();
+    name = name.substr(0, name.find(".rmm.csv"));
+    const double live = static_cast<double>(std::max<std::size_t>(trace.peak_live_bytes, 1));
+    for (int streams : {1, 2, 4}) {
+      const outcome a = run_alloy(trace, streams);
+      const outcome p = run_per_stream(trace, streams);
+      std::printf("| %s | %d | %.3f | %.3f | %.3f | %zu | %zu | %zu | %zu / %zu |\n", name.c_str(), streams,
+                  static_cast<double>(a.peak_reserved) / live, static_cast<double>(p.peak_reserved) / live,
+                  static_cast<double>(p.peak_reserved) / static_cast<double>(a.peak_reserved), a.order.events_recorded,
+                  a.order.stream_waits, a.order.host_synchronizations, a.failed, p.failed);
+    }
+  }
+  return 0;
+}
