@@ -8,11 +8,39 @@
 #include <cstdint>
 #include <cstdio>
 #include <new>
-#include <source_location>
 #include <stdexcept>
 #include <string>
+#if __has_include(<source_location>)
+#  include <source_location>
+#endif
 
 namespace alloy {
+
+#if defined(__cpp_lib_source_location)
+using source_location = std::source_location;
+#else
+/// Where a call was made, for toolchains whose standard library lacks `std::source_location`
+/// (libstdc++ 12 under clang 14): the same builtins, captured as default arguments.
+struct source_location {
+  static constexpr source_location current(const char* file = __builtin_FILE(), int line = __builtin_LINE(),
+                                           const char* function = __builtin_FUNCTION()) noexcept {
+    source_location at;
+    at.file_ = file;
+    at.line_ = line;
+    at.function_ = function;
+    return at;
+  }
+  constexpr const char* file_name() const noexcept { return file_; }
+  constexpr unsigned line() const noexcept { return static_cast<unsigned>(line_); }
+  constexpr unsigned column() const noexcept { return 0; }
+  constexpr const char* function_name() const noexcept { return function_; }
+
+ private:
+  const char* file_ = "";
+  int line_ = 0;
+  const char* function_ = "";
+};
+#endif
 
 /// What an allocator knew about itself when a request failed. Fields it cannot know are zero.
 struct oom_report {
@@ -58,7 +86,7 @@ inline std::string describe(const oom_report& r) {
   return text;
 }
 
-inline std::string where(const std::source_location& at) {
+inline std::string where(const alloy::source_location& at) {
   return std::string(at.file_name()) + ":" + std::to_string(at.line());
 }
 
@@ -81,7 +109,7 @@ class out_of_memory : public std::bad_alloc {
 /// A misuse of the API (bad alignment, foreign pointer, double free ...), with file and line.
 class logic_error : public std::logic_error {
  public:
-  explicit logic_error(const std::string& what, std::source_location at = std::source_location::current())
+  explicit logic_error(const std::string& what, alloy::source_location at = alloy::source_location::current())
       : std::logic_error("alloy: " + what + " (" + detail::where(at) + ")") {}
 };
 

@@ -7,6 +7,7 @@
 // composition that has no such part does not compile.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <tuple>
 #include <type_traits>
@@ -43,13 +44,11 @@ constexpr decltype(auto) find_part(A& a) {
     auto parts = a.parts();
     using parts_type = decltype(parts);
     constexpr std::size_t index = []<std::size_t... I>(std::index_sequence<I...>) {
-      std::size_t found = sizeof...(I);
-      ((found == sizeof...(I) &&
-                contains_part<std::remove_cvref_t<std::tuple_element_t<I, parts_type>>, Match>()
-            ? (found = I, true)
-            : false),
-       ...);
-      return found;
+      constexpr std::array<bool, sizeof...(I)> holds{
+          contains_part<std::remove_cvref_t<std::tuple_element_t<I, parts_type>>, Match>()...};
+      for (std::size_t i = 0; i < holds.size(); ++i)
+        if (holds[i]) return i;
+      return holds.size();
     }(std::make_index_sequence<std::tuple_size_v<parts_type>>{});
     return find_part<Match>(std::get<index>(parts));
   }

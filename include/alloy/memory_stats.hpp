@@ -256,6 +256,14 @@ std::string memory_summary(A& a) {
   });
 }
 
+/// `memory_trace::options` (outside the class so that it can be a default argument of the
+/// constructor under every compiler).
+struct memory_trace_options {
+  bool silent = false;             ///< no report at all (fastai's `silent`)
+  std::string ctx{};               ///< note printed with every report (fastai's `ctx`)
+  std::ostream* out = &std::cout;  ///< where reports go
+};
+
 /// fastai's `GPUMemTrace`, exactly, over the bytes in use of a `stats<>` allocator.
 ///
 /// - `used_delta()`: bytes in use now minus at the start (or the last `reset()`); may be negative.
@@ -273,11 +281,7 @@ std::string memory_summary(A& a) {
 ///   other threads: call them from the thread that allocates, or while it is quiet.
 class memory_trace {
  public:
-  struct options {
-    bool silent = false;                ///< no report at all (fastai's `silent`)
-    std::string ctx{};                  ///< note printed with every report (fastai's `ctx`)
-    std::ostream* out = &std::cout;     ///< where reports go
-  };
+  using options = memory_trace_options;
 
   template <class A>
     requires detail::contains_stats<A>

@@ -32,7 +32,6 @@
 #include <cstring>
 #include <limits>
 #include <new>
-#include <source_location>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -173,7 +172,7 @@ class handle_table {
 /// Finds a live entry or throws the logic error every handle call reports for bad handles.
 template <class Table>
 auto& entry_or_throw(Table& table, handle h, const char* call,
-                     std::source_location at = std::source_location::current()) {
+                     alloy::source_location at = alloy::source_location::current()) {
   auto* e = table.find(h);
   if (e == nullptr) {
     throw logic_error(std::string(call) + " of " + (h ? "an unknown or already deallocated" : "an empty") +
