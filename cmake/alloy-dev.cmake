@@ -2,7 +2,7 @@
 
 # nvcc for the .cu files, when present.
 set(ALLOY_NVCC OFF)
-if(ALLOY_ENABLE_NVCC AND ALLOY_WITH_CUDA AND NOT ALLOY_SANITIZE AND NOT ALLOY_SANITIZE_THREAD)
+if(ALLOY_ENABLE_NVCC AND ALLOY_WITH_CUDA AND NOT ALLOY_SANITIZE AND NOT ALLOY_SANITIZE_THREAD AND NOT ALLOY_FUZZ)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
@@ -30,6 +30,11 @@ target_compile_options(alloy_dev_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror=return-type>
   # CMake 3.25 has no CUDA20 dialect for nvcc 13, so the flag is spelled out.
   $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr -Xcompiler=-Wall>)
+if(ALLOY_FUZZ)
+  target_compile_options(alloy_dev_flags INTERFACE
+    -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  target_link_options(alloy_dev_flags INTERFACE -fsanitize=address,undefined)
+endif()
 if(ALLOY_SANITIZE_THREAD)
   target_compile_options(alloy_dev_flags INTERFACE -fsanitize=thread -fno-omit-frame-pointer)
   target_link_options(alloy_dev_flags INTERFACE -fsanitize=thread)
