@@ -364,11 +364,14 @@ class memory_trace {
   /// Whole MiB, truncated toward zero, at least 6 wide, with thousands separators.
   static std::string mib(std::int64_t bytes) {
     const std::int64_t m = bytes / (std::int64_t{1} << 20);
-    std::string digits = std::to_string(m < 0 ? -m : m);
-    for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<std::size_t>(i), ",");
-    if (m < 0) digits.insert(digits.begin(), '-');
-    if (digits.size() < 6) digits.insert(digits.begin(), 6 - digits.size(), ' ');
-    return digits;
+    const std::string digits = std::to_string(m < 0 ? -m : m);
+    std::string grouped = m < 0 ? "-" : "";
+    for (std::size_t i = 0; i < digits.size(); ++i) {
+      if (i != 0 && (digits.size() - i) % 3 == 0) grouped += ',';
+      grouped += digits[i];
+    }
+    if (grouped.size() < 6) grouped.insert(grouped.begin(), 6 - grouped.size(), ' ');
+    return grouped;
   }
 
   options options_;

@@ -547,6 +547,21 @@ BOOST_AUTO_TEST_CASE(trace_is_fastais_gpumemtrace) {
   BOOST_TEST(t.used_delta() == 0);
 }
 
+// MiB figures of a thousand and more are grouped with commas, as fastai prints them; negative
+// ones too. (The memory is never touched: host pages that are not written cost nothing.)
+BOOST_AUTO_TEST_CASE(trace_report_groups_thousands) {
+  alloy::stats<alloy::host_upstream> a;
+  std::ostringstream out;
+  alloy::memory_trace t{a, {.out = &out}};
+  const alloy::block big = a.allocate(1234_MiB, 256);
+  BOOST_REQUIRE(big);
+  t.report_and_reset();
+  a.deallocate(big);
+  t.report();
+  BOOST_TEST(out.str() == "\xE2\x96\xB3Used Peaked MB:  1,234      0\n"
+                          "\xE2\x96\xB3Used Peaked MB: -1,234      0\n");
+}
+
 // Nested and overlapping traces, started, reset, stopped and destroyed at random, against a
 // brute-force reference that looks at every step.
 BOOST_AUTO_TEST_CASE(traces_against_brute_force) {
