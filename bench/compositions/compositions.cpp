@@ -12,85 +12,36 @@
 //   compositions            # the traces table, then W1
 //   compositions traces     # the traces only
 //   compositions w1         # W1 only
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <random>
 #include <string>
+#include <utility>
 #include <vector>
-
-#include <thrust/mr/disjoint_pool.h>
-#include <thrust/mr/memory_resource.h>
-#include <thrust/mr/new.h>
 
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 #include <alloy/showcase.hpp>
 
+#include "support/counting_upstream.hpp"
+#include "support/pairs_workload.hpp"
 #include "support/rmm_trace.hpp"
 
 namespace {
 
+using namespace alloy::bench;
 using namespace alloy::literals;
 constexpr std::size_t alignment = 256;
 
-struct space {
-  std::size_t reserved = 0;
-  std::size_t peak = 0;
-  std::size_t calls = 0;
-};
-
-void* map_bytes(space& s, std::size_t bytes) {
-  void* p = mmap(nullptr, bytes == 0 ? 1 : bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  s.reserved += bytes;
-  s.peak = std::max(s.peak, s.reserved);
-  ++s.calls;
-  return p;
-}
-void unmap_bytes(space& s, void* p, std::size_t bytes) {
-  munmap(p, bytes == 0 ? 1 : bytes);
-  s.reserved -= bytes;
-}
-
-class counting_upstream {
- public:
-  static constexpr bool host_accessible = true;
-  static constexpr bool device_accessible = false;
-  explicit counting_upstream(space* s = nullptr) : space_(s) {}
-  alloy::block allocate(std::size_t bytes, std::size_t align) noexcept {
-    if (align > 4096) return {};
-    void* p = map_bytes(*space_, bytes);
-    return p == nullptr ? alloy::block{} : alloy::block{p, bytes};
-  }
-  void deallocate(alloy::block b) noexcept { unmap_bytes(*space_, b.ptr, b.size); }
-
- private:
-  space* space_;
-};
-
-class counting_thrust_resource final : public thrust::mr::memory_resource<> {
- public:
-  explicit counting_thrust_resource(space* s) : space_(s) {}
-  void* do_allocate(std::size_t bytes, std::size_t) override {
-    void* p = map_bytes(*space_, bytes);
-    if (p == nullptr) throw std::bad_alloc();
-    return p;
-  }
-  void do_deallocate(void* p, std::size_t bytes, std::size_t) override { unmap_bytes(*space_, p, bytes); }
-
- private:
-  space* space_;
-};
+/// Wall time, as these tables have been timed from the start.
+using wall_clock = std::chrono::steady_clock;
 
 using U = counting_upstream;
 
@@ -245,101 +196,49 @@ void traces_table() {
 
 // ---- W1 ------------------------------------------------------------------------------------------
 
-constexpr std::size_t w1_live = 1000;
-constexpr std::size_t w1_pairs = 1'000'000;
 constexpr int w1_repetitions = 5;
 
-struct w1_workload {
-  std::vector<std::size_t> initial;
-  std::vector<std::uint32_t> victim;
-  std::vector<std::size_t> size;
-  std::size_t peak_live = 0;
-};
+/// Per allocator: ns per pair of each repetition, and peak reserved / peak live.
+using w1_results = std::map<std::string, std::pair<std::vector<double>, double>>;
 
-w1_workload make_w1() {
-  w1_workload w;
-  std::mt19937_64 rng(20261122 + w1_live);
-  std::uniform_real_distribution<double> log_size(8.0, 22.0);
-  auto draw = [&] { return static_cast<std::size_t>(std::exp2(log_size(rng))); };
-  std::size_t bytes = 0;
-  for (std::size_t i = 0; i < w1_live; ++i) bytes += w.initial.emplace_back(draw());
-  std::vector<std::size_t> current = w.initial;
-  w.peak_live = bytes;
-  for (std::size_t i = 0; i < w1_pairs; ++i) {
-    w.victim.push_back(static_cast<std::uint32_t>(rng() % w1_live));
-    w.size.push_back(draw());
-    bytes = bytes - current[w.victim.back()] + w.size.back();
-    current[w.victim.back()] = w.size.back();
-    w.peak_live = std::max(w.peak_live, bytes);
+/// `w1_repetitions` runs, each through a fresh allocator over a counted upstream that
+/// `run_one(space&)` builds, runs `w` through and returns ns per pair for.
+template <class RunOne>
+void w1_measure(const workload& w, const char* name, w1_results& out, RunOne run_one) {
+  for (int r = 0; r < w1_repetitions; ++r) {
+    space s;
+    out[name].first.push_back(run_one(s));
+    out[name].second = static_cast<double>(s.peak) / static_cast<double>(w.peak_live);
   }
-  return w;
-}
-
-template <class Alloc, class Dealloc>
-double run_w1(const w1_workload& w, Alloc&& alloc, Dealloc&& dealloc) {
-  std::vector<void*> ptr(w1_live);
-  std::vector<std::size_t> sz = w.initial;
-  for (std::size_t i = 0; i < w1_live; ++i) ptr[i] = alloc(sz[i]);
-  const auto start = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < w1_pairs; ++i) {
-    const std::uint32_t v = w.victim[i];
-    dealloc(ptr[v], sz[v]);
-    sz[v] = w.size[i];
-    ptr[v] = alloc(sz[v]);
-    if (ptr[v] == nullptr) std::abort();
-  }
-  const auto stop = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < w1_live; ++i) dealloc(ptr[i], sz[i]);
-  return std::chrono::duration<double, std::nano>(stop - start).count() / static_cast<double>(w1_pairs);
 }
 
 template <class A, class Make>
-void w1_alloy(const w1_workload& w, const char* name, Make make, std::map<std::string, std::pair<std::vector<double>, double>>& out) {
-  for (int r = 0; r < w1_repetitions; ++r) {
-    space s;
-    double ns;
-    {
-      A a = make(U{&s});
-      ns = run_w1(
-          w, [&](std::size_t bytes) { return a.allocate(bytes, alignment).ptr; },
-          [&](void* p, std::size_t bytes) { a.deallocate({p, bytes}); });
-    }
-    out[name].first.push_back(ns);
-    out[name].second = static_cast<double>(s.peak) / static_cast<double>(w.peak_live);
-  }
+void w1_alloy(const workload& w, const char* name, Make make, w1_results& out) {
+  w1_measure(w, name, out, [&](space& s) {
+    A a = make(U{&s});
+    return run_pairs<wall_clock>(
+        w,
+        [&](std::size_t bytes) {
+          const alloy::block b = a.allocate(bytes, alignment);
+          if (!b) std::abort();  // a failure would make the figures meaningless
+          return b;
+        },
+        [&](alloy::block b) { a.deallocate(b); });
+  });
 }
 
 template <std::size_t Largest>
-void w1_disjoint(const w1_workload& w, const char* name, std::map<std::string, std::pair<std::vector<double>, double>>& out) {
-  using pool_t =
-      thrust::mr::disjoint_unsynchronized_pool_resource<counting_thrust_resource, thrust::mr::new_delete_resource>;
-  for (int r = 0; r < w1_repetitions; ++r) {
-    space s;
-    double ns;
-    {
-      counting_thrust_resource upstream{&s};
-      thrust::mr::new_delete_resource bookkeeper;
-      auto opts = pool_t::get_default_options();
-      opts.alignment = alignment;
-      opts.largest_block_size = Largest;
-      pool_t pool{&upstream, &bookkeeper, opts};
-      ns = run_w1(
-          w, [&](std::size_t bytes) { return pool.allocate(bytes, alignment); },
-          [&](void* p, std::size_t bytes) { pool.deallocate(p, bytes, alignment); });
-    }
-    out[name].first.push_back(ns);
-    out[name].second = static_cast<double>(s.peak) / static_cast<double>(w.peak_live);
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+void w1_disjoint(const workload& w, const char* name, w1_results& out) {
+  w1_measure(w, name, out, [&](space& s) {
+    counted_thrust_disjoint_pool peer{&s, alignment, Largest};
+    return run_pairs_on<wall_clock>(w, peer.pool, alignment);
+  });
 }
 
 void w1_table() {
-  const w1_workload w = make_w1();
-  std::map<std::string, std::pair<std::vector<double>, double>> out;
+  const workload_params params = w1_params();
+  const workload w = make_workload(params);
+  w1_results out;
   w1_disjoint<1_MiB>(w, "thrust_disjoint_1MiB", out);
   w1_disjoint<4_MiB>(w, "thrust_disjoint_4MiB", out);
   w1_alloy<alloy::default_allocator<U>>(w, "default_allocator", [](U u) { return alloy::default_allocator<U>{u}; }, out);
@@ -352,7 +251,7 @@ void w1_table() {
   const double d1 = median(out["thrust_disjoint_1MiB"].first);
   const double d4 = median(out["thrust_disjoint_4MiB"].first);
   std::printf("W1: %zu live, 256 B-4 MiB log-uniform, %zu pairs, alignment %zu, median of %d (ratios in this run)\n",
-              w1_live, w1_pairs, alignment, w1_repetitions);
+              params.live_blocks, params.pairs, alignment, w1_repetitions);
   std::printf("%-22s %10s %14s %14s %14s\n", "allocator", "ns/pair", "vs disjoint1M", "vs disjoint4M", "reserved/live");
   for (const auto& [name, v] : out) {
     const double ns = median(v.first);

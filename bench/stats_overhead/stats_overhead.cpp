@@ -11,14 +11,7 @@
 //   stats_overhead [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
-#include <sys/mman.h>
-#include <time.h>
-
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -27,71 +20,21 @@
 #include <alloy/policy/stats.hpp>
 #include <alloy/showcase.hpp>
 
+#include "support/counting_upstream.hpp"
+#include "support/pairs_workload.hpp"
+
 namespace {
 
-constexpr std::size_t pairs = 1'000'000;
-constexpr std::size_t live = 1'000;
+using namespace alloy::bench;
+
 constexpr std::size_t alignment = 256;
 constexpr int rounds = 7;
-
-/// Address space from mmap; costs nothing until touched.
-class mmap_upstream {
- public:
-  static constexpr bool host_accessible = true;
-  static constexpr bool device_accessible = false;
-  alloy::block allocate(std::size_t bytes, std::size_t align) noexcept {
-    if (align > 4096) return {};
-    void* p = mmap(nullptr, bytes == 0 ? 1 : bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    return p == MAP_FAILED ? alloy::block{} : alloy::block{p, bytes};
-  }
-  void deallocate(alloy::block b) noexcept { munmap(b.ptr, b.size == 0 ? 1 : b.size); }
-  friend bool operator==(const mmap_upstream&, const mmap_upstream&) noexcept { return true; }
-};
-
-struct workload {
-  std::vector<std::size_t> initial;
-  std::vector<std::uint32_t> victim;
-  std::vector<std::size_t> size;
-};
-
-workload make_workload() {
-  workload w;
-  std::mt19937_64 rng(20261122 + live);
-  std::uniform_real_distribution<double> log_size(8.0, 22.0);
-  auto draw = [&] { return static_cast<std::size_t>(std::exp2(log_size(rng))); };
-  for (std::size_t i = 0; i < live; ++i) w.initial.push_back(draw());
-  w.victim.resize(pairs);
-  w.size.resize(pairs);
-  for (std::size_t i = 0; i < pairs; ++i) {
-    w.victim[i] = static_cast<std::uint32_t>(rng() % live);
-    w.size[i] = draw();
-  }
-  return w;
-}
-
-double thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) * 1e9 + static_cast<double>(t.tv_nsec);
-}
 
 /// One run of W1 through a fresh `A`; CPU ns per pair.
 template <class A>
 double run(const workload& w) {
   A a;
-  std::vector<alloy::block> blocks(live);
-  for (std::size_t i = 0; i < live; ++i) blocks[i] = a.allocate(w.initial[i], alignment);
-  const double start = thread_cpu_ns();
-  for (std::size_t i = 0; i < pairs; ++i) {
-    const std::uint32_t v = w.victim[i];
-    a.deallocate(blocks[v]);
-    blocks[v] = a.allocate(w.size[i], alignment);
-    benchmark::DoNotOptimize(blocks[v]);
-  }
-  const double stop = thread_cpu_ns();
-  for (const alloy::block& b : blocks) a.deallocate(b);
-  return (stop - start) / static_cast<double>(pairs);
+  return run_pairs_on<thread_cpu_clock>(w, a, alignment);
 }
 
 /// The same with a memory_trace alive over the stats<> allocator.
@@ -99,24 +42,9 @@ template <class A>
 double run_traced(const workload& w) {
   A a;
   alloy::memory_trace trace{a, {.silent = true}};
-  std::vector<alloy::block> blocks(live);
-  for (std::size_t i = 0; i < live; ++i) blocks[i] = a.allocate(w.initial[i], alignment);
-  const double start = thread_cpu_ns();
-  for (std::size_t i = 0; i < pairs; ++i) {
-    const std::uint32_t v = w.victim[i];
-    a.deallocate(blocks[v]);
-    blocks[v] = a.allocate(w.size[i], alignment);
-    benchmark::DoNotOptimize(blocks[v]);
-  }
-  const double stop = thread_cpu_ns();
+  const double ns = run_pairs_on<thread_cpu_clock>(w, a, alignment);
   benchmark::DoNotOptimize(trace.peak_delta());
-  for (const alloy::block& b : blocks) a.deallocate(b);
-  return (stop - start) / static_cast<double>(pairs);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return ns;
 }
 
 struct result {
@@ -131,7 +59,7 @@ std::vector<result>& results() {
 template <class Bare>
 void overhead(benchmark::State& state, const char* name) {
   using with_stats = alloy::stats<Bare>;
-  const workload w = make_workload();
+  const workload w = make_workload(w1_params());
   for (auto _ : state) {
     std::vector<double> bare, stats, traced;
     run<Bare>(w);  // warm up the page tables and caches
@@ -141,7 +69,7 @@ void overhead(benchmark::State& state, const char* name) {
       traced.push_back(run_traced<with_stats>(w));
     }
     const result out{name, median(bare), median(stats), median(traced)};
-    state.SetIterationTime(out.stats * static_cast<double>(pairs) * 1e-9);
+    state.SetIterationTime(out.stats * static_cast<double>(w.pairs()) * 1e-9);
     state.counters["bare_ns_per_pair"] = out.bare;
     state.counters["stats_ns_per_pair"] = out.stats;
     state.counters["traced_ns_per_pair"] = out.traced;
@@ -166,7 +94,8 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  std::printf("\nstats<> overhead on W1 (median of %d interleaved rounds, %zu pairs, CPU ns per pair)\n", rounds, pairs);
+  std::printf("\nstats<> overhead on W1 (median of %d interleaved rounds, %zu pairs, CPU ns per pair)\n", rounds,
+              w1_params().pairs);
   std::printf("%-20s %10s %10s %10s %10s %12s\n", "composition", "bare", "stats<>", "+trace", "overhead", "with trace");
   for (const result& r : results())
     std::printf("%-20s %10.1f %10.1f %10.1f %9.1f%% %11.1f%%\n", r.name.c_str(), r.bare, r.stats, r.traced,
