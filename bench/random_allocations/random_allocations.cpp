@@ -110,7 +110,8 @@ void print_summary() {
   std::printf("%-22s %8s %10s %14s %14s %16s\n", "allocator", "live", "ns/pair", "vs disjoint1M", "vs disjoint4M",
               "reserved/live");
   for (const auto& [name, by_live] : r) {
-    for (const auto& [live, s] : by_live) {
+    for (const auto& [live_count, s] : by_live) {
+      const std::size_t live = live_count;  // a plain variable: clang 14 cannot capture a binding
       const double ns = median(s.ns_per_pair);
       auto ratio = [&](const char* peer) -> std::string {
         const auto p = r.find(peer);
