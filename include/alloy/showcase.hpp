@@ -170,7 +170,8 @@ using default_base_t = segregator<(std::size_t{64} << 10), default_small_t<Upstr
 ///   pool <= 256 KiB, slabs 64 KiB..2 MiB + arena  1.621  1.194  40 ns
 ///   pool <= 1 MiB, 2 MiB slabs + arena            1.687  1.403  29 ns
 ///   caching_allocator                             1.671  1.412  29 ns
-///   (thrust's disjoint pool, largest block 1 MiB / 4 MiB: W1 1.482 / 2.012 at 87 / 74 ns)
+///   (thrust's disjoint pool, largest block 1 MiB / 4 MiB: W1 1.482 / 2.012 at 87 / 74 ns in that
+///   run; 71 / 55 ns on an idle machine with the benchmarks' shared loop, where this one took 59)
 /// The reasons:
 /// - The arena carries the bytes: best fit with coalescing holds the least memory; every
 ///   composition's footprint is the arena's plus the pool's partly filled slabs.
