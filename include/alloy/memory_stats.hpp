@@ -47,6 +47,23 @@ struct stats_match {
 template <class A>
 inline constexpr bool contains_stats = contains_part<std::remove_cvref_t<A>, stats_match>();
 
+/// A stream-ordered part (`stream_ordered<>`): it knows how often the host waited for all streams.
+struct stream_order_match {
+  template <class A>
+  static constexpr bool test = requires(const A& a) { a.order_counters().all_stream_synchronizations; };
+};
+
+/// PyTorch's `num_sync_all_streams`: from the first stream-ordered part inside the `stats<>` part
+/// `s` (counted since construction), 0 without one.
+template <class S>
+std::size_t all_stream_synchronizations(S& s) noexcept {
+  if constexpr (contains_part<std::remove_cvref_t<S>, stream_order_match>()) {
+    return find_part<stream_order_match>(s).order_counters().all_stream_synchronizations;
+  } else {
+    return 0;
+  }
+}
+
 /// Calls `f(s)` on the first `stats<>` part of `a`, holding the lock of every `synchronized<>` on
 /// the way, and returns what `f` returns.
 template <class A, class F>
@@ -81,7 +98,8 @@ inline void put_stat(std::map<std::string, std::int64_t>& out, const std::string
 }
 
 inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c, bool pools,
-                                                             const allocator_counters& k, std::size_t max_split) {
+                                                             const allocator_counters& k, std::size_t max_split,
+                                                             std::size_t all_stream_syncs) {
   std::map<std::string, std::int64_t> out;
   const stat_array* arrays[] = {&c.allocation, &c.segment,    &c.allocation,          &c.inactive_split, &c.bytes,
                                 &c.reserved,   &c.bytes,      &c.inactive_split_bytes, &c.bytes};
@@ -95,7 +113,7 @@ inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c
   }
   out["num_alloc_retries"] = static_cast<std::int64_t>(k.num_alloc_retries);
   out["num_ooms"] = static_cast<std::int64_t>(c.num_ooms);
-  out["num_sync_all_streams"] = 0;  // alloy never synchronises every stream
+  out["num_sync_all_streams"] = static_cast<std::int64_t>(all_stream_syncs);
   out["num_device_alloc"] = static_cast<std::int64_t>(k.num_device_alloc);
   out["num_device_free"] = static_cast<std::int64_t>(k.num_device_free);
   out["max_split_size"] = max_split == static_cast<std::size_t>(-1) ? -1 : static_cast<std::int64_t>(max_split);
@@ -114,15 +132,18 @@ inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c
 /// `num_device_free`, `max_split_size` (-1 when no part splits blocks with a limit),
 /// `oversize_allocations.*` and `oversize_segments.*`. See `stats<>` for where each comes from;
 /// `active*` equal `allocation`/`allocated_bytes` (a block is active from allocate to deallocate),
-/// `requested_bytes` equal `allocated_bytes` (block sizes are requested sizes), and
-/// `num_sync_all_streams` and `oversize_segments` are zero.
+/// `requested_bytes` equal `allocated_bytes` (block sizes are requested sizes),
+/// `num_sync_all_streams` counts the times a `stream_ordered` part inside the `stats<>` part made
+/// the host wait for every stream (since construction: `reset_accumulated()` does not reset it;
+/// zero without such a part), and `oversize_segments` is zero (not tracked).
 template <class A>
   requires detail::contains_stats<A>
 std::map<std::string, std::int64_t> memory_stats(A& a) {
   return detail::with_stats(a, [](auto& s) {
     using S = std::remove_cvref_t<decltype(s)>;
     const detail::stats_core& c = s.core();
-    return detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size());
+    return detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size(),
+                                     detail::all_stream_synchronizations(s));
   });
 }
 
@@ -251,7 +272,8 @@ std::string memory_summary(A& a) {
   return detail::with_stats(a, [](auto& s) {
     using S = std::remove_cvref_t<decltype(s)>;
     const detail::stats_core& c = s.core();
-    const auto m = detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size());
+    const auto m = detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size(),
+                                     detail::all_stream_synchronizations(s));
     return detail::make_memory_summary(m, s.statistics(), S::has_pools);
   });
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <alloy/host_stream.hpp>
+#include <alloy/memory_stats.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/size_class_pool.hpp>
@@ -299,6 +300,40 @@ BOOST_AUTO_TEST_CASE(upstream_failure_waits_before_memory_goes_back) {
   BOOST_TEST(alloc.order_counters().host_synchronizations == syncs + 1);
   BOOST_TEST(alloc.inner().counters().num_ooms == 0u, "the no-release attempt is not an OOM");
   alloc.deallocate(big, &b);
+}
+
+// PyTorch's num_sync_all_streams, from a stream_ordered part under stats<>: the host waits for
+// every stream only on release() and on the slow path, and memory_stats counts exactly those.
+BOOST_AUTO_TEST_CASE(memory_stats_counts_waits_for_all_streams) {
+  using arena_t = arena_over<checking_upstream>;
+  using A = alloy::stats<alloy::stream_ordered<arena_t, host_stream*>>;
+  host_stream a, b;
+  A alloc{alloy::stream_ordered<arena_t, host_stream*>{
+      arena_t{checking_upstream{}, {.maximum_size = 1_MiB, .growth = alloy::best_fit_growth::fixed, .growth_size = 512_KiB}}}};
+  const auto syncs = [&] { return alloy::memory_stats(alloc).at("num_sync_all_streams"); };
+  const auto& policy = alloc.inner();
+  BOOST_TEST(syncs() == 0);
+  alloc.deallocate(alloc.allocate(4096, 256, &a), &a);
+  alloc.release();  // one stream: waits for it
+  BOOST_TEST(syncs() == 1);
+  const block x = alloc.allocate(4096, 256, &b);  // a second stream: one host wait, not for all
+  alloc.deallocate(x, &b);
+  BOOST_TEST(syncs() == 1);
+  BOOST_TEST(policy.order_counters().host_synchronizations == 2u);
+  const block big = alloc.allocate(400_KiB, 256, &a);  // fits the cached segment: no wait
+  BOOST_TEST(syncs() == 1);
+  const block bigger = alloc.allocate(500_KiB, 256, &a);  // the cache is in use: a new segment
+  BOOST_TEST(static_cast<bool>(bigger));
+  BOOST_TEST(syncs() == 1);
+  alloc.deallocate(big, &a);
+  alloc.deallocate(bigger, &a);
+  const block whole = alloc.allocate(1_MiB, 256, &b);  // only after both segments go back
+  BOOST_TEST(static_cast<bool>(whole));
+  BOOST_TEST(syncs() == 2);
+  alloc.deallocate(whole, &b);
+  alloc.release();
+  BOOST_TEST(syncs() == 3);
+  BOOST_TEST(policy.order_counters().all_stream_synchronizations == 3u);
 }
 
 // Thousands of random rounds over 4 streams. Every allocation's work checks that the memory holds

@@ -22,6 +22,10 @@ struct stream_order_counters {
   std::size_t events_recorded = 0;    ///< events recorded at stream frees (and recorded uses)
   std::size_t stream_waits = 0;       ///< device-side waits: a stream reused memory of another
   std::size_t host_synchronizations = 0;  ///< the slow path: the host waited for stream work
+  /// Of those, waits for every stream's pending frees at once (before memory goes back to the
+  /// upstream: on `release()`, or when `Inner` could serve a request only by releasing); PyTorch's
+  /// `num_sync_all_streams`, which `alloy::memory_stats` reports from this.
+  std::size_t all_stream_synchronizations = 0;
 };
 
 /// `stream_ordered<Inner, Stream>` gives `Inner` (a `best_fit_arena`, a `size_class_pool`, or a
@@ -374,6 +378,7 @@ class stream_ordered : public detail::passes_on_capabilities<stream_ordered<Inne
     if (mode_ == mode::single) {
       traits::synchronize(sole_);
       ++counters_.host_synchronizations;
+      ++counters_.all_stream_synchronizations;
       return;
     }
     if (pending_.empty()) return;
@@ -383,6 +388,7 @@ class stream_ordered : public detail::passes_on_capabilities<stream_ordered<Inne
     }
     pending_.clear();
     ++counters_.host_synchronizations;
+    ++counters_.all_stream_synchronizations;
   }
 
   static constexpr std::size_t min_prune = 64;
