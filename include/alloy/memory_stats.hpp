@@ -118,7 +118,7 @@ inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c
   out["num_device_free"] = static_cast<std::int64_t>(k.num_device_free);
   out["max_split_size"] = max_split == static_cast<std::size_t>(-1) ? -1 : static_cast<std::int64_t>(max_split);
   put_stat(out, "oversize_allocations", c.oversize);
-  put_stat(out, "oversize_segments", stat{});  // not tracked: always zero
+  put_stat(out, "oversize_segments", c.oversize_segments);
   return out;
 }
 
@@ -135,7 +135,8 @@ inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c
 /// `requested_bytes` equal `allocated_bytes` (block sizes are requested sizes),
 /// `num_sync_all_streams` counts the times a `stream_ordered` part inside the `stats<>` part made
 /// the host wait for every stream (since construction: `reset_accumulated()` does not reset it;
-/// zero without such a part), and `oversize_segments` is zero (not tracked).
+/// zero without such a part), and `oversize_segments` counts the segments larger than
+/// `max_split_size`, observed at queries (so its peak and totals are lower bounds).
 template <class A>
   requires detail::contains_stats<A>
 std::map<std::string, std::int64_t> memory_stats(A& a) {

@@ -265,6 +265,7 @@ BOOST_AUTO_TEST_CASE(scripted_sequence_two_pools) {
   set_stat(expected, "inactive_split_bytes.small_pool", s_free, s_free, s_free, 0);
   set_stat(expected, "inactive_split_bytes.large_pool", l_free, l_free, l_free, 0);
   set_stat(expected, "oversize_allocations", 0, 1, 1, 1);
+  set_stat(expected, "oversize_segments", 1, 1, 1, 0);  // L2 (10 MiB > 8 MiB), still held
   expected["num_device_alloc"] = 3;
   check_maps_equal(alloy::memory_stats(a), expected);
 
@@ -280,6 +281,11 @@ BOOST_AUTO_TEST_CASE(scripted_sequence_two_pools) {
   BOOST_TEST(summary.find("Reserved segments") != std::string::npos);
   BOOST_TEST(summary.find("Reservable limit: none") != std::string::npos, "unbounded arenas have no limit");
   BOOST_TEST(st.bytes_reservable_limit == 0u);
+  a.release();  // L2 goes back: the oversize segment is gone, seen at the next query
+  const stat_map after = alloy::memory_stats(a);
+  BOOST_TEST(after.at("oversize_segments.current") == 0);
+  BOOST_TEST(after.at("oversize_segments.peak") == 1);
+  BOOST_TEST(after.at("oversize_segments.freed") == 1);
   a.deallocate(s2);
   a.deallocate(l1);
 }

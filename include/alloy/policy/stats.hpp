@@ -259,6 +259,7 @@ class stats_core {
     reserved = other.reserved;
     segment = other.segment;
     oversize = other.oversize;
+    oversize_segments = other.oversize_segments;
     inactive_split = other.inactive_split;
     inactive_split_bytes = other.inactive_split_bytes;
     largest_alloc = other.largest_alloc;
@@ -320,12 +321,14 @@ class stats_core {
     for (stat_array* a : {&allocation, &bytes, &reserved, &segment, &inactive_split, &inactive_split_bytes})
       for (stat& s : *a) s.reset_peak();
     oversize.reset_peak();
+    oversize_segments.reset_peak();
     largest_alloc = 0;
   }
   void reset_accumulated() noexcept {
     for (stat_array* a : {&allocation, &bytes, &reserved, &segment, &inactive_split, &inactive_split_bytes})
       for (stat& s : *a) s.reset_accumulated();
     oversize.reset_accumulated();
+    oversize_segments.reset_accumulated();
     num_ooms = 0;
   }
 
@@ -334,6 +337,7 @@ class stats_core {
   stat_array reserved{};              ///< bytes reserved, observed after every call
   stat_array segment{};               ///< segments held, observed when reserved bytes change
   stat oversize{};                    ///< live requests above max_split_size
+  stat oversize_segments{};           ///< segments above max_split_size, observed at queries
   stat_array inactive_split{};        ///< free pieces of partly used segments, observed at queries
   stat_array inactive_split_bytes{};  ///< their bytes, observed at queries
   std::int64_t largest_alloc = 0;
@@ -379,9 +383,9 @@ class stats_core {
 ///     `num_defragmentations`, `bytes_defragged`;
 ///   - `bytes_limit()` / `bytes_reservable_limit()` of any part (the smallest);
 ///   - introspection (`for_each_block`, O(blocks) at query time): `largest_free_block`,
-///     `fragmentation`, PyTorch's `inactive_split` and `inactive_split_bytes` (their totals and
-///     peak are observed at queries, so `allocated - freed == current` holds but they are lower
-///     bounds).
+///     `fragmentation`, PyTorch's `inactive_split`, `inactive_split_bytes` and
+///     `oversize_segments` (segments above `max_split_size`; their totals and peak are observed
+///     at queries, so `allocated - freed == current` holds but they are lower bounds).
 /// - Pools: when the composition has a segregator-shaped part (`small()`, `large()`, `threshold`),
 ///   requests of at most `threshold` bytes count in `small_pool`, larger ones in `large_pool`, and
 ///   each pool's reserved bytes, segments and free pieces come from that side. Without one, there
@@ -717,31 +721,35 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
       if constexpr (has_pools) {
         auto& seg = detail::segregator_in(mutable_inner());
         std::array<std::int64_t, 3> count{}, bytes{};
+        std::int64_t oversize = 0;
         if constexpr (introspectable_allocator<std::remove_cvref_t<decltype(seg.small())>> &&
                       introspectable_allocator<std::remove_cvref_t<decltype(seg.large())>>) {
-          split_pieces(seg.small(), count[1], bytes[1]);
-          split_pieces(seg.large(), count[2], bytes[2]);
+          split_pieces(seg.small(), count[1], bytes[1], oversize);
+          split_pieces(seg.large(), count[2], bytes[2], oversize);
           count[0] = count[1] + count[2];
           bytes[0] = bytes[1] + bytes[2];
         } else {
-          split_pieces(inner_, count[0], bytes[0]);
+          split_pieces(inner_, count[0], bytes[0], oversize);
         }
         for (std::size_t p = 0; p < 3; ++p) {
           core_.inactive_split[p].observe(count[p]);
           core_.inactive_split_bytes[p].observe(bytes[p]);
         }
+        core_.oversize_segments.observe(oversize);
       } else {
-        std::int64_t count = 0, bytes = 0;
-        split_pieces(inner_, count, bytes);
+        std::int64_t count = 0, bytes = 0, oversize = 0;
+        split_pieces(inner_, count, bytes, oversize);
         core_.inactive_split[0].observe(count);
         core_.inactive_split_bytes[0].observe(bytes);
+        core_.oversize_segments.observe(oversize);
       }
     }
   }
 
-  /// Free pieces of segments that also hold blocks in use (PyTorch's "inactive split").
+  /// Free pieces of segments that also hold blocks in use (PyTorch's "inactive split"), and the
+  /// segments larger than `max_split_size` (PyTorch's "oversize segments").
   template <class A>
-  static void split_pieces(const A& a, std::int64_t& count, std::int64_t& bytes) {
+  void split_pieces(const A& a, std::int64_t& count, std::int64_t& bytes, std::int64_t& oversize) const {
     const void* segment = nullptr;
     std::int64_t seg_count = 0, seg_bytes = 0;
     bool seg_used = false;
@@ -754,6 +762,7 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
       if (info.segment != segment) {
         close();
         segment = info.segment;
+        if (info.segment_size > max_split_) ++oversize;
       }
       if (info.state == block_state::free) {
         ++seg_count;
