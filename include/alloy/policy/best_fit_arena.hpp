@@ -68,11 +68,14 @@ struct arena_misuse_counts {
 ///   larger request takes an oversize chunk whole when less than `max_split_size` would be left
 ///   over (else it splits it, and the rest stays oversize), and grows by exactly its size.
 /// - Metadata: all of it in host memory beside the arena, none in the managed memory (which is
-///   never read or written, so device memory works): a pool of chunk nodes (32-bit indices, address
-///   neighbours linked), the free index (one list per exact size below 16384 rounding units with a
-///   three-level bitmap; a treap keyed by (size, address) above), a hash table of allocated chunks
-///   by address, and a sorted vector of segments. Nodes are recycled: after warm-up no call
-///   allocates host memory (the pools grow geometrically, before anything is changed).
+///   never read or written, so device memory works): a pool of 32-byte chunk nodes (32-bit
+///   indices, address neighbours linked), the free index (one list per exact size below 16384
+///   rounding units with a three-level bitmap; a treap keyed by (size, address) above), a hash
+///   table of allocated chunks by address (cache-line buckets of eight 8-byte entries), and a
+///   sorted vector of segments: 64 KiB, 32 bytes per chunk and 16 to 40 more per allocated one.
+///   Nodes are recycled: after warm-up no call allocates host memory (the pools grow
+///   geometrically, before anything is changed). The hot paths are written for few cache misses
+///   and few unpredictable branches, which is what a free and an allocate cost (bench/README.md).
 /// - Complexity: allocate O(1) for chunks below 16384 units (4 MiB at the default rounding) and
 ///   O(log n) expected above, n = free chunks; deallocate O(1) expected plus the same for
 ///   re-indexing the merged chunk; neighbours O(1); `owns` O(log segments); `release` O(segments);
@@ -124,7 +127,7 @@ class best_fit_arena {
 
   best_fit_arena() : best_fit_arena(Upstream{}) {}
   explicit best_fit_arena(Upstream upstream, options opts = {})
-      : upstream_(std::move(upstream)), opts_(normalised(opts)), shift_(log2(opts_.rounding)), index_(shift_) {
+      : upstream_(std::move(upstream)), opts_(normalised(opts)), shift_(log2(opts_.rounding)), index_(shift_), map_(shift_) {
     next_growth_ = opts_.growth_size;
     if (opts_.initial_size != 0) {
       try {
@@ -221,30 +224,28 @@ class best_fit_arena {
   void deallocate(block b) noexcept {
     if (b.ptr == nullptr) return;
     const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
-    const std::size_t slot = map_.find_slot(addr);
-    if (slot == detail::best_fit_address_map::npos_slot) [[unlikely]] {
+    std::uint32_t c = map_.take(pool_, addr);
+    if (c == detail::best_fit_npos) [[unlikely]] {
       report(classify_unknown(addr), b);
       return;
     }
-    std::uint32_t c = map_.value_at(slot);
-    if (pool_[c].requested != b.size) [[unlikely]] {
+    if (pool_[c].requested() != b.size) [[unlikely]] {
+      map_.insert(addr, c);  // it stays allocated (the entry just freed makes room)
       report(arena_misuse::wrong_size, b);
       return;
     }
-    map_.erase_slot(slot);
     detail::best_fit_chunk& node = pool_[c];
-    in_use_ -= node.size;
-    requested_ -= node.requested;
-    node.free = true;
-    node.requested = 0;
+    in_use_ -= node.size();
+    requested_ -= node.requested();
+    node.set_free(node.size());
     // Merge with the free neighbours (the lower chunk survives a merge).
     const std::uint32_t n = node.next;
-    if (n != detail::best_fit_npos && pool_[n].free) {
+    if (n != detail::best_fit_npos && pool_[n].free()) {
       index_.erase(pool_, n);
       absorb_next(c);
     }
     const std::uint32_t p = pool_[c].prev;
-    if (p != detail::best_fit_npos && pool_[p].free) {
+    if (p != detail::best_fit_npos && pool_[p].free()) {
       index_.erase(pool_, p);
       absorb_next(p);
       c = p;
@@ -278,20 +279,19 @@ class best_fit_arena {
       return {};
     }
     std::uint32_t c = segments_[s].first;
-    while (c != detail::best_fit_npos && pool_[c].addr + pool_[c].size <= addr) c = pool_[c].next;
-    if (c == detail::best_fit_npos || !pool_[c].free) return {};
-    if (rounded > pool_[c].addr + pool_[c].size - addr) return {};
+    while (c != detail::best_fit_npos && pool_[c].addr + pool_[c].size() <= addr) c = pool_[c].next;
+    if (c == detail::best_fit_npos || !pool_[c].free()) return {};
+    if (rounded > pool_[c].addr + pool_[c].size() - addr) return {};
     index_.erase(pool_, c);
     if (addr != pool_[c].addr) {  // the free bytes in front stay a free chunk
       const std::uint32_t rest = split(c, addr - pool_[c].addr);
       index_.insert(pool_, c);
       c = rest;
     }
-    if (pool_[c].size != rounded) index_.insert(pool_, split(c, rounded));
+    if (pool_[c].size() != rounded) index_.insert(pool_, split(c, rounded));
     detail::best_fit_chunk& node = pool_[c];
-    node.free = false;
-    node.requested = bytes;
-    in_use_ += node.size;
+    node.set_allocated(bytes);
+    in_use_ += node.size();
     requested_ += bytes;
     map_.insert(node.addr, c);
     return {where, bytes};
@@ -308,7 +308,7 @@ class best_fit_arena {
     for (std::size_t i = segments_.size(); i-- > 0;) {
       const segment s = segments_[i];
       const detail::best_fit_chunk& first = pool_[s.first];
-      if (!first.free || first.size != s.size) continue;
+      if (!first.free() || first.size() != s.size) continue;
       index_.erase(pool_, s.first);
       pool_.give(s.first);
       segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -334,9 +334,9 @@ class best_fit_arena {
         visit(block_info{.segment = reinterpret_cast<const void*>(s.base),
                          .segment_size = s.size,
                          .ptr = reinterpret_cast<const void*>(node.addr),
-                         .size = node.size,
-                         .requested = node.free ? 0 : node.requested,
-                         .state = node.free ? block_state::free : block_state::allocated});
+                         .size = node.size(),
+                         .requested = node.free() ? 0 : node.requested(),
+                         .state = node.free() ? block_state::free : block_state::allocated});
       }
     }
   }
@@ -349,7 +349,7 @@ class best_fit_arena {
   /// The largest free chunk (the biggest request at alignment <= rounding served without growing).
   std::size_t largest_free_block() const noexcept {
     const std::uint32_t c = index_.largest(pool_);
-    return c == detail::best_fit_npos ? 0 : pool_[c].size;
+    return c == detail::best_fit_npos ? 0 : pool_[c].size();
   }
   /// `options::maximum_size` (SIZE_MAX when unbounded).
   std::size_t bytes_reservable_limit() const noexcept {
@@ -375,18 +375,18 @@ class best_fit_arena {
       std::uint32_t before = detail::best_fit_npos;
       for (std::uint32_t c = s.first; c != detail::best_fit_npos; c = pool_[c].next) {
         const detail::best_fit_chunk& node = pool_[c];
-        if (node.addr != at || node.prev != before || node.size == 0) return false;
-        if ((node.size & (opts_.rounding - 1)) != 0) return false;
-        if (node.free) {
-          if (before != detail::best_fit_npos && pool_[before].free) return false;
+        if (node.addr != at || node.prev != before || node.size() == 0) return false;
+        if ((node.size() & (opts_.rounding - 1)) != 0) return false;
+        if (node.free()) {
+          if (before != detail::best_fit_npos && pool_[before].free()) return false;
           ++free_chunks;
         } else {
-          if (map_.find(node.addr) != c) return false;
-          in_use += node.size;
-          requested += node.requested;
+          if (map_.find(pool_, node.addr) != c) return false;
+          in_use += node.size();
+          requested += node.requested();
           ++allocated;
         }
-        at += node.size;
+        at += node.size();
         before = c;
       }
       if (at != s.base + s.size) return false;
@@ -445,13 +445,13 @@ class best_fit_arena {
       c = index_.best_fit(pool_, need);
       if (c == detail::best_fit_npos) return c;
     }
-    if (pool_[c].size > opts_.max_split_size && rounded <= opts_.max_split_size) return detail::best_fit_npos;
+    if (pool_[c].size() > opts_.max_split_size && rounded <= opts_.max_split_size) return detail::best_fit_npos;
     return c;
   }
   bool fits_aligned(std::uint32_t c, std::size_t rounded, std::size_t alignment) const noexcept {
     const detail::best_fit_chunk& node = pool_[c];
     const std::uintptr_t start = (node.addr + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
-    return start - node.addr <= node.size - rounded;
+    return start - node.addr <= node.size() - rounded;
   }
 
   /// Grows the arena for a request that found no chunk; returns the chunk to serve it from.
@@ -539,8 +539,7 @@ class best_fit_arena {
     const std::uint32_t c = pool_.take();
     detail::best_fit_chunk& node = pool_[c];
     node.addr = base;
-    node.size = size;
-    node.free = true;
+    node.set_free(size);
     const auto at = std::lower_bound(segments_.begin(), segments_.end(), base,
                                      [](const segment& s, std::uintptr_t a) { return s.base < a; });
     segments_.insert(at, segment{base, size, c, got});
@@ -561,7 +560,7 @@ class best_fit_arena {
         c = rest;
       }
     }
-    const std::size_t size = pool_[c].size;
+    const std::size_t size = pool_[c].size();
     const std::size_t leftover = size - rounded;
     if (leftover != 0) {
       const std::size_t max_split = opts_.max_split_size;
@@ -569,9 +568,8 @@ class best_fit_arena {
       if (!whole) index_.insert(pool_, split(c, rounded));
     }
     detail::best_fit_chunk& node = pool_[c];
-    node.free = false;
-    node.requested = bytes;
-    in_use_ += node.size;
+    node.set_allocated(bytes);
+    in_use_ += node.size();
     requested_ += bytes;
     map_.insert(node.addr, c);
     return {reinterpret_cast<void*>(node.addr), bytes};
@@ -583,13 +581,12 @@ class best_fit_arena {
     detail::best_fit_chunk& first = pool_[c];
     detail::best_fit_chunk& second = pool_[d];
     second.addr = first.addr + head;
-    second.size = first.size - head;
-    second.free = true;
+    second.set_free(first.size() - head);
     second.prev = c;
     second.next = first.next;
     if (first.next != detail::best_fit_npos) pool_[first.next].prev = d;
     first.next = d;
-    first.size = head;
+    first.set_size(head);
     return d;
   }
 
@@ -597,7 +594,7 @@ class best_fit_arena {
   void absorb_next(std::uint32_t c) noexcept {
     detail::best_fit_chunk& node = pool_[c];
     const std::uint32_t n = node.next;
-    node.size += pool_[n].size;
+    node.set_size(node.size() + pool_[n].size());
     node.next = pool_[n].next;
     if (node.next != detail::best_fit_npos) pool_[node.next].prev = c;
     pool_.give(n);
@@ -617,7 +614,7 @@ class best_fit_arena {
     const std::size_t s = segment_of(addr);
     if (s == npos_segment) return arena_misuse::foreign_pointer;
     for (std::uint32_t c = segments_[s].first; c != detail::best_fit_npos; c = pool_[c].next) {
-      if (pool_[c].addr == addr) return pool_[c].free ? arena_misuse::double_free : arena_misuse::foreign_pointer;
+      if (pool_[c].addr == addr) return pool_[c].free() ? arena_misuse::double_free : arena_misuse::foreign_pointer;
       if (pool_[c].addr > addr) break;
     }
     return arena_misuse::foreign_pointer;
