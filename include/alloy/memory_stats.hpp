@@ -122,6 +122,13 @@ inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c
   return out;
 }
 
+/// PyTorch's `memory_stats()` map of the `stats<>` part `s` (its lock held by the caller).
+template <class S>
+std::map<std::string, std::int64_t> memory_stats_of(S& s) {
+  return make_memory_stats(s.core(), S::has_pools, s.accumulated_counters(), s.max_split_size(),
+                           all_stream_synchronizations(s));
+}
+
 }  // namespace detail
 
 /// PyTorch's `torch.cuda.memory_stats()` for the first `stats<>` part of `a`: every key PyTorch
@@ -141,10 +148,7 @@ template <class A>
   requires detail::contains_stats<A>
 std::map<std::string, std::int64_t> memory_stats(A& a) {
   return detail::with_stats(a, [](auto& s) {
-    using S = std::remove_cvref_t<decltype(s)>;
-    const detail::stats_core& c = s.core();
-    return detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size(),
-                                     detail::all_stream_synchronizations(s));
+    return detail::memory_stats_of(s);
   });
 }
 
@@ -272,10 +276,7 @@ template <class A>
 std::string memory_summary(A& a) {
   return detail::with_stats(a, [](auto& s) {
     using S = std::remove_cvref_t<decltype(s)>;
-    const detail::stats_core& c = s.core();
-    const auto m = detail::make_memory_stats(c, S::has_pools, s.accumulated_counters(), s.max_split_size(),
-                                     detail::all_stream_synchronizations(s));
-    return detail::make_memory_summary(m, s.statistics(), S::has_pools);
+    return detail::make_memory_summary(detail::memory_stats_of(s), s.statistics(), S::has_pools);
   });
 }
 
