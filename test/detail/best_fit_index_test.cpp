@@ -64,8 +64,8 @@ BOOST_AUTO_TEST_CASE(free_index_answers_the_true_best_fit) {
       pool.give(c);
     }
     BOOST_TEST_REQUIRE(index.size() == model.size());
-    // Any request size, also ones that are not a multiple of the rounding.
-    const std::size_t asked = 1 + rng() % ((top_units + 16) << rounding_shift);
+    // Any request size the arena asks for: a multiple of the rounding.
+    const std::size_t asked = (1 + rng() % (top_units + 16)) << rounding_shift;
     const std::uint32_t got = index.best_fit(pool, asked);
     const auto truth = model.lower_bound({asked, 0});
     if (truth == model.end()) {

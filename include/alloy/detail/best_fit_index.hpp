@@ -3,8 +3,8 @@
 // - `best_fit_chunk`: one piece of a segment, 32 bytes (two to a cache line), a node of a pool
 //   indexed by 32-bit numbers.
 // - `best_fit_free_index`: the free chunks, ordered for best fit. Chunks smaller than
-//   `exact_bins` rounding units sit in one list per exact size, with a three-level bitmap of the
-//   non-empty lists (the next non-empty list above any size is found in O(1)); larger chunks sit
+//   `exact_bins` rounding units sit in one list per exact size, with a two-level bitmap of the
+//   non-empty lists (the next non-empty list above any size is found in O(1): at most four summary words are scanned); larger chunks sit
 //   in a treap keyed by (size, address), O(log n) expected per operation.
 // - `best_fit_address_map`: allocated chunks by address, a hash table of cache-line buckets of
 //   eight entries, O(1) expected.
@@ -78,19 +78,22 @@ class best_fit_chunk_pool {
   best_fit_chunk& operator[](std::uint32_t i) noexcept { return nodes_[i]; }
   const best_fit_chunk& operator[](std::uint32_t i) const noexcept { return nodes_[i]; }
 
+  /// Nodes `take` can hand out without allocating.
+  std::size_t available() const noexcept { return available_; }
   /// Makes sure `n` more nodes can be taken without allocating. May throw std::bad_alloc.
   void reserve(std::size_t n) {
-    if (spare_ + (nodes_.capacity() - nodes_.size()) >= n && !nodes_.empty()) [[likely]] return;
+    if (available_ >= n) [[likely]] return;
     nodes_.reserve(nodes_.capacity() < 64 ? 64 + n : nodes_.capacity() * 2 + n);
     if (nodes_.empty()) nodes_.emplace_back();  // the list end
+    available_ = spare_ + (nodes_.capacity() - nodes_.size());
   }
-  /// A fresh node (free, no neighbours, no links); `reserve` must have made room.
+  /// A node whose every field the caller sets; `reserve` must have made room.
   std::uint32_t take() noexcept {
+    --available_;
     if (spare_head_ != best_fit_npos) {
       const std::uint32_t i = spare_head_;
       spare_head_ = nodes_[i].next;
       --spare_;
-      nodes_[i] = best_fit_chunk{};
       return i;
     }
     nodes_.emplace_back();  // capacity was reserved: does not throw
@@ -100,18 +103,21 @@ class best_fit_chunk_pool {
     nodes_[i].next = spare_head_;
     spare_head_ = i;
     ++spare_;
+    ++available_;
   }
   std::size_t live() const noexcept { return nodes_.empty() ? 0 : nodes_.size() - 1 - spare_; }
   void clear() noexcept {
     nodes_.resize(nodes_.empty() ? 0 : 1);
     spare_head_ = best_fit_npos;
     spare_ = 0;
+    available_ = nodes_.capacity() - nodes_.size();
   }
 
  private:
   std::vector<best_fit_chunk> nodes_;
   std::uint32_t spare_head_ = best_fit_npos;
   std::size_t spare_ = 0;
+  std::size_t available_ = 0;  ///< spare nodes plus unused capacity
 };
 
 /// The free chunks of an arena, for best fit (smallest chunk at least as big as asked; among equal
@@ -159,9 +165,10 @@ class best_fit_free_index {
     }
   }
 
-  /// The smallest free chunk of at least `size` bytes, or `best_fit_npos`.
+  /// The smallest free chunk of at least `size` bytes (a multiple of the rounding), or
+  /// `best_fit_npos`.
   [[gnu::always_inline]] std::uint32_t best_fit(const best_fit_chunk_pool& pool, std::size_t size) const noexcept {
-    const std::size_t units = (size >> shift_) + ((size & ((std::size_t{1} << shift_) - 1)) != 0);
+    const std::size_t units = size >> shift_;
     if (units < exact_bins) [[likely]] {
       const std::size_t bin = find_next(units);
       if (bin != exact_bins) return heads_[bin];
@@ -176,52 +183,49 @@ class best_fit_free_index {
       while (pool[t].right != best_fit_npos) t = pool[t].right;
       return t;
     }
-    if (top_ == 0) return best_fit_npos;
-    const std::size_t i1 = 63 - static_cast<std::size_t>(std::countl_zero(top_));
-    const std::size_t i0 = i1 * 64 + 63 - static_cast<std::size_t>(std::countl_zero(mid_[i1]));
-    const std::size_t bin = i0 * 64 + 63 - static_cast<std::size_t>(std::countl_zero(low_[i0]));
-    return heads_[bin];
+    for (std::size_t i1 = summary_words; i1-- > 0;) {
+      if (summary_[i1] == 0) continue;
+      const std::size_t i0 = i1 * 64 + 63 - static_cast<std::size_t>(std::countl_zero(summary_[i1]));
+      const std::size_t bin = i0 * 64 + 63 - static_cast<std::size_t>(std::countl_zero(low_[i0]));
+      return heads_[bin];
+    }
+    return best_fit_npos;
   }
 
   std::size_t size() const noexcept { return count_; }
   bool empty() const noexcept { return count_ == 0; }
 
  private:
-  static constexpr std::size_t low_words = exact_bins / 64;   // 256
-  static constexpr std::size_t mid_words = low_words / 64;    // 4
+  // Two levels: a bit per bin in `low_`, a bit per non-zero `low_` word in `summary_`. A third
+  // level would make `find_next` loop-free but costs every insert and erase a word more.
+  static constexpr std::size_t low_words = exact_bins / 64;        // 256
+  static constexpr std::size_t summary_words = low_words / 64;     // 4
 
   void set_bit(std::size_t bin) noexcept {
     const std::size_t i0 = bin >> 6;
     low_[i0] |= std::uint64_t{1} << (bin & 63);
-    mid_[i0 >> 6] |= std::uint64_t{1} << (i0 & 63);
-    top_ |= std::uint64_t{1} << (i0 >> 6);
+    summary_[i0 >> 6] |= std::uint64_t{1} << (i0 & 63);
   }
   /// Keeps the bitmap true after a removal from list `bin`, without branches.
   void clear_bit_if_empty(std::size_t bin) noexcept {
     const std::size_t i0 = bin >> 6;
-    const std::size_t i1 = i0 >> 6;
     low_[i0] &= ~(std::uint64_t{heads_[bin] == list_end} << (bin & 63));
-    mid_[i1] &= ~(std::uint64_t{low_[i0] == 0} << (i0 & 63));
-    top_ &= ~(std::uint64_t{mid_[i1] == 0} << i1);
+    summary_[i0 >> 6] &= ~(std::uint64_t{low_[i0] == 0} << (i0 & 63));
   }
   /// The first non-empty bin at or above `bin`, or `exact_bins`.
   std::size_t find_next(std::size_t bin) const noexcept {
     std::size_t i0 = bin >> 6;
-    std::uint64_t bits = low_[i0] & (~std::uint64_t{0} << (bin & 63));
+    const std::uint64_t bits = low_[i0] & (~std::uint64_t{0} << (bin & 63));
     if (bits != 0) return (i0 << 6) + static_cast<std::size_t>(std::countr_zero(bits));
     ++i0;  // the next low word that has bits
     if (i0 >= low_words) return exact_bins;
     std::size_t i1 = i0 >> 6;
-    bits = mid_[i1] & (~std::uint64_t{0} << (i0 & 63));
-    if (bits == 0) {
-      ++i1;
-      if (i1 >= mid_words) return exact_bins;
-      const std::uint64_t top = top_ & (~std::uint64_t{0} << i1);
-      if (top == 0) return exact_bins;
-      i1 = static_cast<std::size_t>(std::countr_zero(top));
-      bits = mid_[i1];
+    std::uint64_t words = summary_[i1] & (~std::uint64_t{0} << (i0 & 63));
+    while (words == 0) {
+      if (++i1 == summary_words) return exact_bins;
+      words = summary_[i1];
     }
-    i0 = (i1 << 6) + static_cast<std::size_t>(std::countr_zero(bits));
+    i0 = (i1 << 6) + static_cast<std::size_t>(std::countr_zero(words));
     return (i0 << 6) + static_cast<std::size_t>(std::countr_zero(low_[i0]));
   }
 
@@ -293,8 +297,7 @@ class best_fit_free_index {
   unsigned shift_ = 0;
   std::vector<std::uint32_t> heads_;
   std::uint64_t low_[low_words] = {};
-  std::uint64_t mid_[mid_words] = {};
-  std::uint64_t top_ = 0;
+  std::uint64_t summary_[summary_words] = {};
   std::uint32_t root_ = best_fit_npos;
   std::size_t count_ = 0;
 };
@@ -315,9 +318,11 @@ class best_fit_address_map {
 
   /// Makes sure one more entry fits without allocating. May throw std::bad_alloc.
   void reserve_one() {
-    if ((count_ + 1) * 2 <= buckets_.size() * lanes) [[likely]] return;
+    if (!full()) [[likely]] return;
     rehash(buckets_.empty() ? 16 : buckets_.size() * 2);
   }
+  /// Whether `reserve_one` would have to grow the table (it keeps buckets half full at most).
+  bool full() const noexcept { return count_ >= limit_; }
   void insert(std::uintptr_t key, std::uint32_t chunk) noexcept { place(tag_of(key), chunk); }
 
   /// The chunk that starts at `key`, or `best_fit_npos`.
@@ -374,7 +379,7 @@ class best_fit_address_map {
   };
   std::uint32_t tag_of(std::uintptr_t key) const noexcept { return static_cast<std::uint32_t>(key >> key_shift_); }
   std::size_t home(std::uint32_t tag) const noexcept {
-    return static_cast<std::size_t>((std::uint64_t{tag} * 0x9E3779B97F4A7C15ull) >> shift_) & mask_;
+    return static_cast<std::size_t>((std::uint64_t{tag} * 0x9E3779B97F4A7C15ull) >> shift_);  // < bucket count
   }
   position locate(const best_fit_chunk_pool& pool, std::uintptr_t key) const noexcept {
     if (buckets_.empty()) return {npos_bucket, 0, 0};
@@ -410,6 +415,7 @@ class best_fit_address_map {
     overflow.swap(overflow_);
     mask_ = bucket_count - 1;
     shift_ = 64u - static_cast<unsigned>(std::countr_zero(bucket_count));
+    limit_ = bucket_count * lanes / 2;
     count_ = 0;
     for (const bucket& b : old)
       for (unsigned k = 0; k < lanes; ++k)
@@ -422,6 +428,7 @@ class best_fit_address_map {
   unsigned shift_ = 64;
   unsigned key_shift_ = 0;
   std::size_t count_ = 0;
+  std::size_t limit_ = 0;  ///< entries that fit before `reserve_one` doubles the table
 };
 
 }  // namespace alloy::detail

@@ -70,7 +70,7 @@ struct arena_misuse_counts {
 /// - Metadata: all of it in host memory beside the arena, none in the managed memory (which is
 ///   never read or written, so device memory works): a pool of 32-byte chunk nodes (32-bit
 ///   indices, address neighbours linked), the free index (one list per exact size below 16384
-///   rounding units with a three-level bitmap; a treap keyed by (size, address) above), a hash
+///   rounding units with a two-level bitmap; a treap keyed by (size, address) above), a hash
 ///   table of allocated chunks by address (cache-line buckets of eight 8-byte entries), and a
 ///   sorted vector of segments: 64 KiB, 32 bytes per chunk and 16 to 40 more per allocated one.
 ///   Nodes are recycled: after warm-up no call allocates host memory (the pools grow
@@ -194,7 +194,7 @@ class best_fit_arena {
   }
 
  private:
-  block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
+  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
     const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
     if (rounded == 0) return {};
@@ -203,10 +203,7 @@ class best_fit_arena {
       if (rounded > std::numeric_limits<std::size_t>::max() - alignment) return {};
       need = rounded + alignment - opts_.rounding;
     }
-    try {
-      pool_.reserve(3);
-      map_.reserve_one();
-    } catch (const std::bad_alloc&) {
+    if (!reserve_metadata()) [[unlikely]] {
       ++counters_.num_ooms;
       return {};
     }
@@ -272,12 +269,7 @@ class best_fit_arena {
     if (rounded == 0 || (addr & (opts_.rounding - 1)) != 0) return {};
     const std::size_t s = segment_of(addr);
     if (s == npos_segment) return {};
-    try {
-      pool_.reserve(3);
-      map_.reserve_one();
-    } catch (const std::bad_alloc&) {
-      return {};
-    }
+    if (!reserve_metadata()) return {};
     std::uint32_t c = segments_[s].first;
     while (c != detail::best_fit_npos && pool_[c].addr + pool_[c].size() <= addr) c = pool_[c].next;
     if (c == detail::best_fit_npos || !pool_[c].free()) return {};
@@ -437,6 +429,22 @@ class best_fit_arena {
     return o;
   }
 
+  /// Makes room for what one allocation may add to the bookkeeping (three nodes: padding, block,
+  /// rest; one map entry), before anything changes. False when host memory ran out.
+  bool reserve_metadata() noexcept {
+    if (pool_.available() >= 3 && !map_.full()) [[likely]] return true;
+    return grow_metadata();
+  }
+  [[gnu::noinline]] bool grow_metadata() noexcept {
+    try {
+      pool_.reserve(3);
+      map_.reserve_one();
+      return true;
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
+
   /// The best free chunk for a request, or npos when none may serve it.
   std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
     std::uint32_t c = index_.best_fit(pool_, rounded);
@@ -539,6 +547,7 @@ class best_fit_arena {
     const std::uint32_t c = pool_.take();
     detail::best_fit_chunk& node = pool_[c];
     node.addr = base;
+    node.prev = node.next = detail::best_fit_npos;
     node.set_free(size);
     const auto at = std::lower_bound(segments_.begin(), segments_.end(), base,
                                      [](const segment& s, std::uintptr_t a) { return s.base < a; });
@@ -549,7 +558,7 @@ class best_fit_arena {
   }
 
   /// Hands out free chunk `c` for a request: splits off padding in front and the rest behind.
-  block carve(std::uint32_t c, std::size_t rounded, std::size_t bytes, std::size_t alignment) noexcept {
+  [[gnu::always_inline]] block carve(std::uint32_t c, std::size_t rounded, std::size_t bytes, std::size_t alignment) noexcept {
     index_.erase(pool_, c);
     const std::uintptr_t addr = pool_[c].addr;
     if (alignment > opts_.rounding) {
