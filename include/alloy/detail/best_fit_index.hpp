@@ -4,8 +4,9 @@
 //   indexed by 32-bit numbers.
 // - `best_fit_free_index`: the free chunks, ordered for best fit. Chunks smaller than
 //   `exact_bins` rounding units sit in one list per exact size, with a two-level bitmap of the
-//   non-empty lists (the next non-empty list above any size is found in O(1): at most four summary words are scanned); larger chunks sit
-//   in a treap keyed by (size, address), O(log n) expected per operation.
+//   non-empty lists (the next non-empty list above any size is found in O(1), scanning at most
+//   four summary words); larger chunks sit in a treap keyed by (size, address), O(log n)
+//   expected per operation.
 // - `best_fit_address_map`: allocated chunks by address, a hash table of cache-line buckets of
 //   eight entries, O(1) expected.
 //
@@ -32,15 +33,25 @@ namespace alloy::detail {
 
 inline constexpr std::uint32_t best_fit_npos = 0xFFFFFFFFu;
 
-/// One piece of one segment. `prev`/`next` are the address neighbours within the segment
-/// (`best_fit_npos` at the segment's ends). The last two words are shared by the two states: a free
-/// chunk keeps its links in the free index there (`left`/`right`: previous and next in its
-/// exact-size list, or its children in the treap); an allocated one keeps the bytes its caller
-/// asked for, low half in `left`, high half in `right`.
+/// One piece of one segment. Its address neighbours within the segment are linked (node 0, the
+/// pool's list end, stands for "none" at the segment's ends), and each link also says whether that
+/// neighbour is free: a free decides whether to merge from the chunk's own node, without waiting
+/// for the neighbours' cache lines, and a chunk whose state changes tells its neighbours with a
+/// plain store (the value is known, nothing is read). The last two words are shared by the two
+/// states: a free chunk keeps its links in the free index there (`left`/`right`: previous and
+/// next in its exact-size list, or its children in the treap); an allocated one keeps the bytes
+/// its caller asked for, low half in `left`, high half in `right`.
 struct best_fit_chunk {
+  static constexpr std::uint32_t none = 0;  ///< no neighbour (the pool's node 0)
+
   std::uintptr_t addr = 0;
-  std::uint32_t prev = best_fit_npos;
-  std::uint32_t next = best_fit_npos;
+
+  std::uint32_t prev() const noexcept { return prev_ & index_mask; }
+  std::uint32_t next() const noexcept { return next_ & index_mask; }
+  bool prev_free() const noexcept { return (prev_ & free_link) != 0; }  ///< the chunk before is free
+  bool next_free() const noexcept { return (next_ & free_link) != 0; }  ///< the chunk after is free
+  void set_prev(std::uint32_t c, bool is_free) noexcept { prev_ = c | (is_free ? free_link : 0); }
+  void set_next(std::uint32_t c, bool is_free) noexcept { next_ = c | (is_free ? free_link : 0); }
 
   std::size_t size() const noexcept { return size_and_state_ & ~free_bit; }  ///< a multiple of the rounding
   bool free() const noexcept { return (size_and_state_ & free_bit) != 0; }
@@ -56,9 +67,14 @@ struct best_fit_chunk {
   }
 
  private:
+  // Node numbers stay below 2^31 (64 GiB of nodes), so the top bit of a link is the flag.
+  static constexpr std::uint32_t free_link = std::uint32_t{1} << 31;
+  static constexpr std::uint32_t index_mask = free_link - 1;
   // Sizes never reach 2^63 bytes (no upstream hands out half the address space), so the top bit
   // of the size says whether the chunk is free.
   static constexpr std::size_t free_bit = std::size_t{1} << 63;
+  std::uint32_t prev_ = none;
+  std::uint32_t next_ = none;
   std::size_t size_and_state_ = free_bit;
 
  public:
@@ -67,12 +83,13 @@ struct best_fit_chunk {
 };
 static_assert(sizeof(best_fit_chunk) == 32);
 
-/// A pool of chunk nodes addressed by index, with an intrusive free list (through `next`). A node
+/// A pool of chunk nodes addressed by index, with an intrusive free list (through `left`). A node
 /// given back is the first taken again, while it is still in the cache. Node 0 is never handed
-/// out: it ends the free index's lists, so their links are written without tests for the end.
+/// out: it ends the free index's lists and stands for a missing address neighbour, so links to it
+/// are written without tests for the end (it absorbs them; nothing reads them).
 class best_fit_chunk_pool {
  public:
-  static constexpr std::uint32_t list_end = 0;
+  static constexpr std::uint32_t list_end = best_fit_chunk::none;
 
   best_fit_chunk_pool() = default;
   best_fit_chunk& operator[](std::uint32_t i) noexcept { return nodes_[i]; }
@@ -92,7 +109,7 @@ class best_fit_chunk_pool {
     --available_;
     if (spare_head_ != best_fit_npos) {
       const std::uint32_t i = spare_head_;
-      spare_head_ = nodes_[i].next;
+      spare_head_ = nodes_[i].left;
       --spare_;
       return i;
     }
@@ -100,7 +117,7 @@ class best_fit_chunk_pool {
     return static_cast<std::uint32_t>(nodes_.size() - 1);
   }
   void give(std::uint32_t i) noexcept {
-    nodes_[i].next = spare_head_;
+    nodes_[i].left = spare_head_;
     spare_head_ = i;
     ++spare_;
     ++available_;

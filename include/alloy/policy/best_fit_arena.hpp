@@ -69,10 +69,11 @@ struct arena_misuse_counts {
 ///   over (else it splits it, and the rest stays oversize), and grows by exactly its size.
 /// - Metadata: all of it in host memory beside the arena, none in the managed memory (which is
 ///   never read or written, so device memory works): a pool of 32-byte chunk nodes (32-bit
-///   indices, address neighbours linked), the free index (one list per exact size below 16384
-///   rounding units with a two-level bitmap; a treap keyed by (size, address) above), a hash
-///   table of allocated chunks by address (cache-line buckets of eight 8-byte entries), and a
-///   sorted vector of segments: 64 KiB, 32 bytes per chunk and 16 to 40 more per allocated one.
+///   indices; address neighbours linked, each link saying whether that neighbour is free), the
+///   free index (one list per exact size below 16384 rounding units with a two-level bitmap; a
+///   treap keyed by (size, address) above), a hash table of allocated chunks by address
+///   (cache-line buckets of eight 8-byte entries), and a sorted vector of segments: 64 KiB,
+///   32 bytes per chunk and 16 to 40 more per allocated one.
 ///   Nodes are recycled: after warm-up no call allocates host memory (the pools grow
 ///   geometrically, before anything is changed). The hot paths are written for few cache misses
 ///   and few unpredictable branches, which is what a free and an allocate cost (bench/README.md).
@@ -213,7 +214,9 @@ class best_fit_arena {
       if (may_release) ++counters_.num_ooms;  // else the caller retries with release
       return {};
     }
-    return carve(c, rounded, bytes, alignment);
+    std::uintptr_t start = pool_[c].addr;
+    if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    return carve(c, start, rounded, bytes, true);
   }
 
  public:
@@ -235,18 +238,22 @@ class best_fit_arena {
     in_use_ -= node.size();
     requested_ -= node.requested();
     node.set_free(node.size());
-    // Merge with the free neighbours (the lower chunk survives a merge).
-    const std::uint32_t n = node.next;
-    if (n != detail::best_fit_npos && pool_[n].free()) {
-      index_.erase(pool_, n);
+    // Merge with the free neighbours (the lower chunk survives a merge); the node's own links say
+    // which are free.
+    if (node.next_free()) {
+      index_.erase(pool_, node.next());
       absorb_next(c);
     }
-    const std::uint32_t p = pool_[c].prev;
-    if (p != detail::best_fit_npos && pool_[p].free()) {
+    if (pool_[c].prev_free()) {
+      const std::uint32_t p = pool_[c].prev();
       index_.erase(pool_, p);
       absorb_next(p);
       c = p;
     }
+    // The merged chunk's neighbours are allocated (or absent): they learn that it is free.
+    const detail::best_fit_chunk& merged = pool_[c];
+    pool_[merged.prev()].set_next(c, true);
+    pool_[merged.next()].set_prev(c, true);
     index_.insert(pool_, c);
   }
 
@@ -271,22 +278,10 @@ class best_fit_arena {
     if (s == npos_segment) return {};
     if (!reserve_metadata()) return {};
     std::uint32_t c = segments_[s].first;
-    while (c != detail::best_fit_npos && pool_[c].addr + pool_[c].size() <= addr) c = pool_[c].next;
-    if (c == detail::best_fit_npos || !pool_[c].free()) return {};
+    while (c != none && pool_[c].addr + pool_[c].size() <= addr) c = pool_[c].next();
+    if (c == none || !pool_[c].free()) return {};
     if (rounded > pool_[c].addr + pool_[c].size() - addr) return {};
-    index_.erase(pool_, c);
-    if (addr != pool_[c].addr) {  // the free bytes in front stay a free chunk
-      const std::uint32_t rest = split(c, addr - pool_[c].addr);
-      index_.insert(pool_, c);
-      c = rest;
-    }
-    if (pool_[c].size() != rounded) index_.insert(pool_, split(c, rounded));
-    detail::best_fit_chunk& node = pool_[c];
-    node.set_allocated(bytes);
-    in_use_ += node.size();
-    requested_ += bytes;
-    map_.insert(node.addr, c);
-    return {where, bytes};
+    return carve(c, addr, rounded, bytes, false);
   }
 
   // ---- capabilities ----------------------------------------------------------------------------
@@ -321,7 +316,7 @@ class best_fit_arena {
   template <class F>
   void for_each_block(F&& visit) const {
     for (const segment& s : segments_) {
-      for (std::uint32_t c = s.first; c != detail::best_fit_npos; c = pool_[c].next) {
+      for (std::uint32_t c = s.first; c != none; c = pool_[c].next()) {
         const detail::best_fit_chunk& node = pool_[c];
         visit(block_info{.segment = reinterpret_cast<const void*>(s.base),
                          .segment_size = s.size,
@@ -364,13 +359,16 @@ class best_fit_arena {
       previous_end = s.base + s.size;
       reserved += s.size;
       std::uintptr_t at = s.base;
-      std::uint32_t before = detail::best_fit_npos;
-      for (std::uint32_t c = s.first; c != detail::best_fit_npos; c = pool_[c].next) {
+      std::uint32_t before = none;
+      for (std::uint32_t c = s.first; c != none; c = pool_[c].next()) {
         const detail::best_fit_chunk& node = pool_[c];
-        if (node.addr != at || node.prev != before || node.size() == 0) return false;
+        if (node.addr != at || node.prev() != before || node.size() == 0) return false;
         if ((node.size() & (opts_.rounding - 1)) != 0) return false;
+        // The links' flags tell the neighbours' states.
+        if (node.prev_free() != (before != none && pool_[before].free())) return false;
+        if (node.next_free() != (node.next() != none && pool_[node.next()].free())) return false;
         if (node.free()) {
-          if (before != detail::best_fit_npos && pool_[before].free()) return false;
+          if (before != none && pool_[before].free()) return false;
           ++free_chunks;
         } else {
           if (map_.find(pool_, node.addr) != c) return false;
@@ -401,6 +399,7 @@ class best_fit_arena {
     block taken;          ///< what the upstream handed out (it may start before `base`)
   };
   static constexpr std::size_t npos_segment = static_cast<std::size_t>(-1);
+  static constexpr std::uint32_t none = detail::best_fit_chunk::none;  ///< no address neighbour
 
   /// The largest alignment `Upstream` promises (`max_alignment` when it declares one).
   static constexpr std::size_t upstream_alignment() noexcept {
@@ -547,7 +546,8 @@ class best_fit_arena {
     const std::uint32_t c = pool_.take();
     detail::best_fit_chunk& node = pool_[c];
     node.addr = base;
-    node.prev = node.next = detail::best_fit_npos;
+    node.set_prev(none, false);
+    node.set_next(none, false);
     node.set_free(size);
     const auto at = std::lower_bound(segments_.begin(), segments_.end(), base,
                                      [](const segment& s, std::uintptr_t a) { return s.base < a; });
@@ -557,55 +557,62 @@ class best_fit_arena {
     return c;
   }
 
-  /// Hands out free chunk `c` for a request: splits off padding in front and the rest behind.
-  [[gnu::always_inline]] block carve(std::uint32_t c, std::size_t rounded, std::size_t bytes, std::size_t alignment) noexcept {
+  /// Hands out free chunk `c` for a request whose block starts at `start` (inside `c`, with
+  /// `rounded` bytes room): the bytes in front stay a free chunk, the rest behind becomes one
+  /// (unless `max_split_size` keeps an oversize chunk whole, when `may_keep_whole`).
+  [[gnu::always_inline]] block carve(std::uint32_t c, std::uintptr_t start, std::size_t rounded, std::size_t bytes,
+                                     bool may_keep_whole) noexcept {
     index_.erase(pool_, c);
-    const std::uintptr_t addr = pool_[c].addr;
-    if (alignment > opts_.rounding) {
-      const std::uintptr_t start = (addr + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
-      if (start != addr) {  // the padding stays a free chunk (its neighbour before is allocated)
-        const std::uint32_t rest = split(c, start - addr);
-        index_.insert(pool_, c);
-        c = rest;
-      }
+    // c's neighbours are allocated (or absent): free chunks never touch.
+    const std::uint32_t before = pool_[c].prev();
+    const std::uint32_t after = pool_[c].next();
+    std::uint32_t b = c;
+    if (start != pool_[c].addr) {  // the padding in front stays a free chunk, in its node
+      const std::size_t front = start - pool_[c].addr;
+      b = pool_.take();
+      pool_[b].addr = start;
+      pool_[b].set_free(pool_[c].size() - front);
+      pool_[c].set_size(front);
+      index_.insert(pool_, c);
+      link(c, true, b, false);
+    } else {
+      link(before, false, b, false);
     }
-    const std::size_t size = pool_[c].size();
+    const std::size_t size = pool_[b].size();
     const std::size_t leftover = size - rounded;
-    if (leftover != 0) {
-      const std::size_t max_split = opts_.max_split_size;
-      const bool whole = size > max_split && rounded > max_split && leftover <= max_split;
-      if (!whole) index_.insert(pool_, split(c, rounded));
+    const std::size_t max_split = opts_.max_split_size;
+    if (leftover != 0 && !(may_keep_whole && size > max_split && rounded > max_split && leftover <= max_split)) {
+      const std::uint32_t rest = pool_.take();
+      pool_[rest].addr = start + rounded;
+      pool_[rest].set_free(leftover);
+      pool_[b].set_size(rounded);
+      link(b, false, rest, true);
+      link(rest, true, after, false);
+      index_.insert(pool_, rest);
+    } else {
+      link(b, false, after, false);
     }
-    detail::best_fit_chunk& node = pool_[c];
+    detail::best_fit_chunk& node = pool_[b];
     node.set_allocated(bytes);
     in_use_ += node.size();
     requested_ += bytes;
-    map_.insert(node.addr, c);
-    return {reinterpret_cast<void*>(node.addr), bytes};
+    map_.insert(start, b);
+    return {reinterpret_cast<void*>(start), bytes};
   }
 
-  /// Splits chunk `c` after `head` bytes; returns the new chunk behind it (not indexed).
-  std::uint32_t split(std::uint32_t c, std::size_t head) noexcept {
-    const std::uint32_t d = pool_.take();
-    detail::best_fit_chunk& first = pool_[c];
-    detail::best_fit_chunk& second = pool_[d];
-    second.addr = first.addr + head;
-    second.set_free(first.size() - head);
-    second.prev = c;
-    second.next = first.next;
-    if (first.next != detail::best_fit_npos) pool_[first.next].prev = d;
-    first.next = d;
-    first.set_size(head);
-    return d;
+  /// Makes `second` the address neighbour after `first`, each link saying whether the other is free.
+  void link(std::uint32_t first, bool first_free, std::uint32_t second, bool second_free) noexcept {
+    pool_[first].set_next(second, second_free);
+    pool_[second].set_prev(first, first_free);
   }
 
-  /// Merges the chunk after `c` into `c` (both out of the index).
+  /// Merges the free chunk after `c` into `c` (both free and out of the index). The chunk after
+  /// the merged one is allocated or absent; its link back is left to the caller.
   void absorb_next(std::uint32_t c) noexcept {
     detail::best_fit_chunk& node = pool_[c];
-    const std::uint32_t n = node.next;
+    const std::uint32_t n = node.next();
     node.set_size(node.size() + pool_[n].size());
-    node.next = pool_[n].next;
-    if (node.next != detail::best_fit_npos) pool_[node.next].prev = c;
+    node.set_next(pool_[n].next(), false);
     pool_.give(n);
   }
 
@@ -622,7 +629,7 @@ class best_fit_arena {
   [[gnu::cold]] arena_misuse classify_unknown(std::uintptr_t addr) const noexcept {
     const std::size_t s = segment_of(addr);
     if (s == npos_segment) return arena_misuse::foreign_pointer;
-    for (std::uint32_t c = segments_[s].first; c != detail::best_fit_npos; c = pool_[c].next) {
+    for (std::uint32_t c = segments_[s].first; c != none; c = pool_[c].next()) {
       if (pool_[c].addr == addr) return pool_[c].free() ? arena_misuse::double_free : arena_misuse::foreign_pointer;
       if (pool_[c].addr > addr) break;
     }
