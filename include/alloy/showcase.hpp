@@ -163,19 +163,19 @@ using default_base_t = segregator<(std::size_t{64} << 10), default_small_t<Upstr
 /// (1,000 live, 256 B-4 MiB) replayed through the arena alone, pools up to 16 / 64 / 256 KiB
 /// beside the arena, a pool with 2 MiB slabs up to 1 MiB beside the arena, and
 /// `caching_allocator`. Peak reserved ÷ peak live (geometric mean over the traces; W1) and W1
-/// time per pair, one run on a 2-core VM (2026-11-23, idle):
-///   arena alone                                  1.599  1.141  57 ns
-///   pool <= 64 KiB, slabs 64 KiB..256 KiB + arena 1.619  1.143  48 ns  <- this one
-///   pool <= 64 KiB, slabs 64 KiB..2 MiB + arena   1.619  1.153  47 ns
-///   pool <= 256 KiB, slabs 64 KiB..2 MiB + arena  1.621  1.194  35 ns
-///   pool <= 1 MiB, 2 MiB slabs + arena            1.687  1.403  24 ns
-///   caching_allocator                             1.671  1.412  25 ns
-///   (thrust's disjoint pool, largest block 1 MiB / 4 MiB: W1 1.482 / 2.012 at 72 / 56 ns)
+/// time per pair, one run on a 2-core VM (2026-11-23, evening, idle):
+///   arena alone                                  1.599  1.141  53 ns
+///   pool <= 64 KiB, slabs 64 KiB..256 KiB + arena 1.619  1.143  43 ns  <- this one
+///   pool <= 64 KiB, slabs 64 KiB..2 MiB + arena   1.619  1.153  42 ns
+///   pool <= 256 KiB, slabs 64 KiB..2 MiB + arena  1.621  1.194  31 ns
+///   pool <= 1 MiB, 2 MiB slabs + arena            1.687  1.403  22 ns
+///   caching_allocator                             1.671  1.412  23 ns
+///   (thrust's disjoint pool, largest block 1 MiB / 4 MiB: W1 1.482 / 2.012 at 70 / 55 ns)
 /// The reasons:
 /// - The arena carries the bytes: best fit with coalescing holds the least memory; every
 ///   composition's footprint is the arena's plus the pool's partly filled slabs.
 /// - The pool carries the count: small requests are the many, and the pool serves them in O(1)
-///   without cutting the arena's segments into slivers; up to 64 KiB it takes a sixth of the
+///   without cutting the arena's segments into slivers; up to 64 KiB it takes a fifth of the
 ///   time off W1 for about 1 % of memory. Larger thresholds buy time with memory (each class in
 ///   use holds whole slabs). Slabs start at 64 KiB and stop doubling at 256 KiB, which bounds
 ///   the idle space of the big classes; over `cudaMalloc`, where each slab is a driver call,
