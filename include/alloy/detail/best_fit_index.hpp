@@ -20,9 +20,11 @@
 // before it changes anything.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -91,6 +93,7 @@ static_assert(sizeof(best_fit_chunk) == 32);
 class best_fit_chunk_pool {
  public:
   static constexpr std::uint32_t list_end = best_fit_chunk::none;
+  static constexpr std::size_t max_nodes = std::size_t{1} << 31;
 
   best_fit_chunk_pool() = default;
   best_fit_chunk& operator[](std::uint32_t i) noexcept { return nodes_[i]; }
@@ -98,10 +101,12 @@ class best_fit_chunk_pool {
 
   /// Nodes `take` can hand out without allocating.
   std::size_t available() const noexcept { return available_; }
-  /// Makes sure `n` more nodes can be taken without allocating. May throw std::bad_alloc.
+  /// Makes sure `n` more nodes can be taken without allocating. May throw std::bad_alloc, also
+  /// when node numbers would need more than 31 bits (the links keep a flag in the top bit).
   void reserve(std::size_t n) {
     if (available_ >= n) [[likely]] return;
-    nodes_.reserve(nodes_.capacity() < 64 ? 64 + n : nodes_.capacity() * 2 + n);
+    if (nodes_.size() + n > max_nodes) throw std::bad_alloc();
+    nodes_.reserve(std::min(nodes_.capacity() < 64 ? 64 + n : nodes_.capacity() * 2 + n, max_nodes));
     if (nodes_.empty()) nodes_.emplace_back();  // the list end
     available_ = spare_ + (nodes_.capacity() - nodes_.size());
   }

@@ -428,8 +428,9 @@ class best_fit_arena {
     return o;
   }
 
-  /// Makes room for what one allocation may add to the bookkeeping (three nodes: padding, block,
-  /// rest; one map entry), before anything changes. False when host memory ran out.
+  /// Makes room for what one allocation may add to the bookkeeping (three nodes: a new segment's,
+  /// the block's when padding keeps the chunk's, the rest's; one map entry), before anything
+  /// changes. False when host memory ran out.
   bool reserve_metadata() noexcept {
     if (pool_.available() >= 3 && !map_.full()) [[likely]] return true;
     return grow_metadata();
