@@ -100,7 +100,10 @@ struct fast_divisor {
 
 /// An open-addressing hash map from an address granule (address >> shift) to the at most two
 /// slabs that overlap it (slabs are never smaller than a granule). Linear probing, power-of-two
-/// capacity at most half full, deletion by backward shift (no tombstones). Host memory only.
+/// capacity at most a quarter full, so that a free's lookup almost always ends at the first slot
+/// (on W1 through `default_allocator` cachegrind counted 0.36 mispredicted branches per free at
+/// half full, 0.26 at a quarter, about 1 ns a pair), deletion by backward shift (no tombstones).
+/// 16 bytes per slot, a few slots per slab: host memory only.
 class slab_granule_map {
  public:
   static constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
@@ -122,7 +125,7 @@ class slab_granule_map {
 
   /// Adds slab `id` to granule `key`. May throw std::bad_alloc (the caller catches it).
   void add(std::uintptr_t key, std::uint32_t id) {
-    if ((size_ + 1) * 2 > entries_.size()) grow();
+    if ((size_ + 1) * 4 > entries_.size()) grow();
     std::size_t i = slot_of(key);
     while (entries_[i].key != empty_key && entries_[i].key != key) i = (i + 1) & mask_;
     entry& e = entries_[i];
@@ -164,7 +167,7 @@ class slab_granule_map {
 
   /// Makes room for `n` more granules so that `add` cannot fail. May throw std::bad_alloc.
   void reserve_more(std::size_t n) {
-    while ((size_ + n) * 2 > entries_.size()) grow();
+    while ((size_ + n) * 4 > entries_.size()) grow();
   }
 
  private:
