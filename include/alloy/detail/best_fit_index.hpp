@@ -15,9 +15,8 @@
 // list?). So the structures are small (two nodes to a cache line, eight map entries to one), a
 // free decides its merges from its own node's links, the lists end in a node that absorbs writes
 // instead of a test, and the bitmap is kept without branches. On W1 that took a pair from 90 to
-// 53 ns (bench/README.md). None of them allocate on
-// their hot paths: the pool and the table grow only in `reserve` calls, which the arena makes
-// before it changes anything.
+// 53 ns (bench/README.md). None of them allocate on their hot paths: the pool and the table grow
+// only in `reserve` calls, which the arena makes before it changes anything.
 #pragma once
 
 #include <algorithm>
