@@ -577,7 +577,7 @@ class best_fit_arena {
       index_.insert(pool_, c);
       link(c, true, b, false);
     } else {
-      link(before, false, b, false);
+      pool_[before].set_next(b, false);  // b is c: its own link back to `before` stays as it is
     }
     const std::size_t size = pool_[b].size();
     const std::size_t leftover = size - rounded;
