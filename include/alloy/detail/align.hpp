@@ -1,6 +1,8 @@
-// alloy/detail/align.hpp: overflow-safe rounding and alignment arithmetic.
+// alloy/detail/align.hpp: overflow-safe rounding and alignment arithmetic, and geometric
+// reservation for the bookkeeping vectors.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -18,6 +20,16 @@ constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept {
 
 inline bool is_aligned(const void* p, std::size_t alignment) noexcept {
   return (reinterpret_cast<std::uintptr_t>(p) & (alignment - 1)) == 0;
+}
+
+/// Makes room for `n` elements in vector `v` so that later insertions up to `n` cannot throw,
+/// growing at least geometrically: `reserve` allocates exactly what it is asked for, so "room
+/// for one more" before every insertion would copy the whole vector each time. May throw
+/// std::bad_alloc, as `reserve` does.
+template <class Vector>
+void reserve_room(Vector& v, std::size_t n) {
+  if (n <= v.capacity()) return;
+  v.reserve(std::max(n, std::min(v.capacity() * 2, v.max_size())));
 }
 
 }  // namespace alloy::detail

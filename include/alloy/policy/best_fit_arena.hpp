@@ -505,7 +505,7 @@ class best_fit_arena {
     if (need > room) return detail::best_fit_npos;
     preferred = std::min(preferred, room);
     try {
-      segments_.reserve(segments_.size() + 1);
+      detail::reserve_room(segments_, segments_.size() + 1);
     } catch (const std::bad_alloc&) {
       return detail::best_fit_npos;
     }

@@ -575,10 +575,10 @@ class size_class_pool {
       const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(got.ptr) >> granule_shift_;
       const std::uintptr_t last = (reinterpret_cast<std::uintptr_t>(got.ptr) + bytes - 1) >> granule_shift_;
       granules_.reserve_more(static_cast<std::size_t>(last - first + 1));
-      cls.free.reserve(cls.carved + capacity);
+      detail::reserve_room(cls.free, cls.carved + capacity);
       auto table = std::make_unique<std::uint32_t[]>(capacity);  // zeroed: every block free
       if (free_ids_.empty()) {
-        free_ids_.reserve(slabs_.size() + 1);  // so drop_slab's push_back cannot throw
+        detail::reserve_room(free_ids_, slabs_.size() + 1);  // so drop_slab's push_back cannot throw
         slabs_.emplace_back();
         id = static_cast<std::uint32_t>(slabs_.size() - 1);
       } else {
