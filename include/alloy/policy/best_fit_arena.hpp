@@ -79,7 +79,8 @@ struct arena_misuse_counts {
 ///   and few unpredictable branches, which is what a free and an allocate cost (bench/README.md).
 /// - Complexity: allocate O(1) for chunks below 16384 units (4 MiB at the default rounding) and
 ///   O(log n) expected above, n = free chunks; deallocate O(1) expected plus the same for
-///   re-indexing the merged chunk; neighbours O(1); `owns` O(log segments); `release` O(segments);
+///   re-indexing the merged chunk; neighbours O(1); a new segment O(segments) (an insertion into
+///   the sorted segment table); `owns` O(log segments); `release` O(segments);
 ///   `for_each_block` O(chunks); `largest_free_block` O(log n).
 /// - Zero bytes: a unique chunk of `rounding` bytes, returned as a block of size 0.
 /// - Failure: an empty block (counted in `counters().num_ooms`) when the request cannot be met:
@@ -293,17 +294,18 @@ class best_fit_arena {
   std::size_t release() noexcept {
     std::size_t released = 0;
     for (std::size_t i = segments_.size(); i-- > 0;) {
-      const segment s = segments_[i];
+      segment& s = segments_[i];
       const detail::best_fit_chunk& first = pool_[s.first];
       if (!first.free() || first.size() != s.size) continue;
       index_.erase(pool_, s.first);
       pool_.give(s.first);
-      segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(i));
       upstream_.deallocate(s.taken);
       ++counters_.num_device_free;
       reserved_ -= s.size;
       released += s.size;
+      s.size = 0;  // gone: removed below in one pass, not one erase (a shift of the rest) each
     }
+    if (released != 0) std::erase_if(segments_, [](const segment& s) { return s.size == 0; });
     return released;
   }
 
