@@ -3,12 +3,13 @@
 //
 // At 10^5 live blocks an allocator's bookkeeping outgrows the caches, and every lookup that
 // depends on the one before (address table -> chunk -> neighbour) pays this latency in full. The
-// build VMs differ a lot here (one kept 10 MB of bookkeeping in its L3, another pays DRAM latency
-// and nested page walks beyond 4 MB), so the sweep's figures mean little without this line.
+// build VMs differ a lot here (one kept the arena's 8 MB of bookkeeping at 10^5 in its L3,
+// another pays DRAM latency and nested page walks beyond 4 MB), so the sweep's figures mean
+// little without this line.
 //
 // A pointer chase through one random cycle over cache-line slots in memory from `operator new`
 // (4 KiB pages unless the system makes huge ones): each load's address comes from the previous
-// load, so nothing overlaps.
+// load, so nothing overlaps. Timed on this thread's CPU clock, as the pairs are.
 #pragma once
 
 #include <chrono>
@@ -21,9 +22,11 @@
 
 #include <benchmark/benchmark.h>
 
+#include "support/pairs_workload.hpp"
+
 namespace alloy::bench {
 
-/// Wall-clock ns per dependent load over a random cycle of `bytes` of cache lines.
+/// CPU ns per dependent load over a random cycle of `bytes` of cache lines.
 inline double dependent_load_ns(std::size_t bytes, std::size_t loads = 4'000'000) {
   struct alignas(64) line {
     std::uint32_t next;
@@ -37,9 +40,9 @@ inline double dependent_load_ns(std::size_t bytes, std::size_t loads = 4'000'000
   for (std::size_t i = 0; i < n; ++i) lines[order[i]].next = order[(i + 1) % n];
   std::uint32_t at = 0;
   for (std::size_t i = 0; i < n; ++i) at = lines[at].next;  // warm: pages faulted in, caches filled
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = thread_cpu_clock::now();
   for (std::size_t i = 0; i < loads; ++i) at = lines[at].next;
-  const auto stop = std::chrono::steady_clock::now();
+  const auto stop = thread_cpu_clock::now();
   benchmark::DoNotOptimize(at);
   return std::chrono::duration<double, std::nano>(stop - start).count() / static_cast<double>(loads);
 }
