@@ -76,6 +76,21 @@ struct allocator_counters {
   std::size_t num_device_free = 0;    ///< upstream deallocations (segments, slabs given back)
   std::size_t num_alloc_retries = 0;  ///< failed upstream calls retried after releasing cached memory
   std::size_t num_ooms = 0;           ///< requests this allocator could not serve
+  std::size_t num_maps = 0;           ///< physical pieces mapped (virtual-memory parts; a driver call each)
+  std::size_t num_unmaps = 0;         ///< physical pieces unmapped (virtual-memory parts)
+
+  /// Adds another part's counters (composites report the sum of their parts').
+  allocator_counters& operator+=(const allocator_counters& other) noexcept {
+    num_device_alloc += other.num_device_alloc;
+    num_device_free += other.num_device_free;
+    num_alloc_retries += other.num_alloc_retries;
+    num_ooms += other.num_ooms;
+    num_maps += other.num_maps;
+    num_unmaps += other.num_unmaps;
+    return *this;
+  }
+  friend allocator_counters operator+(allocator_counters a, const allocator_counters& b) noexcept { return a += b; }
+  friend bool operator==(const allocator_counters&, const allocator_counters&) = default;
 };
 
 /// `counters()`: the allocator keeps `allocator_counters` (composites add up their parts').

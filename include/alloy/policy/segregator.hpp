@@ -99,10 +99,7 @@ class segregator {
   allocator_counters counters() const noexcept
     requires counting_allocator<Small> && counting_allocator<Large>
   {
-    const allocator_counters s = small_.counters();
-    const allocator_counters l = large_.counters();
-    return {s.num_device_alloc + l.num_device_alloc, s.num_device_free + l.num_device_free,
-            s.num_alloc_retries + l.num_alloc_retries, s.num_ooms + l.num_ooms};
+    return small_.counters() + large_.counters();
   }
   std::size_t bytes_in_use() const noexcept
     requires requires(const Small& s, const Large& l) {
