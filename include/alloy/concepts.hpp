@@ -29,6 +29,29 @@ concept allocator = memory_kind_aware<A> && requires(A& a, block b, std::size_t 
   { a.deallocate(b) } noexcept;
 };
 
+/// Checked deallocation, `try_deallocate(block) noexcept -> bool`: frees the block and returns
+/// true when it was a live block of this allocator (as handed out: same pointer, same size);
+/// returns false, and changes nothing, when the free is refused as misuse (DESIGN §7: a double
+/// free, a foreign or interior pointer, a wrong size). An empty block is accepted (there is
+/// nothing to free; `deallocate` ignores it too). `deallocate(b)` behaves as
+/// `(void)try_deallocate(b)`. Decorators that count (`stats`, `limited`, `tracked`, `logged`,
+/// `round_up_requests`) count a free only when the part below accepted it; a part that cannot
+/// tell (no `try_deallocate`) is trusted, within what the decorator itself can check.
+/// Every policy that detects misuse should offer it (`best_fit_arena` does; composites and
+/// wrappers pass it on when their parts have it).
+template <class A>
+concept checked_deallocating_allocator = allocator<A> && requires(A& a, block b) {
+  { a.try_deallocate(b) } noexcept -> std::same_as<bool>;
+};
+
+/// The stream-ordered form of checked deallocation: `try_deallocate(block, stream) noexcept ->
+/// bool`, with the meaning above (`stream_ordered` has it when its inner part has
+/// `try_deallocate`).
+template <class A, class Stream>
+concept checked_stream_deallocating_allocator = allocator<A> && requires(A& a, block b, Stream stream) {
+  { a.try_deallocate(b, stream) } noexcept -> std::same_as<bool>;
+};
+
 /// `owns(block)`: whether a block came from this allocator (needed to route frees in `fallback`).
 template <class A>
 concept owning_allocator = allocator<A> && requires(const A& a, block b) {
