@@ -19,7 +19,7 @@
 #include <alloy/memory_stats.hpp>
 
 #ifdef ALLOY_DEMO_HAS_ZLIB
-#  include <support/rmm_trace.hpp>
+#  include <replay/rmm_trace.hpp>
 #endif
 
 using namespace alloy::literals;

@@ -19,7 +19,7 @@
 #include <alloy/showcase.hpp>
 
 #include "support/conformance.hpp"
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 using namespace alloy::literals;
 using alloy::testing::checking_upstream;

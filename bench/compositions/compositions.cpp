@@ -32,7 +32,7 @@
 
 #include "support/counting_upstream.hpp"
 #include "support/pairs_workload.hpp"
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/compacting_defragmenter.hpp>
 
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 using namespace alloy::literals;
 

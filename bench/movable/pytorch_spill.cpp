@@ -18,7 +18,7 @@
 #include <alloy/movable.hpp>
 #include <alloy/policy/host_spill_reclaimer.hpp>
 
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <alloy/showcase.hpp>
 #include <alloy/snapshot.hpp>
 
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 3) {

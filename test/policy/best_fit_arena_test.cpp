@@ -22,7 +22,7 @@
 #include <alloy/upstream/null_upstream.hpp>
 
 #include "support/conformance.hpp"
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 using namespace alloy::literals;
 using alloy::block;

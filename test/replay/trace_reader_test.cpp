@@ -1,4 +1,4 @@
-// The readers behind alloy-replay (bench/support/rmm_trace.hpp, bench/replay/trace_reader.hpp):
+// The readers behind alloy-replay (tools/replay/rmm_trace.hpp, tools/replay/trace_reader.hpp):
 // RMM log CSV and MiniMalloc instances, good and malformed, stopping or skipping bad rows with
 // their line numbers, truncated files, and the shipped traces when they are there.
 #include <boost/test/unit_test.hpp>

@@ -1,4 +1,4 @@
-// bench/replay/report.hpp: what alloy-replay prints and writes, from its replay results: a table
+// tools/replay/report.hpp: what alloy-replay prints and writes, from its replay results: a table
 // for the terminal, JSON for programs, Markdown for bench/README.md, and an SVG chart of reserved
 // and in-use bytes over the trace, one line per composition.
 #pragma once
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "replay/replay.hpp"
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 namespace alloy::replay {
 

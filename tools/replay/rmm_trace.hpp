@@ -1,4 +1,4 @@
-// bench/support/rmm_trace.hpp: reads allocation logs in RAPIDS RMM's CSV format, for the replay
+// tools/replay/rmm_trace.hpp: reads allocation logs in RAPIDS RMM's CSV format, for the replay
 // tool (alloy-replay), the replay benchmarks and the tests that replay the shipped traces.
 //
 //   Thread,Time,Action,Pointer,Size,Stream

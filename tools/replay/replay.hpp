@@ -1,4 +1,4 @@
-// bench/replay/replay.hpp: replays a trace through one allocator over a simulated device and
+// tools/replay/replay.hpp: replays a trace through one allocator over a simulated device and
 // measures what alloy-replay reports.
 //
 // A *replay target* wraps an allocator in the shape the loop needs (see `replay_target`): a token
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "replay/simulated_device.hpp"
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 namespace alloy::replay {
 

@@ -1,4 +1,4 @@
-// bench/replay/compositions.hpp: the allocators alloy-replay knows by name, each over the
+// tools/replay/compositions.hpp: the allocators alloy-replay knows by name, each over the
 // simulated device, and the replay targets that adapt them to the replay loop.
 //
 //   best_fit_arena           alloy::best_fit_arena, default options

@@ -1,7 +1,7 @@
-// bench/replay/trace_reader.hpp: every input alloy-replay reads, turned into one `rmm_trace`
-// (allocate / free / allocate-failure events with allocation numbers; see support/rmm_trace.hpp).
+// tools/replay/trace_reader.hpp: every input alloy-replay reads, turned into one `rmm_trace`
+// (allocate / free / allocate-failure events with allocation numbers; see rmm_trace.hpp).
 //
-// - RMM log CSV, plain or gzipped (support/rmm_trace.hpp).
+// - RMM log CSV, plain or gzipped (rmm_trace.hpp).
 // - MiniMalloc instances: `id,lower,upper,size`, one buffer live over the time steps
 //   [lower, upper). Each buffer becomes an allocate at `lower` and a free at `upper`; at equal
 //   times frees come before allocations, then buffers in id order (the order of the shipped
@@ -25,7 +25,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "support/rmm_trace.hpp"
+#include "replay/rmm_trace.hpp"
 
 namespace alloy::bench {
 
