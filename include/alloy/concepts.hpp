@@ -128,6 +128,7 @@ enum class block_state : std::uint8_t {
   allocated,  ///< handed out as a raw block (never moves)
   active,     ///< a movable block that is locked (resident, pinned in place)
   inactive,   ///< a movable block that is unlocked (may be moved or spilled)
+  unmapped,   ///< addresses reserved with no physical memory behind them (virtual memory; not reserved bytes)
 };
 
 /// One piece of one segment as introspection reports it.

@@ -47,7 +47,11 @@ struct memory_snapshot {
 
   std::size_t reserved_bytes() const noexcept {
     std::size_t n = 0;
-    for (const segment& s : segments) n += s.size;
+    for (const segment& s : segments) {
+      n += s.size;
+      for (const piece& p : s.blocks)
+        if (p.state == block_state::unmapped) n -= p.size;  // addresses without memory are not reserved
+    }
     return n;
   }
   std::size_t free_bytes() const noexcept {
@@ -60,7 +64,7 @@ struct memory_snapshot {
     std::size_t n = 0;
     for (const segment& s : segments)
       for (const piece& p : s.blocks)
-        if (p.state != block_state::free) n += p.size;
+        if (p.state != block_state::free && p.state != block_state::unmapped) n += p.size;
     return n;
   }
   std::size_t requested_bytes() const noexcept {
@@ -99,6 +103,7 @@ inline const char* to_string(block_state s) noexcept {
     case block_state::allocated: return "allocated";
     case block_state::active: return "active";
     case block_state::inactive: return "inactive";
+    case block_state::unmapped: return "unmapped";
   }
   return "unknown";
 }
@@ -207,6 +212,7 @@ inline std::string memory_snapshot::to_svg() const {
       case block_state::allocated: return {"#2f6db5", "#9fbfe6"};
       case block_state::active: return {"#23985a", "#9fdcb9"};
       case block_state::inactive: return {"#d9912a", "#f0cc95"};
+      case block_state::unmapped: return {"#ffffff", "#ffffff"};  // addresses only: no memory
       case block_state::free: break;
     }
     return trapped ? colour{"#e8514a", "#e8514a"} : colour{"#d5d5d5", "#d5d5d5"};
@@ -237,7 +243,8 @@ inline std::string memory_snapshot::to_svg() const {
                                                         {"#23985a", "active (locked)"},
                                                         {"#d9912a", "inactive (unlocked)"},
                                                         {"#e8514a", "free, trapped between blocks"},
-                                                        {"#d5d5d5", "free segment"}};
+                                                        {"#d5d5d5", "free segment"},
+                                                        {"#ffffff", "unmapped"}};
   double lx = 10;
   for (const auto& [fill, name] : legend) {
     std::snprintf(buf, sizeof buf,
@@ -250,11 +257,11 @@ inline std::string memory_snapshot::to_svg() const {
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const segment& s = segments[i];
     const double y = header + row * static_cast<double>(i);
-    const bool used = std::any_of(s.blocks.begin(), s.blocks.end(),
-                                  [](const piece& p) { return p.state != block_state::free; });
+    auto holds_block = [](const piece& p) { return p.state != block_state::free && p.state != block_state::unmapped; };
+    const bool used = std::any_of(s.blocks.begin(), s.blocks.end(), holds_block);
     const double free_share = s.size ? 100.0 * static_cast<double>(s.free_bytes()) / static_cast<double>(s.size) : 0;
     const auto in_use = static_cast<std::size_t>(std::count_if(
-        s.blocks.begin(), s.blocks.end(), [](const piece& p) { return p.state != block_state::free; }));
+        s.blocks.begin(), s.blocks.end(), holds_block));
     std::snprintf(buf, sizeof buf, "<text x=\"10\" y=\"%.1f\">%s%s%s%s: %zu in use, %.0f%% free</text>\n",
                   y + 12.5, s.pool.empty() ? "" : "[", s.pool.c_str(), s.pool.empty() ? "" : "] ",
                   detail::format_bytes(s.size).c_str(), in_use, free_share);
@@ -273,13 +280,13 @@ inline std::string memory_snapshot::to_svg() const {
       const colour c = colour_of(p.state, used);
       const std::string tip = detail::hex_address(p.address) + ": " + to_string(p.state) + ", " +
                               detail::format_bytes(p.size) +
-                              (p.state == block_state::free ? "" : " (requested " + detail::format_bytes(p.requested) + ")");
+                              (!holds_block(p) ? "" : " (requested " + detail::format_bytes(p.requested) + ")");
       std::snprintf(buf, sizeof buf,
                     "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"%s><title>%s</title></rect>\n",
                     x, y, w, bar_height, c.fill, w > 3 ? " stroke=\"white\" stroke-width=\"0.6\"" : "",
                     detail::svg_escape(tip).c_str());
       out += buf;
-      if (p.state != block_state::free && p.requested < p.size && w > 2) {
+      if (holds_block(p) && p.requested < p.size && w > 2) {
         const double rx = x + static_cast<double>(p.requested) * scale;
         const double rw = static_cast<double>(p.size - p.requested) * scale;
         if (rw >= 0.5) {

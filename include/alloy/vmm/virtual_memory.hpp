@@ -60,4 +60,32 @@ concept virtual_memory =
       { cv.physical_bytes() } noexcept -> std::same_as<std::size_t>;
     };
 
+/// `vmm_ref<V>` refers to a backend owned elsewhere and forwards every call to it, so several
+/// policies share one backend and its `capacity` (as `ref` does for allocators; backends are not
+/// allocators). The backend must outlive the ref. Not synchronized.
+template <virtual_memory V>
+class vmm_ref {
+ public:
+  static constexpr bool host_accessible = V::host_accessible;
+  static constexpr bool device_accessible = V::device_accessible;
+
+  explicit vmm_ref(V& target) noexcept : target_(&target) {}
+
+  std::size_t granularity() const noexcept { return target_->granularity(); }
+  address_range reserve(std::size_t bytes) noexcept { return target_->reserve(bytes); }
+  void unreserve(address_range range) noexcept { target_->unreserve(range); }
+  physical_memory create(std::size_t bytes) noexcept { return target_->create(bytes); }
+  void release(physical_memory piece) noexcept { target_->release(piece); }
+  bool map(void* at, physical_memory piece) noexcept { return target_->map(at, piece); }
+  void unmap(void* at, std::size_t bytes) noexcept { target_->unmap(at, bytes); }
+  std::size_t capacity() const noexcept { return target_->capacity(); }
+  std::size_t physical_bytes() const noexcept { return target_->physical_bytes(); }
+
+  V& get() const noexcept { return *target_; }
+  friend bool operator==(const vmm_ref& l, const vmm_ref& r) noexcept { return l.target_ == r.target_; }
+
+ private:
+  V* target_;
+};
+
 }  // namespace alloy

@@ -1,0 +1,763 @@
+// alloy/policy/virtual_arena.hpp
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <new>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <alloy/concepts.hpp>
+#include <alloy/config.hpp>
+#include <alloy/detail/align.hpp>
+#include <alloy/detail/best_fit_index.hpp>
+#include <alloy/policy/best_fit_arena.hpp>  // arena_misuse, arena_misuse_handler, arena_misuse_counts
+#include <alloy/vmm/virtual_memory.hpp>
+
+namespace alloy {
+
+/// `virtual_arena<Vmm>`: a coalescing best-fit heap on virtual memory that gives fragmented
+/// memory back (DESIGN §12).
+///
+/// - Strategy: one long range of addresses is reserved from the backend (`address_space`) and
+///   split into *chunks* as `best_fit_arena` splits a segment: a request is rounded up to a
+///   multiple of `rounding` (default 256 B) and served by the smallest free chunk that holds it
+///   (same index, same ties), the rest split off; a freed chunk merges at once with its free
+///   address neighbours. There is one range, so no boundary ever keeps two free chunks apart.
+///   At first the whole range is one free chunk; it is the largest, so best fit takes it last and
+///   the used part of the range grows upward from its start. When nothing fits, the arena
+///   reserves more addresses and keeps them only when they lie right after its range (it grows in
+///   place); otherwise that request fails.
+/// - Physical memory comes per *granule* (`granularity`, default the backend's: 2 MiB on GPUs):
+///   every granule an allocated chunk touches is mapped, one physical piece per granule, so
+///   that any wholly free granule anywhere can go back. A granule whose last allocated chunk
+///   goes is *free mapped*: kept (ready for the next chunk there, no driver call) while free
+///   mapped granules total at most `release_threshold` bytes; beyond that the one freed longest
+///   ago is unmapped and released (least recently freed first; a hot granule stays).
+///   Default threshold 0 (see `options::release_threshold` and the measured figure below).
+/// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
+///   not mapped (a `create` and a `map` each; none when its granules are mapped already); a
+///   deallocate unmaps and releases the granules trimmed beyond `release_threshold` (an `unmap`
+///   and a `release` each); `release()` does that for every free mapped granule; growth calls
+///   `reserve`. Nothing else calls the backend.
+/// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
+///   unmapped and released (oldest first, as many as the request still needs, more if that was
+///   not enough) and `create` retried (`num_alloc_retries`): physical pages are fungible, a hole's
+///   pages serve a request elsewhere. A request fails (empty block, `num_ooms`) only when the
+///   granules of live chunks plus those the request needs exceed what the backend can give, and
+///   then at once, without releasing the cache, when `capacity()` alone shows it. On failure
+///   everything is undone: granules mapped for the request are unmapped and released, nothing
+///   is carved. `allocate_keeping_cache` never releases free mapped granules to retry.
+/// - Metadata (host memory only; the managed memory is never touched): the chunk nodes, free index
+///   and address map of `best_fit_arena` (detail/best_fit_index.hpp), and a table of 24-byte
+///   granule records (piece, count of allocated chunks touching it, links of the least recently
+///   freed list) up to the highest granule ever used. It grows geometrically, before anything
+///   changes; after warm-up no call allocates host memory.
+/// - Complexity: as `best_fit_arena` for the chunk work (O(1) below 16384 rounding units,
+///   O(log n) above), plus O(granules the chunk touches) for the mapping counts and one backend
+///   call per granule mapped or unmapped. `for_each_block`, `largest_free_block` and
+///   `check_invariants` are O(chunks + granules).
+/// - Alignment: any power of two (larger than `rounding` by splitting off the padding in front,
+///   which stays free and unmapped unless a neighbour needs its granule). Zero bytes: a unique
+///   chunk of `rounding` bytes, returned with size 0.
+/// - Misuse (DESIGN §7), as `best_fit_arena`: double, foreign and interior frees and a wrong size
+///   are ignored, counted in `misuses()` and passed to `options::on_misuse` (ALLOY_CHECKED builds
+///   print a line when there is no handler).
+/// - Capabilities: `owns` (the address lies in the reserved range), `release`, `reserved_bytes`
+///   (= mapped bytes), `counters` (`num_device_alloc`/`num_device_free` = physical pieces created
+///   and released, `num_maps`, `num_unmaps`, `num_ooms`, `num_alloc_retries`), `for_each_block`
+///   (one segment, the reserved range; allocated chunks, free bytes in mapped granules as
+///   `block_state::free`, free bytes in unmapped granules as `block_state::unmapped`), and
+///   `bytes_in_use`, `requested_bytes`, `free_bytes` (mapped and not in use, so reserved = in
+///   use + free), `largest_free_block` (the largest free mapped run), `mapped_bytes`,
+///   `free_mapped_bytes`, `allocate_keeping_cache`, `check_invariants`.
+/// - Tags (DESIGN §12, later): a granule's record can carry the tag of the chunks that touch it
+///   and the carve can round a chunk of another tag out to the next granule; nothing here
+///   assumes chunks of any kind may share a granule.
+/// - Destruction unmaps and releases every granule, live blocks or not, and gives the addresses
+///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
+///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
+///   through `vmm_ref`.
+/// - Measured (host_vmm, 2 MiB granules, W1-like pairs over 1,000 live blocks of 256 B-4 MiB on
+///   this project's 2-core VM): see the report in bench/README.md when it lands; at the default
+///   threshold peak mapped ÷ peak live 1.02, ~0.5 map + unmap calls per pair.
+template <virtual_memory Vmm>
+class virtual_arena {
+ public:
+  static constexpr bool host_accessible = Vmm::host_accessible;
+  static constexpr bool device_accessible = Vmm::device_accessible;
+
+  struct options {
+    /// Addresses reserved at construction. 0: four times the backend's capacity, at least 1 GiB
+    /// and at most 1 TiB (addresses are plentiful; best fit rarely needs more than twice the
+    /// live bytes). The range grows in place when the system gives the addresses right after it.
+    std::size_t address_space = 0;
+    /// Bytes per physical piece; 0: the backend's. Otherwise rounded up to a power of two and to a
+    /// multiple of the backend's.
+    std::size_t granularity = 0;
+    /// Free mapped bytes kept for reuse before the least recently freed granule is unmapped.
+    std::size_t release_threshold = 0;
+    std::size_t rounding = 256;  ///< a power of two (others round up to one)
+    arena_misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
+    void* misuse_context = nullptr;            ///< passed to `on_misuse`
+  };
+
+  virtual_arena() : virtual_arena(Vmm{}) {}
+  explicit virtual_arena(Vmm vmm, options opts = {})
+      : vmm_(std::move(vmm)), opts_(normalised(opts, vmm_)), shift_(log2(opts_.rounding)),
+        gshift_(log2(opts_.granularity)), index_(shift_), map_(shift_) {
+    reserve_initial();
+  }
+
+  virtual_arena(const virtual_arena&) = delete;
+  virtual_arena& operator=(const virtual_arena&) = delete;
+  virtual_arena(virtual_arena&& other) noexcept
+      : vmm_(std::move(other.vmm_)), opts_(other.opts_), shift_(other.shift_), gshift_(other.gshift_) {
+    take_state(other);
+  }
+  virtual_arena& operator=(virtual_arena&& other) noexcept {
+    if (this != &other) {
+      give_everything_back();
+      vmm_ = std::move(other.vmm_);
+      opts_ = other.opts_;
+      shift_ = other.shift_;
+      gshift_ = other.gshift_;
+      take_state(other);
+    }
+    return *this;
+  }
+  ~virtual_arena() { give_everything_back(); }
+
+  // ---- the allocator ---------------------------------------------------------------------------
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept { return allocate_impl(bytes, alignment, true); }
+  /// As `allocate`, but a failed `create` is not answered by releasing free mapped granules and
+  /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`).
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, false);
+  }
+
+  void deallocate(block b) noexcept {
+    if (b.ptr == nullptr) return;
+    const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
+    std::uint32_t c = map_.take(pool_, addr);
+    if (c == detail::best_fit_npos) [[unlikely]] {
+      report(classify_unknown(addr), b);
+      return;
+    }
+    if (pool_[c].requested() != b.size) [[unlikely]] {
+      map_.insert(addr, c);  // it stays allocated (the entry just freed makes room)
+      report(arena_misuse::wrong_size, b);
+      return;
+    }
+    detail::best_fit_chunk& node = pool_[c];
+    const std::size_t size = node.size();
+    in_use_ -= size;
+    requested_ -= node.requested();
+    node.set_free(size);
+    if (node.next_free()) {
+      index_.erase(pool_, node.next());
+      absorb_next(c);
+    }
+    if (pool_[c].prev_free()) {
+      const std::uint32_t p = pool_[c].prev();
+      index_.erase(pool_, p);
+      absorb_next(p);
+      c = p;
+    }
+    const detail::best_fit_chunk& merged = pool_[c];
+    pool_[merged.prev()].set_next(c, true);
+    pool_[merged.next()].set_prev(c, true);
+    index_.insert(pool_, c);
+    // The chunk's granules lose one user; those left with none are free mapped, then trimmed.
+    const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
+    for (std::size_t g = first; g <= last; ++g)
+      if (--granules_[g].live == 0) push_free(g);
+    trim(opts_.release_threshold);
+  }
+
+  // ---- capabilities ----------------------------------------------------------------------------
+
+  /// Whether the block's address lies in the reserved range.
+  bool owns(block b) const noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(b.ptr);
+    return a >= base_ && a < end_;
+  }
+
+  /// Unmaps and releases every free mapped granule; returns how many bytes went back.
+  std::size_t release() noexcept {
+    const std::size_t before = free_mapped_;
+    trim(0);
+    return (before - free_mapped_) << gshift_;
+  }
+
+  /// Mapped bytes (granules with physical memory behind them).
+  std::size_t reserved_bytes() const noexcept { return mapped_ << gshift_; }
+  std::size_t mapped_bytes() const noexcept { return mapped_ << gshift_; }
+  /// Bytes of granules mapped with no allocated chunk touching them (what `release()` frees).
+  std::size_t free_mapped_bytes() const noexcept { return free_mapped_ << gshift_; }
+  allocator_counters counters() const noexcept { return counters_; }
+
+  /// Calls `visit(const block_info&)` for every piece of the reserved range in address order:
+  /// allocated chunks (rounded extent, requested size), then the free chunks split where their
+  /// granules change between mapped (`block_state::free`) and unmapped (`block_state::unmapped`).
+  /// One segment: the whole reserved range.
+  template <class F>
+  void for_each_block(F&& visit) const {
+    for_each_piece([&](std::uintptr_t at, std::size_t size, std::size_t requested, block_state state) {
+      visit(block_info{.segment = reinterpret_cast<const void*>(base_),
+                       .segment_size = end_ - base_,
+                       .ptr = reinterpret_cast<const void*>(at),
+                       .size = size,
+                       .requested = requested,
+                       .state = state});
+    });
+  }
+
+  /// Rounded bytes of the allocated chunks (so `reserved_bytes() == bytes_in_use() + free_bytes()`).
+  std::size_t bytes_in_use() const noexcept { return in_use_; }
+  std::size_t requested_bytes() const noexcept { return requested_; }
+  /// Mapped bytes not in allocated chunks.
+  std::size_t free_bytes() const noexcept { return reserved_bytes() - in_use_; }
+  /// The largest run of free mapped bytes (the largest request at alignment <= rounding that
+  /// could be served without a backend call, if best fit chose it). O(chunks + granules).
+  std::size_t largest_free_block() const noexcept {
+    std::size_t largest = 0;
+    for_each_piece([&](std::uintptr_t, std::size_t size, std::size_t, block_state state) {
+      if (state == block_state::free) largest = std::max(largest, size);
+    });
+    return largest;
+  }
+  /// Bytes of addresses reserved.
+  std::size_t address_space() const noexcept { return end_ - base_; }
+  std::size_t granularity() const noexcept { return opts_.granularity; }
+  std::size_t free_chunk_count() const noexcept { return index_.size(); }
+  std::size_t allocated_chunk_count() const noexcept { return map_.size(); }
+  arena_misuse_counts misuses() const noexcept { return misuses_; }
+  const options& get_options() const noexcept { return opts_; }
+
+  /// Verifies every invariant in O(chunks + granules): chunks tile the range, no two free
+  /// neighbours, index and map complete, sums agree; every granule an allocated chunk touches is
+  /// mapped with the right count of chunks; the free mapped granules are exactly those on the
+  /// least-recently-freed list; mapped and free mapped counts agree.
+  bool check_invariants() const noexcept {
+    if (ranges_.empty()) return head_ == none && mapped_ == 0 && map_.size() == 0;
+    std::vector<std::uint32_t> users;
+    try {
+      users.assign(granules_.size(), 0);
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    std::size_t in_use = 0, requested = 0, free_chunks = 0, allocated = 0;
+    std::uintptr_t at = base_;
+    std::uint32_t before = none;
+    std::uint32_t last = none;
+    for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+      const detail::best_fit_chunk& node = pool_[c];
+      if (node.addr != at || node.prev() != before || node.size() == 0) return false;
+      if ((node.size() & (opts_.rounding - 1)) != 0) return false;
+      if (node.prev_free() != (before != none && pool_[before].free())) return false;
+      if (node.next_free() != (node.next() != none && pool_[node.next()].free())) return false;
+      if (node.free()) {
+        if (before != none && pool_[before].free()) return false;
+        ++free_chunks;
+      } else {
+        if (map_.find(pool_, node.addr) != c) return false;
+        in_use += node.size();
+        requested += node.requested();
+        ++allocated;
+        const std::size_t g1 = granule_of(node.addr + node.size() - 1);
+        if (g1 >= granules_.size()) return false;
+        for (std::size_t g = granule_of(node.addr); g <= g1; ++g) ++users[g];
+      }
+      at += node.size();
+      before = c;
+      last = c;
+    }
+    if (at != end_ || last != tail_) return false;
+    if (in_use != in_use_ || requested != requested_) return false;
+    if (free_chunks != index_.size() || allocated != map_.size()) return false;
+    if (pool_.live() != free_chunks + allocated) return false;
+    std::size_t mapped = 0, unused_mapped = 0;
+    for (std::size_t g = 0; g < granules_.size(); ++g) {
+      const granule& r = granules_[g];
+      if (r.live != users[g] || r.fresh) return false;
+      if (r.piece != 0) ++mapped;
+      if (r.live != 0 && r.piece == 0) return false;
+      if (r.live == 0 && r.piece != 0) ++unused_mapped;
+    }
+    if (mapped != mapped_ || unused_mapped != free_mapped_) return false;
+    std::size_t listed = 0;
+    std::uint32_t previous = no_granule;
+    for (std::uint32_t g = oldest_; g != no_granule; g = granules_[g].newer) {
+      if (g >= granules_.size() || granules_[g].live != 0 || granules_[g].piece == 0) return false;
+      if (granules_[g].older != previous || ++listed > free_mapped_) return false;
+      previous = g;
+    }
+    return listed == free_mapped_ && previous == newest_;
+  }
+
+  Vmm& vmm() noexcept { return vmm_; }
+  const Vmm& vmm() const noexcept { return vmm_; }
+
+ private:
+  static constexpr std::uint32_t none = detail::best_fit_chunk::none;
+  static constexpr std::uint32_t no_granule = 0xFFFFFFFFu;
+  static constexpr std::size_t max_granules = std::size_t{0xFFFFFFF0u};
+
+  /// One granule of the range.
+  struct granule {
+    std::uint64_t piece = 0;            ///< the backend's id of the physical piece mapped here; 0: unmapped
+    std::uint32_t live = 0;             ///< allocated chunks touching it
+    std::uint32_t older = no_granule;   ///< least-recently-freed list (free mapped granules only)
+    std::uint32_t newer = no_granule;
+    bool fresh = false;                 ///< mapped by the allocation under way (undone if it fails)
+  };
+
+  static unsigned log2(std::size_t power_of_two) noexcept {
+    unsigned s = 0;
+    while ((std::size_t{1} << s) < power_of_two) ++s;
+    return s;
+  }
+  static std::size_t power_of_two_at_least(std::size_t n) noexcept {
+    std::size_t p = 1;
+    while (p < n && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
+    return p;
+  }
+  static options normalised(options o, const Vmm& vmm) noexcept {
+    if (o.rounding == 0) o.rounding = 1;
+    o.rounding = power_of_two_at_least(o.rounding);
+    const std::size_t backend = std::max<std::size_t>(vmm.granularity(), 1);
+    std::size_t g = o.granularity == 0 ? backend : o.granularity;
+    g = power_of_two_at_least(std::max(g, backend));
+    if (g % backend != 0) g = backend;  // a backend granularity that is no power of two: use it
+    o.granularity = g;
+    if (o.rounding > g) o.rounding = g;
+    if (o.address_space == 0) {
+      constexpr std::size_t lowest = std::size_t{1} << 30, highest = std::size_t{1} << 40;
+      const std::size_t capacity = vmm.capacity();
+      o.address_space = capacity > highest / 4 ? highest : std::max(lowest, capacity * 4);
+    }
+    if (o.address_space / g > max_granules) o.address_space = max_granules * g;
+    o.address_space = std::max(detail::round_up(o.address_space, g), g);
+    if (o.address_space == 0) o.address_space = max_granules * g;  // rounding overflowed
+    return o;
+  }
+
+  void reserve_initial() noexcept {
+    try {
+      pool_.reserve(4);
+      detail::reserve_room(ranges_, 4);
+    } catch (const std::bad_alloc&) {
+      return;
+    }
+    const address_range r = vmm_.reserve(opts_.address_space);
+    if (!r) return;
+    if ((reinterpret_cast<std::uintptr_t>(r.ptr) & (opts_.granularity - 1)) != 0 ||
+        r.size < opts_.granularity) {  // not aligned to our granule (a coarser option): unusable
+      vmm_.unreserve(r);
+      return;
+    }
+    ranges_.push_back(r);
+    base_ = reinterpret_cast<std::uintptr_t>(r.ptr);
+    const std::size_t usable = r.size & ~(opts_.granularity - 1);
+    end_ = base_ + usable;
+    const std::uint32_t c = pool_.take();
+    detail::best_fit_chunk& node = pool_[c];
+    node.addr = base_;
+    node.set_prev(none, false);
+    node.set_next(none, false);
+    node.set_free(usable);
+    head_ = tail_ = c;
+    index_.insert(pool_, c);
+  }
+
+  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
+    if (!detail::is_power_of_two(alignment)) return {};
+    const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
+    if (rounded == 0) return {};
+    std::size_t need = rounded;
+    if (alignment > opts_.rounding) {
+      if (rounded > std::numeric_limits<std::size_t>::max() - alignment) return {};
+      need = rounded + alignment - opts_.rounding;
+    }
+    if (ranges_.empty()) reserve_initial();
+    if (ranges_.empty() || !reserve_metadata()) [[unlikely]] {
+      ++counters_.num_ooms;
+      return {};
+    }
+    std::uint32_t c = find_fit(rounded, need, alignment);
+    if (c == detail::best_fit_npos) c = grow_for(rounded, need, alignment);
+    if (c == detail::best_fit_npos) {
+      ++counters_.num_ooms;
+      return {};
+    }
+    std::uintptr_t start = pool_[c].addr;
+    if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
+    if (!cover_granules(last + 1) || !map_granules(first, last, may_release)) {
+      if (may_release) ++counters_.num_ooms;
+      return {};
+    }
+    return carve(c, start, rounded, bytes);
+  }
+
+  std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> gshift_; }
+  void* granule_address(std::size_t g) const noexcept { return reinterpret_cast<void*>(base_ + (g << gshift_)); }
+
+  /// Room for what one allocation adds: three nodes (front padding, the rest, a growth), one
+  /// address-map entry. False when host memory ran out.
+  bool reserve_metadata() noexcept {
+    if (pool_.available() >= 3 && !map_.full()) [[likely]] return true;
+    try {
+      pool_.reserve(3);
+      map_.reserve_one();
+      return true;
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
+  /// Makes the granule table cover granules [0, n).
+  bool cover_granules(std::size_t n) noexcept {
+    if (n <= granules_.size()) [[likely]] return true;
+    try {
+      detail::reserve_room(granules_, n);
+      granules_.resize(n);
+      return true;
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
+
+  std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
+    std::uint32_t c = index_.best_fit(pool_, rounded);
+    if (c == detail::best_fit_npos) return c;
+    if (alignment > opts_.rounding && !fits_aligned(c, rounded, alignment)) c = index_.best_fit(pool_, need);
+    return c;
+  }
+  bool fits_aligned(std::uint32_t c, std::size_t rounded, std::size_t alignment) const noexcept {
+    const detail::best_fit_chunk& node = pool_[c];
+    const std::uintptr_t start = (node.addr + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    return start - node.addr <= node.size() - rounded;
+  }
+
+  /// Nothing fits: reserve more addresses, kept only when they extend the range in place.
+  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, std::size_t alignment) noexcept {
+    const std::size_t g = opts_.granularity;
+    const std::size_t want = detail::round_up(need, g);
+    if (want == 0 || want / g > max_granules - (end_ - base_) / g) return detail::best_fit_npos;
+    try {
+      detail::reserve_room(ranges_, ranges_.size() + 1);
+    } catch (const std::bad_alloc&) {
+      return detail::best_fit_npos;
+    }
+    const address_range r = vmm_.reserve(want);
+    if (!r) return detail::best_fit_npos;
+    if (reinterpret_cast<std::uintptr_t>(r.ptr) != end_ || r.size < want) {
+      vmm_.unreserve(r);
+      return detail::best_fit_npos;
+    }
+    ranges_.push_back(r);
+    const std::size_t added = r.size & ~(g - 1);
+    if (pool_[tail_].free()) {
+      index_.erase(pool_, tail_);
+      pool_[tail_].set_size(pool_[tail_].size() + added);
+      index_.insert(pool_, tail_);
+    } else {
+      const std::uint32_t c = pool_.take();
+      pool_[c].addr = end_;
+      pool_[c].set_free(added);
+      link(tail_, false, c, true);
+      pool_[c].set_next(none, false);
+      tail_ = c;
+      index_.insert(pool_, c);
+    }
+    end_ += added;
+    return find_fit(rounded, need, alignment);
+  }
+
+  /// Makes granules [first, last] mapped and counts the new chunk among their users. On failure
+  /// undoes everything (false).
+  bool map_granules(std::size_t first, std::size_t last, bool may_release) noexcept {
+    std::size_t to_map = 0;
+    for (std::size_t g = first; g <= last; ++g) {
+      granule& r = granules_[g];
+      if (r.piece == 0) {
+        ++to_map;
+      } else if (r.live == 0) {
+        unlist(g);  // free mapped until now: in use again
+      }
+      ++r.live;
+    }
+    if (to_map == 0) [[likely]] return true;
+    const std::size_t g_bytes = opts_.granularity;
+    // What the backend could give at most if every free mapped granule went back: when even
+    // that is too little, fail now and keep the cache.
+    const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
+    const std::size_t headroom = vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
+    if (to_map > headroom / g_bytes) {
+      unmap_fresh_and_drop(first, last);
+      return false;
+    }
+    bool retried = false;
+    for (std::size_t g = first; g <= last; ++g) {
+      granule& r = granules_[g];
+      if (r.piece != 0) continue;
+      physical_memory piece = vmm_.create(g_bytes);
+      while (!piece) {
+        if (!may_release || free_mapped_ == 0) {
+          unmap_fresh_and_drop(first, last);
+          return false;
+        }
+        if (!retried) {
+          retried = true;
+          ++counters_.num_alloc_retries;
+        }
+        trim_count(std::min(free_mapped_, to_map));  // oldest first; again if that was not enough
+        piece = vmm_.create(g_bytes);
+      }
+      ++counters_.num_device_alloc;
+      if (!vmm_.map(granule_address(g), piece)) {
+        vmm_.release(piece);
+        ++counters_.num_device_free;
+        unmap_fresh_and_drop(first, last);
+        return false;
+      }
+      ++counters_.num_maps;
+      r.piece = piece.id;
+      r.fresh = true;
+      ++mapped_;
+      --to_map;
+    }
+    for (std::size_t g = first; g <= last; ++g) granules_[g].fresh = false;
+    return true;
+  }
+
+  /// Undoes a failed `map_granules`: granules it mapped are unmapped and released, every
+  /// granule of the span loses the user it gained, and those mapped before with no other user
+  /// are free mapped again.
+  void unmap_fresh_and_drop(std::size_t first, std::size_t last) noexcept {
+    for (std::size_t g = first; g <= last; ++g) {
+      granule& r = granules_[g];
+      if (r.fresh) {
+        unmap_granule(g);
+        r.fresh = false;
+      }
+      if (--r.live == 0 && r.piece != 0) push_free(g);
+    }
+  }
+
+  void unmap_granule(std::size_t g) noexcept {
+    granule& r = granules_[g];
+    vmm_.unmap(granule_address(g), opts_.granularity);
+    vmm_.release(physical_memory{r.piece, opts_.granularity});
+    r.piece = 0;
+    --mapped_;
+    ++counters_.num_unmaps;
+    ++counters_.num_device_free;
+  }
+
+  // The least-recently-freed list of free mapped granules: freed at the newest end, unmapped
+  // from the oldest.
+  void push_free(std::size_t g) noexcept {
+    granule& r = granules_[g];
+    r.older = newest_;
+    r.newer = no_granule;
+    if (newest_ != no_granule) granules_[newest_].newer = static_cast<std::uint32_t>(g);
+    else oldest_ = static_cast<std::uint32_t>(g);
+    newest_ = static_cast<std::uint32_t>(g);
+    ++free_mapped_;
+  }
+  void unlist(std::size_t g) noexcept {
+    granule& r = granules_[g];
+    if (r.older != no_granule) granules_[r.older].newer = r.newer;
+    else oldest_ = r.newer;
+    if (r.newer != no_granule) granules_[r.newer].older = r.older;
+    else newest_ = r.older;
+    r.older = r.newer = no_granule;
+    --free_mapped_;
+  }
+  /// Unmaps the least recently freed granules until at most `keep_bytes` of free mapped remain.
+  void trim(std::size_t keep_bytes) noexcept {
+    const std::size_t keep = keep_bytes >> gshift_;
+    if (free_mapped_ > keep) trim_count(free_mapped_ - keep);
+  }
+  void trim_count(std::size_t n) noexcept {
+    for (; n != 0 && oldest_ != no_granule; --n) {
+      const std::uint32_t g = oldest_;
+      unlist(g);
+      unmap_granule(g);
+    }
+  }
+
+  /// Hands out free chunk `c` for a request whose block starts at `start` (inside `c`, with
+  /// `rounded` bytes room): the bytes in front stay a free chunk, the rest behind becomes one.
+  [[gnu::always_inline]] block carve(std::uint32_t c, std::uintptr_t start, std::size_t rounded,
+                                     std::size_t bytes) noexcept {
+    index_.erase(pool_, c);
+    const std::uint32_t before = pool_[c].prev();
+    const std::uint32_t after = pool_[c].next();
+    std::uint32_t b = c;
+    if (start != pool_[c].addr) {  // the padding in front stays a free chunk, in its node
+      const std::size_t front = start - pool_[c].addr;
+      b = pool_.take();
+      pool_[b].addr = start;
+      pool_[b].set_free(pool_[c].size() - front);
+      pool_[c].set_size(front);
+      index_.insert(pool_, c);
+      link(c, true, b, false);
+    } else {
+      pool_[before].set_next(b, false);
+    }
+    const std::size_t leftover = pool_[b].size() - rounded;
+    std::uint32_t last = b;
+    if (leftover != 0) {
+      const std::uint32_t rest = pool_.take();
+      pool_[rest].addr = start + rounded;
+      pool_[rest].set_free(leftover);
+      pool_[b].set_size(rounded);
+      link(b, false, rest, true);
+      link(rest, true, after, false);
+      index_.insert(pool_, rest);
+      last = rest;
+    } else {
+      link(b, false, after, false);
+    }
+    if (after == none) tail_ = last;
+    detail::best_fit_chunk& node = pool_[b];
+    node.set_allocated(bytes);
+    in_use_ += node.size();
+    requested_ += bytes;
+    map_.insert(start, b);
+    return {reinterpret_cast<void*>(start), bytes};
+  }
+
+  void link(std::uint32_t first, bool first_free, std::uint32_t second, bool second_free) noexcept {
+    pool_[first].set_next(second, second_free);
+    pool_[second].set_prev(first, first_free);
+  }
+  void absorb_next(std::uint32_t c) noexcept {
+    detail::best_fit_chunk& node = pool_[c];
+    const std::uint32_t n = node.next();
+    node.set_size(node.size() + pool_[n].size());
+    node.set_next(pool_[n].next(), false);
+    if (n == tail_) tail_ = c;
+    pool_.give(n);
+  }
+
+  /// Walks the range as `for_each_block` reports it: visit(address, size, requested, state).
+  template <class F>
+  void for_each_piece(F&& visit) const {
+    for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+      const detail::best_fit_chunk& node = pool_[c];
+      if (!node.free()) {
+        visit(node.addr, node.size(), node.requested(), block_state::allocated);
+        continue;
+      }
+      const std::uintptr_t end = node.addr + node.size();
+      for (std::uintptr_t at = node.addr; at < end;) {
+        std::size_t g = granule_of(at);
+        if (g >= granules_.size()) {
+          visit(at, end - at, 0, block_state::unmapped);
+          break;
+        }
+        const bool mapped = granules_[g].piece != 0;
+        while (g < granules_.size() && (granules_[g].piece != 0) == mapped && base_ + (g << gshift_) < end) ++g;
+        const std::uintptr_t run_end =
+            g >= granules_.size() && !mapped ? end : std::min<std::uintptr_t>(end, base_ + (g << gshift_));
+        visit(at, run_end - at, 0, mapped ? block_state::free : block_state::unmapped);
+        at = run_end;
+      }
+    }
+  }
+
+  [[gnu::cold]] arena_misuse classify_unknown(std::uintptr_t addr) const noexcept {
+    if (addr < base_ || addr >= end_) return arena_misuse::foreign_pointer;
+    for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+      if (pool_[c].addr == addr) return pool_[c].free() ? arena_misuse::double_free : arena_misuse::foreign_pointer;
+      if (pool_[c].addr > addr) break;
+    }
+    return arena_misuse::foreign_pointer;
+  }
+
+  [[gnu::cold]] void report(arena_misuse kind, block b) noexcept {
+    const char* what = "free of a pointer it did not hand out";
+    switch (kind) {
+      case arena_misuse::double_free: ++misuses_.double_frees; what = "double free"; break;
+      case arena_misuse::wrong_size: ++misuses_.wrong_sizes; what = "free with the wrong size"; break;
+      default: ++misuses_.foreign_pointers; break;
+    }
+    if (opts_.on_misuse != nullptr) {
+      opts_.on_misuse(kind, b, opts_.misuse_context);
+    } else if (ALLOY_CHECKED) {
+      std::fprintf(stderr, "alloy: virtual_arena: %s (%p, %zu bytes); ignored\n", what, b.ptr, b.size);
+    }
+  }
+
+  /// Unmaps and releases every granule and gives every address back.
+  void give_everything_back() noexcept {
+    for (std::size_t g = 0; g < granules_.size(); ++g)
+      if (granules_[g].piece != 0) unmap_granule(g);
+    for (const address_range& r : ranges_) vmm_.unreserve(r);
+    forget();
+  }
+  void forget() noexcept {
+    ranges_.clear();
+    granules_.clear();
+    pool_.clear();
+    map_.clear();
+    index_ = detail::best_fit_free_index{};  // allocates nothing (a moved-from arena is only destroyed or assigned)
+    base_ = end_ = 0;
+    head_ = tail_ = none;
+    oldest_ = newest_ = no_granule;
+    mapped_ = free_mapped_ = in_use_ = requested_ = 0;
+  }
+  void take_state(virtual_arena& other) noexcept {
+    index_ = std::move(other.index_);
+    pool_ = std::move(other.pool_);
+    map_ = std::move(other.map_);
+    ranges_ = std::move(other.ranges_);
+    granules_ = std::move(other.granules_);
+    base_ = other.base_;
+    end_ = other.end_;
+    head_ = other.head_;
+    tail_ = other.tail_;
+    oldest_ = other.oldest_;
+    newest_ = other.newest_;
+    mapped_ = other.mapped_;
+    free_mapped_ = other.free_mapped_;
+    in_use_ = other.in_use_;
+    requested_ = other.requested_;
+    counters_ = other.counters_;
+    misuses_ = other.misuses_;
+    other.forget();
+  }
+
+  Vmm vmm_;
+  options opts_{};
+  unsigned shift_ = 8;
+  unsigned gshift_ = 21;
+  detail::best_fit_free_index index_;
+  detail::best_fit_chunk_pool pool_;
+  detail::best_fit_address_map map_;
+  std::vector<address_range> ranges_;  ///< what the backend reserved, contiguous, in address order
+  std::vector<granule> granules_;      ///< granules [0, highest ever used], from `base_`
+  std::uintptr_t base_ = 0;
+  std::uintptr_t end_ = 0;
+  std::uint32_t head_ = none;  ///< the chunk at `base_` (it survives every merge)
+  std::uint32_t tail_ = none;  ///< the chunk that ends at `end_`
+  std::uint32_t oldest_ = no_granule;
+  std::uint32_t newest_ = no_granule;
+  std::size_t mapped_ = 0;       ///< granules mapped
+  std::size_t free_mapped_ = 0;  ///< of which no allocated chunk touches (on the list)
+  std::size_t in_use_ = 0;
+  std::size_t requested_ = 0;
+  allocator_counters counters_{};
+  arena_misuse_counts misuses_{};
+};
+
+}  // namespace alloy
