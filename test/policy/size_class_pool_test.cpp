@@ -377,6 +377,78 @@ BOOST_AUTO_TEST_CASE(misuse_is_refused_and_leaves_the_pool_consistent) {
   BOOST_TEST(pool.reserved_bytes() == 0u);
 }
 
+// Issue 18 item 2: an interior pointer was accepted (the check allowed any start that left room
+// for the size) and the live block was handed out again.
+BOOST_AUTO_TEST_CASE(an_interior_pointer_is_refused_and_the_block_stays_live) {
+  std::size_t reported = 0;
+  alloy::size_class_pool<checking_upstream> pool{checking_upstream{},
+                                                 {.on_misuse = count_misuse, .misuse_context = &reported}};
+  const alloy::block d = pool.allocate(100, 16);
+  BOOST_REQUIRE(d);
+  pool.deallocate({static_cast<char*>(d.ptr) + 16, 100});
+  BOOST_TEST((pool.last_misuse() == alloy::pool_misuse::foreign_pointer));
+  BOOST_TEST(pool.misuses().foreign_pointers == 1u);
+  BOOST_TEST(reported == 1u);
+  BOOST_TEST(pool.bytes_in_use() == 256u);
+  const alloy::block e = pool.allocate(100, 16);
+  BOOST_TEST(e.ptr != d.ptr, "the live block must not be handed out again");
+  pool.deallocate(e);
+  pool.deallocate(d);
+  BOOST_TEST(pool.misuse_count() == 1u);
+  BOOST_TEST(pool.bytes_in_use() == 0u);
+}
+
+// Every pointer that is not a live block's start, at every 16-byte step of the slots around live
+// blocks of every alignment from 1 to 64 KiB, is refused; the blocks' own frees are accepted.
+BOOST_AUTO_TEST_CASE(every_interior_pointer_of_every_alignment_is_refused) {
+  std::size_t reported = 0;
+  alloy::size_class_pool<checking_upstream> pool{checking_upstream{},
+                                                 {.on_misuse = count_misuse, .misuse_context = &reported}};
+  std::mt19937_64 rng(18);
+  std::vector<alloy::block> live;
+  std::size_t expected_refusals = 0;
+  for (int round = 0; round < 300; ++round) {
+    const std::size_t alignment = std::size_t{1} << std::uniform_int_distribution<int>(0, 16)(rng);
+    const std::size_t bytes = std::uniform_int_distribution<std::size_t>(0, 3000)(rng);
+    const alloy::block b = pool.allocate(bytes, alignment);
+    BOOST_REQUIRE(b);
+    BOOST_REQUIRE(alloy::detail::is_aligned(b.ptr, alignment));
+    live.push_back(b);
+    // A few interior pointers of this block, and one step before it (inside its slot or the
+    // previous one), each with the block's own size.
+    for (std::size_t step : {std::size_t{16}, std::size_t{256}, std::size_t{240}}) {
+      if (step >= std::max<std::size_t>(b.size, 1)) continue;
+      pool.deallocate({static_cast<char*>(b.ptr) + step, b.size});
+      ++expected_refusals;
+    }
+    pool.deallocate({static_cast<char*>(b.ptr) - 16, b.size});
+    ++expected_refusals;
+    if (b.size > 0) {
+      pool.deallocate({b.ptr, b.size - 1});  // wrong size
+      ++expected_refusals;
+    }
+    BOOST_REQUIRE(pool.misuse_count() == expected_refusals);
+    if (round % 3 == 2) {  // free one at random, validly
+      const std::size_t at = std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng);
+      pool.deallocate(live[at]);
+      BOOST_REQUIRE(pool.misuse_count() == expected_refusals);
+      pool.deallocate(live[at]);  // and once more: a double free
+      ++expected_refusals;
+      BOOST_REQUIRE((pool.last_misuse() == alloy::pool_misuse::double_free));
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+  }
+  BOOST_TEST(reported == expected_refusals);
+  // No live block was disturbed: every one is freed exactly once without a refusal.
+  std::size_t requested = 0;
+  for (const alloy::block& b : live) requested += b.size;
+  BOOST_TEST(pool.requested_bytes() == requested);
+  for (const alloy::block& b : live) pool.deallocate(b);
+  BOOST_TEST(pool.misuse_count() == expected_refusals);
+  BOOST_TEST(pool.bytes_in_use() == 0u);
+  BOOST_TEST(pool.requested_bytes() == 0u);
+}
+
 // ---- model-based randomized test ---------------------------------------------------------------
 
 namespace {

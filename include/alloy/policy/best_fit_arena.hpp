@@ -15,6 +15,7 @@
 #include <alloy/config.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/best_fit_index.hpp>
+#include <alloy/misuse.hpp>
 
 namespace alloy {
 
@@ -24,23 +25,13 @@ enum class best_fit_growth : std::uint8_t {
   fixed,     ///< every segment `growth_size`
 };
 
-/// A misuse `best_fit_arena::deallocate` detected and ignored.
-enum class arena_misuse : std::uint8_t {
-  double_free,      ///< the pointer starts a chunk that is already free
-  foreign_pointer,  ///< the pointer is not the start of a block this arena handed out
-  wrong_size,       ///< the block's size is not the size it was allocated with
-};
-
+/// A misuse `best_fit_arena::deallocate` detected and ignored: the shared vocabulary of
+/// `alloy/misuse.hpp` (the arena reports double_free, foreign_pointer and wrong_size).
+using arena_misuse = misuse;
 /// Called on every misuse (see `best_fit_arena::options::on_misuse`).
-using arena_misuse_handler = void (*)(arena_misuse kind, block b, void* context) noexcept;
-
+using arena_misuse_handler = misuse_handler;
 /// Counts of the misuses a `best_fit_arena` detected.
-struct arena_misuse_counts {
-  std::size_t double_frees = 0;
-  std::size_t foreign_pointers = 0;
-  std::size_t wrong_sizes = 0;
-  std::size_t total() const noexcept { return double_frees + foreign_pointers + wrong_sizes; }
-};
+using arena_misuse_counts = misuse_counts;
 
 /// `best_fit_arena<Upstream>`: a coalescing best-fit arena (the large-block engine, DESIGN §3).
 ///
@@ -102,7 +93,8 @@ struct arena_misuse_counts {
 ///   `reserved_bytes`, `counters`, `for_each_block` (segments in address order, chunks in
 ///   address order, each with its state and requested size), plus `bytes_in_use` (rounded bytes
 ///   of allocated chunks, so reserved = in use + free always), `requested_bytes`, `free_bytes`,
-///   `largest_free_block`, `bytes_reservable_limit`; `allocate_at` and `chunk_size` for a
+///   `largest_free_block`, `bytes_reservable_limit`; `try_deallocate` (checked deallocation: false
+///   for a misuse, so that decorators count only accepted frees); `allocate_at` and `chunk_size` for a
 ///   compacting defragmenter (`alloy::placement_arena`); `allocate_keeping_cache` (no release and
 ///   retry on upstream failure), which makes it a valid inner part of `stream_ordered`, the
 ///   policy that gives it stream-ordered calls.
@@ -222,18 +214,23 @@ class best_fit_arena {
 
  public:
 
-  void deallocate(block b) noexcept {
-    if (b.ptr == nullptr) return;
+  void deallocate(block b) noexcept { (void)try_deallocate(b); }
+
+  /// Checked deallocation (`checked_deallocating_allocator`): frees `b` and returns true when it
+  /// is a live block of this arena (or empty); returns false for a misuse, which is ignored and
+  /// reported as `deallocate` describes.
+  bool try_deallocate(block b) noexcept {
+    if (b.ptr == nullptr) return true;
     const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
     std::uint32_t c = map_.take(pool_, addr);
     if (c == detail::best_fit_npos) [[unlikely]] {
       report(classify_unknown(addr), b);
-      return;
+      return false;
     }
     if (pool_[c].requested() != b.size) [[unlikely]] {
       map_.insert(addr, c);  // it stays allocated (the entry just freed makes room)
       report(arena_misuse::wrong_size, b);
-      return;
+      return false;
     }
     detail::best_fit_chunk& node = pool_[c];
     in_use_ -= node.size();
@@ -256,6 +253,7 @@ class best_fit_arena {
     pool_[merged.prev()].set_next(c, true);
     pool_[merged.next()].set_prev(c, true);
     index_.insert(pool_, c);
+    return true;
   }
 
   // ---- placement, for compacting_defragmenter (alloy::placement_arena) --------------------------
@@ -640,19 +638,7 @@ class best_fit_arena {
   }
 
   [[gnu::cold]] void report(arena_misuse kind, block b) noexcept {
-    switch (kind) {
-      case arena_misuse::double_free: ++misuses_.double_frees; break;
-      case arena_misuse::foreign_pointer: ++misuses_.foreign_pointers; break;
-      case arena_misuse::wrong_size: ++misuses_.wrong_sizes; break;
-    }
-    if (opts_.on_misuse != nullptr) {
-      opts_.on_misuse(kind, b, opts_.misuse_context);
-    } else if (ALLOY_CHECKED) {
-      static constexpr const char* what[] = {"double free", "free of a pointer it did not hand out",
-                                             "free with the wrong size"};
-      std::fprintf(stderr, "alloy: best_fit_arena: %s (%p, %zu bytes); ignored\n", what[static_cast<int>(kind)],
-                   b.ptr, b.size);
-    }
+    detail::report_misuse(misuses_, kind, b, opts_.on_misuse, opts_.misuse_context, "best_fit_arena");
   }
 
   void return_all_segments() noexcept {
