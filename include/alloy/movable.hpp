@@ -39,6 +39,7 @@
 
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
+#include <alloy/detail/edge.hpp>
 #include <alloy/error.hpp>
 
 #if ALLOY_HAS_CUDA
@@ -294,8 +295,11 @@ class copy_engine {
 ///   { auto view = buf.lock(); kernel<<<...>>>(view.data()); }   // unlocked when view dies
 ///
 /// - Construction throws `alloy::out_of_memory` when the allocator cannot serve the request;
-///   `lock()` throws it when a spilled block cannot be brought back. Bad use of the handle
-///   (see the handle rules above) throws `alloy::logic_error` from the allocator.
+///   `lock()` throws it when a spilled block cannot be brought back; the message describes the
+///   allocator the buffer refers to (its limit, bytes in use and reserved, largest free block).
+///   Bad use of the handle (see the handle rules above) throws `alloy::logic_error` from the
+///   allocator, and a refused operation changes nothing: `reset()` or a move assignment while a
+///   view is alive throws and the buffer still owns its block.
 /// - Views nest (each one is one lock); every view must be gone before its buffer is destroyed
 ///   (deallocating a locked handle is an error). Buffers and views are move-only.
 /// - The allocator must outlive the buffer.
@@ -351,18 +355,13 @@ class movable_buffer {
   };
 
   movable_buffer(A& alloc, std::size_t bytes) : alloc_(&alloc), handle_(alloc.allocate_movable(bytes)), size_(bytes) {
-    if (!handle_) {
-      oom_report report;
-      report.requested = bytes;
-      report.alignment = movable_alignment;
-      throw out_of_memory(report);
-    }
+    if (!handle_) throw_out_of_memory(bytes);
   }
   movable_buffer(movable_buffer&& other) noexcept
       : alloc_(other.alloc_), handle_(std::exchange(other.handle_, handle{})), size_(other.size_) {}
   movable_buffer& operator=(movable_buffer&& other) {
     if (this != &other) {
-      reset();
+      reset();  // throws, changing nothing, while a view of this buffer is alive
       alloc_ = other.alloc_;
       handle_ = std::exchange(other.handle_, handle{});
       size_ = other.size_;
@@ -376,18 +375,17 @@ class movable_buffer {
   /// Locks the block: resident and fixed in place until the view is destroyed.
   [[nodiscard]] view lock() {
     void* p = alloc_->lock(handle_);
-    if (p == nullptr) {
-      oom_report report;
-      report.requested = size_;
-      report.alignment = movable_alignment;
-      throw out_of_memory(report);
-    }
+    if (p == nullptr) throw_out_of_memory(size_);
     return view(alloc_, handle_, p, size_);
   }
 
-  /// Deallocates now (no view may be alive).
+  /// Deallocates now. While a view is alive the allocator refuses (`alloy::logic_error`) and the
+  /// buffer keeps its block: the handle is given up only once the deallocation succeeded.
   void reset() {
-    if (handle_) alloc_->deallocate(std::exchange(handle_, handle{}));
+    if (handle_) {
+      alloc_->deallocate(handle_);
+      handle_ = handle{};
+    }
   }
   /// Gives up ownership: the caller deallocates the returned handle.
   handle release() noexcept { return std::exchange(handle_, handle{}); }
@@ -398,6 +396,10 @@ class movable_buffer {
   explicit operator bool() const noexcept { return static_cast<bool>(handle_); }
 
  private:
+  [[noreturn]] void throw_out_of_memory(std::size_t bytes) const {
+    throw out_of_memory(detail::make_oom_report(*alloc_, bytes, movable_alignment));
+  }
+
   A* alloc_;
   handle handle_;
   std::size_t size_;

@@ -10,6 +10,7 @@
 
 #include <alloy/adaptor/pmr.hpp>
 #include <alloy/alloy.hpp>
+#include <alloy/detail/align.hpp>
 
 #include "support/conformance.hpp"
 
@@ -68,6 +69,54 @@ BOOST_AUTO_TEST_CASE(failure_throws_out_of_memory_with_the_limit) {
   BOOST_TEST(alloc.bytes_in_use() == 0u);  // consistent after every failure
   void* again = resource.allocate(1_MiB, 256);
   resource.deallocate(again, 1_MiB, 256);
+}
+
+// Issue 18 item 4: an alignment the composition can never serve is a bad argument whose message
+// names the maximum, not an out-of-memory with nothing in use.
+BOOST_AUTO_TEST_CASE(an_unsupported_alignment_says_so_and_gives_the_maximum) {
+  alloy::size_class_pool<alloy::host_upstream> pool;  // alignments up to its largest class, 1 MiB
+  alloy::pmr_resource resource{pool};
+  try {
+    (void)resource.allocate(64, 2_MiB);
+    BOOST_FAIL("expected alloy::logic_error");
+  } catch (const alloy::logic_error& e) {
+    const std::string what = e.what();
+    BOOST_TEST(what.find("alignment 2097152 is not supported") != std::string::npos, what);
+    BOOST_TEST(what.find("at most 1048576") != std::string::npos, what);
+  }
+  void* p = resource.allocate(64, 1_MiB);  // the maximum itself is served
+  BOOST_TEST(alloy::detail::is_aligned(p, 1_MiB));
+  resource.deallocate(p, 64, 1_MiB);
+  BOOST_TEST(pool.bytes_in_use() == 0u);
+  BOOST_TEST(pool.misuse_count() == 0u);
+  // pmr_upstream says what its resource is asked with; an arena over it aligns inside itself.
+  alloy::limited<alloy::pmr_upstream> over_upstream{alloy::pmr_upstream{}};
+  alloy::pmr_resource upstream_resource{over_upstream};
+  BOOST_CHECK_THROW((void)upstream_resource.allocate(64, 512), alloy::logic_error);
+  alloy::best_fit_arena<alloy::pmr_upstream> arena{alloy::pmr_upstream{}};
+  alloy::pmr_resource arena_resource{arena};
+  void* q = arena_resource.allocate(64, 1_MiB);
+  BOOST_TEST(alloy::detail::is_aligned(q, 1_MiB));
+  arena_resource.deallocate(q, 64, 1_MiB);
+}
+
+// Issue 18 item 4: the message gives the state of the composition the user holds, also when
+// the part that counts is below a decorator that does not.
+BOOST_AUTO_TEST_CASE(out_of_memory_describes_the_whole_composition) {
+  using arena = alloy::best_fit_arena<alloy::host_upstream>;
+  alloy::synchronized<alloy::limited<arena>> alloc{alloy::limited<arena>{arena{}, {.bytes_limit = 4_MiB}}};
+  alloy::pmr_resource resource{alloc};
+  void* held = resource.allocate(3_MiB, 256);
+  try {
+    (void)resource.allocate(2_MiB, 256);
+    BOOST_FAIL("expected alloy::out_of_memory");
+  } catch (const alloy::out_of_memory& oom) {
+    BOOST_TEST(oom.report().limit == 4_MiB);
+    BOOST_TEST(oom.report().in_use == 3_MiB);
+    BOOST_TEST(oom.report().reserved == alloc.reserved_bytes());
+    BOOST_TEST(oom.report().reserved >= 3_MiB);
+  }
+  resource.deallocate(held, 3_MiB, 256);
 }
 
 struct over_pmr {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <thrust/device_vector.h>
@@ -160,6 +161,29 @@ BOOST_AUTO_TEST_CASE(thrust_allocator_reports_failure) {
   BOOST_CHECK_THROW(a.allocate(std::size_t(-1) / 4), alloy::out_of_memory);  // n * sizeof(T) overflows
   alloy::thrust_allocator<char, host_alloc> rebound{a};
   BOOST_TEST((rebound == a));
+}
+
+// Issue 18 item 4: over stats<limited<...>>, both failures (too much, and n * sizeof(T)
+// overflowing) describe the allocator: its limit and what is in use.
+BOOST_AUTO_TEST_CASE(thrust_allocator_out_of_memory_describes_the_allocator) {
+  using alloc_t = alloy::stats<alloy::limited<checking_upstream>>;
+  alloc_t alloc{alloy::limited<checking_upstream>{checking_upstream{}, {.bytes_limit = 1_MiB}}};
+  alloy::thrust_allocator<int, alloc_t> a{alloc};
+  auto held = a.allocate(1000);
+  for (std::size_t n : {std::size_t{1} << 20, std::size_t(-1) / 2}) {
+    try {
+      (void)a.allocate(n);
+      BOOST_FAIL("expected alloy::out_of_memory");
+    } catch (const alloy::out_of_memory& oom) {
+      const std::string what = oom.what();
+      BOOST_TEST(what.find("limit 1.00 MiB") != std::string::npos, what);
+      BOOST_TEST(what.find("in use 3.91 KiB") != std::string::npos, what);
+      BOOST_TEST(oom.report().in_use == 4000u);
+      BOOST_TEST(oom.report().limit == 1_MiB);
+    }
+  }
+  a.deallocate(held, 1000);
+  BOOST_TEST(alloc.statistics().bytes_in_use == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(thrust_mr_containers_and_pools_over_thrust_resource) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <alloy/alloy.hpp>
@@ -466,6 +467,93 @@ BOOST_AUTO_TEST_CASE(movable_buffer_raii) {
   }
   BOOST_TEST(a.movable_count() == 0u);
   BOOST_TEST(a.device().bytes_in_use() == 0u);
+}
+
+// Issue 18 item 6: a refused reset() (a view is alive) used to drop the handle first, leaving
+// the block allocated and unreachable. The buffer must still own it; the same for a move
+// assignment into a buffer with a live view.
+BOOST_AUTO_TEST_CASE(refused_operations_leave_the_buffer_owning_its_block) {
+  auto a = make_reclaimer(8192);
+  alloy::movable_buffer buf{a, 3000};
+  const handle h = buf.get();
+  {
+    auto view = buf.lock();
+    fill_pattern({view.data(), view.size()}, 61);
+    BOOST_CHECK_THROW(buf.reset(), alloy::logic_error);
+    BOOST_TEST(static_cast<bool>(buf));
+    BOOST_TEST((buf.get() == h));
+    BOOST_TEST(a.movable_count() == 1u);
+    alloy::movable_buffer other{a, 1000};
+    BOOST_CHECK_THROW(buf = std::move(other), alloy::logic_error);
+    BOOST_TEST((buf.get() == h), "the refused assignment keeps the buffer's block");
+    BOOST_TEST(static_cast<bool>(other), "and leaves the source as it was");
+    BOOST_TEST(a.movable_count() == 2u);
+  }
+  BOOST_TEST(a.movable_count() == 1u);
+  BOOST_TEST(intact(a, buf.get(), 61));
+  buf.reset();  // no view now: accepted
+  BOOST_TEST(!buf);
+  BOOST_TEST(a.movable_count() == 0u);
+  BOOST_TEST(a.device().bytes_in_use() == 0u);
+}
+
+// Issue 18 item 4: a movable_buffer's out-of-memory message describes the allocator it refers
+// to, over the defragmenter and over the spill reclaimer (it used to say "limit none, in use 0 B,
+// reserved 0 B").
+BOOST_AUTO_TEST_CASE(movable_buffer_out_of_memory_describes_the_allocator) {
+  using arena = alloy::best_fit_arena<checking_upstream>;
+  using defrag = alloy::compacting_defragmenter<arena>;
+  const auto check = [](auto& alloc) {
+    alloy::movable_buffer held{alloc, 4_MiB};
+    try {
+      alloy::movable_buffer too_big{alloc, 64_MiB};
+      BOOST_FAIL("expected alloy::out_of_memory");
+    } catch (const alloy::out_of_memory& oom) {
+      const std::string what = oom.what();
+      BOOST_TEST(what.find("tried to allocate 64.00 MiB") != std::string::npos, what);
+      BOOST_TEST(what.find("limit 16.00 MiB") != std::string::npos, what);
+      BOOST_TEST(what.find("in use 4.00 MiB") != std::string::npos, what);
+      BOOST_TEST(what.find("reserved 16.00 MiB") != std::string::npos, what);
+      BOOST_TEST(what.find("largest free block 12.00 MiB") != std::string::npos, what);
+      BOOST_TEST(oom.report().in_use == 4_MiB);
+      BOOST_TEST(oom.report().reserved == 16_MiB);
+    }
+  };
+  defrag d{arena{checking_upstream{}, {.initial_size = 16_MiB, .maximum_size = 16_MiB}}};
+  check(d);
+  alloy::host_spill_reclaimer<defrag, checking_upstream> r{
+      defrag{arena{checking_upstream{}, {.initial_size = 16_MiB, .maximum_size = 16_MiB}}}, checking_upstream{}};
+  check(r);
+  BOOST_TEST(r.movable_statistics().num_spills == 0u, "64 MiB can never fit 16 MiB: nothing spilled");
+}
+
+// Issue 18 item 5: over an unbounded device, a request its upstream cannot give even with
+// everything spilled (2^50 bytes) used to spill the resident block first.
+BOOST_AUTO_TEST_CASE(a_request_no_spill_can_serve_spills_nothing) {
+  using arena = alloy::best_fit_arena<alloy::host_upstream>;
+  alloy::host_spill_reclaimer<arena, alloy::host_upstream> r;
+  const handle first = r.allocate_movable(100000);
+  BOOST_REQUIRE(first);
+  fill(r, first, 77);
+  BOOST_TEST(!r.allocate_movable(std::size_t{1} << 50));
+  BOOST_TEST(!r.allocate(std::size_t{1} << 50, 256));
+  BOOST_TEST(r.is_resident(first));
+  BOOST_TEST(r.movable_statistics().num_spills == 0u);
+  BOOST_TEST(r.movable_statistics().num_single_reclaims == 0u);
+  BOOST_TEST(r.movable_statistics().num_full_reclaims == 0u);
+  BOOST_TEST(intact(r, first, 77));
+  // A request that spilling can serve still spills: a fixed 1 MiB device, 600 KiB resident.
+  alloy::host_spill_reclaimer<arena, alloy::host_upstream> tight{
+      arena{alloy::host_upstream{}, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
+  const handle a = tight.allocate_movable(600_KiB);
+  fill(tight, a, 78);
+  const handle b = tight.allocate_movable(600_KiB);
+  BOOST_TEST(static_cast<bool>(b));
+  BOOST_TEST(tight.movable_statistics().num_spills == 1u);
+  BOOST_TEST(intact(tight, a, 78));
+  tight.deallocate(a);
+  tight.deallocate(b);
+  r.deallocate(first);
 }
 
 BOOST_AUTO_TEST_CASE(copy_engine_on_host) {

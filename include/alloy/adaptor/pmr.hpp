@@ -25,7 +25,9 @@ namespace alloy {
 ///   a device-only composition does not compile.
 /// - `allocate` throws `alloy::out_of_memory` (what the composition knows about itself) when the
 ///   composition fails, `alloy::cuda_error` when a CUDA part failed for another reason, and
-///   `alloy::logic_error` for an alignment that is not a power of two.
+///   `alloy::logic_error` for an alignment that is not a power of two or is larger than the
+///   composition can ever serve (the message gives that maximum: the largest `max_alignment`
+///   its parts declare, see `detail::max_alignment_of`).
 /// - `deallocate` rebuilds the block from the pointer and size it is given (sized deallocation).
 /// - Two resources are equal when they refer to the same allocator.
 template <allocator A>
@@ -102,6 +104,8 @@ class pmr_upstream {
   }
 
   std::pmr::memory_resource* resource() const noexcept { return resource_; }
+  /// The largest alignment served (`options::alignment`).
+  std::size_t max_alignment() const noexcept { return alignment_; }
   friend bool operator==(const pmr_upstream& l, const pmr_upstream& r) noexcept {
     return l.resource_->is_equal(*r.resource_) && l.alignment_ == r.alignment_;
   }

@@ -138,8 +138,10 @@ class thrust_allocator {
   thrust_allocator(const thrust_allocator<U, A>& other) noexcept : alloc_(std::addressof(other.get_allocator())) {}
 
   pointer allocate(size_type n) {
-    if (n > std::numeric_limits<size_type>::max() / sizeof(T))
-      throw out_of_memory(oom_report{.requested = std::numeric_limits<size_type>::max(), .alignment = alignment});
+    if (n > std::numeric_limits<size_type>::max() / sizeof(T)) {  // n * sizeof(T) overflows: SIZE_MAX asked
+      detail::check_alignment(*alloc_, alignment);
+      throw out_of_memory(detail::make_oom_report(*alloc_, std::numeric_limits<size_type>::max(), alignment));
+    }
     return pointer(static_cast<T*>(detail::allocate_or_throw(*alloc_, n * sizeof(T), alignment).ptr));
   }
   void deallocate(pointer p, size_type n) noexcept { alloc_->deallocate(block{thrust::raw_pointer_cast(p), n * sizeof(T)}); }

@@ -48,41 +48,145 @@ free_space measure_free_space(const A& a) {
   return space;
 }
 
-/// What the composition can say about itself after failing a request of `bytes`.
+/// Calls `f(part)` for every part of `a` that requests draw on: all of a composite's parts, but
+/// only the device side of a part with a device and a host side (`host_spill_reclaimer`: its
+/// host memory holds spilled blocks, not what a request is served from).
+template <class A, class F>
+void for_each_drawn_part(A& a, F&& f) {
+  if constexpr (requires { a.device(); a.host(); }) {
+    f(a.device());
+  } else if constexpr (composite<A>) {
+    std::apply([&](auto&... part) { (f(part), ...); }, a.parts());
+  }
+}
+
+/// Bytes in use as the outermost part that counts them says, or the sum over the drawn parts
+/// of a composite that does not (a segregator's two sides); false when nothing counts them.
+template <class A>
+bool bytes_in_use_of(A& a, std::size_t& out) {
+  if constexpr (requires { { a.bytes_in_use() } -> std::convertible_to<std::size_t>; }) {
+    out = a.bytes_in_use();
+    return true;
+  } else {
+    bool any = false;
+    std::size_t sum = 0;
+    for_each_drawn_part(a, [&](auto& part) {
+      std::size_t part_in_use = 0;
+      if (bytes_in_use_of(part, part_in_use)) sum += part_in_use, any = true;
+    });
+    out = sum;
+    return any;
+  }
+}
+
+/// Bytes reserved, the same way (`reserved_bytes()`).
+template <class A>
+bool reserved_bytes_of(A& a, std::size_t& out) {
+  if constexpr (reserving_allocator<A>) {
+    out = a.reserved_bytes();
+    return true;
+  } else {
+    bool any = false;
+    std::size_t sum = 0;
+    for_each_drawn_part(a, [&](auto& part) {
+      std::size_t part_reserved = 0;
+      if (reserved_bytes_of(part, part_reserved)) sum += part_reserved, any = true;
+    });
+    out = sum;
+    return any;
+  }
+}
+
+/// Free space, the same way (introspection), summed over parts.
+template <class A>
+void free_space_of(A& a, free_space& out) {
+  if constexpr (introspectable_allocator<A>) {
+    const free_space space = measure_free_space(a);
+    out.free_bytes += space.free_bytes;
+    out.largest = std::max(out.largest, space.largest);
+  } else {
+    for_each_drawn_part(a, [&](auto& part) { free_space_of(part, out); });
+  }
+}
+
+/// The smallest `bytes_limit()` or `bytes_reservable_limit()` of `a` and its drawn parts; 0 when
+/// none is set.
+template <class A>
+std::size_t smallest_limit_of(A& a) {
+  std::size_t best = 0;
+  auto consider = [&](std::size_t limit) {
+    if (limit != 0 && limit != static_cast<std::size_t>(-1) && (best == 0 || limit < best)) best = limit;
+  };
+  if constexpr (requires { { a.bytes_limit() } -> std::convertible_to<std::size_t>; }) consider(a.bytes_limit());
+  if constexpr (requires { { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>; })
+    consider(a.bytes_reservable_limit());
+  for_each_drawn_part(a, [&](auto& part) { consider(smallest_limit_of(part)); });
+  return best;
+}
+
+/// Whether `A` wraps exactly one part (and is not a device/host pair) with a `stats<>`
+/// (`oom_report_for`) somewhere down that chain of single parts.
+template <class A>
+constexpr bool decorates_a_reporter() {
+  if constexpr (composite<A> && !requires(A& a) { a.device(); a.host(); }) {
+    using parts_type = std::remove_cvref_t<decltype(std::declval<A&>().parts())>;
+    if constexpr (std::tuple_size_v<parts_type> == 1) {
+      using part = std::remove_reference_t<std::tuple_element_t<0, parts_type>>;
+      return requires(part& p) { p.oom_report_for(std::size_t{}, std::size_t{}); } || decorates_a_reporter<part>();
+    } else {
+      return false;
+    }
+  } else {
+    return false;
+  }
+}
+
+/// What the composition the user holds can say about itself after failing a request of `bytes`.
+/// A `stats<>` answers for everything below it (`oom_report_for`), also under decorators that
+/// count nothing of their own; otherwise in use and reserved come from the outermost part that
+/// counts them (summed over the sides of a composite that does not), the limit is the smallest
+/// of any part, and the free space is measured by introspection.
 template <class A>
 oom_report make_oom_report(A& a, std::size_t bytes, std::size_t alignment) {
-  oom_report report{.requested = bytes, .alignment = alignment};
-  bool have_in_use = false, have_reserved = false, have_free = false;
-  auto inspect = [&]<class P>(P& part) {
-    if constexpr (requires { part.oom_report_for(bytes, alignment); }) {
-      if (!have_in_use) {  // a part that knows everything (stats<>) answers for what it covers
-        const oom_report inner = part.oom_report_for(bytes, alignment);
-        report = inner;
-        have_in_use = have_reserved = have_free = true;
-      }
-    }
-    if constexpr (requires { part.bytes_limit(); }) {
-      const std::size_t limit = part.bytes_limit();
-      if (limit != 0 && limit != static_cast<std::size_t>(-1) && (report.limit == 0 || limit < report.limit))
-        report.limit = limit;
-    }
-    if constexpr (requires { part.bytes_in_use(); }) {
-      if (!have_in_use) report.in_use = part.bytes_in_use(), have_in_use = true;
-    }
-    if constexpr (reserving_allocator<P>) {
-      if (!have_reserved) report.reserved = part.reserved_bytes(), have_reserved = true;
-    }
-    if constexpr (introspectable_allocator<P>) {
-      if (!have_free) {
-        const free_space space = measure_free_space(part);
-        report.largest_free_block = space.largest;
-        report.fragmentation = space.fragmentation();
-        have_free = true;
-      }
-    }
-  };
-  visit_parts(a, inspect);
-  return report;
+  if constexpr (requires { a.oom_report_for(bytes, alignment); }) {
+    return a.oom_report_for(bytes, alignment);
+  } else if constexpr (decorates_a_reporter<A>()) {
+    // A decorator (synchronized<>, limited<>, logged<>, ...): what it wraps says the most; the
+    // decorator adds its own limit, and its own count of bytes in use when it keeps one.
+    oom_report report = make_oom_report(std::get<0>(a.parts()), bytes, alignment);
+    if (const std::size_t limit = smallest_limit_of(a); limit != 0 && (report.limit == 0 || limit < report.limit))
+      report.limit = limit;
+    if constexpr (requires { { a.bytes_in_use() } -> std::convertible_to<std::size_t>; }) report.in_use = a.bytes_in_use();
+    return report;
+  } else {
+    oom_report report{.requested = bytes, .alignment = alignment};
+    report.limit = smallest_limit_of(a);
+    bytes_in_use_of(a, report.in_use);
+    reserved_bytes_of(a, report.reserved);
+    free_space space;
+    free_space_of(a, space);
+    report.largest_free_block = space.largest;
+    report.fragmentation = space.fragmentation();
+    return report;
+  }
+}
+
+/// The largest alignment `a` can serve: `max_alignment` (a static member or a function) where a
+/// part declares one; for a composite that does not, the largest of its drawn parts' (a
+/// composition serves an alignment one of its parts can, issue 18); unbounded otherwise.
+template <class A>
+std::size_t max_alignment_of(A& a) {
+  if constexpr (requires { { a.max_alignment() } -> std::convertible_to<std::size_t>; }) {
+    return a.max_alignment();
+  } else if constexpr (requires { { A::max_alignment } -> std::convertible_to<std::size_t>; }) {
+    return A::max_alignment;
+  } else if constexpr (requires { a.device(); a.host(); } || composite<A>) {
+    std::size_t best = 0;
+    for_each_drawn_part(a, [&](auto& part) { best = std::max(best, max_alignment_of(part)); });
+    return best == 0 ? static_cast<std::size_t>(-1) : best;
+  } else {
+    return static_cast<std::size_t>(-1);
+  }
 }
 
 /// Throws the pending CUDA error of any part of `a`, clearing it, if there is one.
@@ -105,10 +209,21 @@ inline void check_alignment(std::size_t alignment) {
     throw alloy::logic_error("alignment " + std::to_string(alignment) + " is not a power of two");
 }
 
+/// A bad alignment is a bad argument (`alloy::logic_error`), not an out-of-memory: not a power
+/// of two, or more than the composition can ever serve (`max_alignment_of`), with that maximum.
+template <class A>
+void check_alignment(A& a, std::size_t alignment) {
+  check_alignment(alignment);
+  if (const std::size_t most = max_alignment_of(a); alignment > most) {
+    throw alloy::logic_error("alignment " + std::to_string(alignment) + " is not supported by this composition (at most " +
+                             std::to_string(most) + ")");
+  }
+}
+
 /// The throwing allocate every edge uses: checks the arguments, allocates, and reports failure.
 template <class A>
 block allocate_or_throw(A& a, std::size_t bytes, std::size_t alignment) {
-  check_alignment(alignment);
+  check_alignment(a, alignment);
   const block b = a.allocate(bytes, alignment);
   if (!b) {
     throw_pending_cuda_error(a);
@@ -119,7 +234,7 @@ block allocate_or_throw(A& a, std::size_t bytes, std::size_t alignment) {
 
 template <class A, class Stream>
 block allocate_or_throw(A& a, std::size_t bytes, std::size_t alignment, Stream stream) {
-  check_alignment(alignment);
+  check_alignment(a, alignment);
   const block b = a.allocate(bytes, alignment, stream);
   if (!b) {
     throw_pending_cuda_error(a);

@@ -106,6 +106,9 @@ class best_fit_arena {
  public:
   static constexpr bool host_accessible = Upstream::host_accessible;
   static constexpr bool device_accessible = Upstream::device_accessible;
+  /// Every power of two: alignment is served inside the arena, whatever `Upstream` promises (the
+  /// edges read this to tell a bad alignment from an out-of-memory).
+  static constexpr std::size_t max_alignment = std::numeric_limits<std::size_t>::max();
 
   struct options {
     std::size_t initial_size = 0;  ///< bytes taken at construction (one segment); 0 = none

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <set>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -33,7 +34,11 @@ namespace alloy {
 ///   nothing (no unlocked block, or the host side failed for every candidate) is not counted, and
 ///   the request fails with an empty block / empty handle / nullptr from `lock`. A request the
 ///   device can never hold (more than its `bytes_limit()` / `bytes_reservable_limit()`, a size
-///   near SIZE_MAX, a bad alignment) fails at once and spills nothing.
+///   near SIZE_MAX, a bad alignment) fails at once and spills nothing. So does a request larger
+///   than everything the device side holds (`reserved_bytes()`) when the upstream below it
+///   cannot give the difference now: spilling gives back at most what the device holds, so it
+///   could not help (one probe of that upstream, allocate and give back, on this failure path
+///   only; issue 18).
 /// - Raw `allocate`/`deallocate` go to `Device`; a raw block never moves. When `Device` fails a raw
 ///   request, movable blocks are reclaimed for it the same way (`options::reclaim_for_raw`).
 /// - When `Device` is itself movable (a `compacting_defragmenter`), the reclaimer keeps its resident
@@ -468,6 +473,42 @@ class host_spill_reclaimer {
   /// False when the device side can never hold `bytes`, however much is spilled: more than its
   /// `bytes_limit()` or `bytes_reservable_limit()` when it has one, or a size whose rounding
   /// overflows. Such a request spills nothing.
+  /// The memory source at the bottom of `p`: followed through parts while there is exactly one.
+  template <class P>
+  static auto& root_upstream(P& p) noexcept {
+    if constexpr (composite<P>) {
+      if constexpr (std::tuple_size_v<std::remove_cvref_t<decltype(p.parts())>> == 1) {
+        return root_upstream(std::get<0>(p.parts()));
+      } else {
+        return p;
+      }
+    } else {
+      return p;
+    }
+  }
+
+  /// False when spilling everything could not make room for `bytes`: the request is larger than
+  /// all the device side holds, and the upstream below it cannot give the rest now.
+  bool eviction_could_help(std::size_t bytes) noexcept {
+    if constexpr (reserving_allocator<Device>) {
+      const std::size_t reserved = device_.reserved_bytes();
+      if (bytes <= reserved) return true;
+      auto& source = root_upstream(device_);
+      using source_type = std::remove_cvref_t<decltype(source)>;
+      if constexpr (std::is_same_v<source_type, Device> || composite<source_type>) {
+        return true;  // no single upstream below the device to ask
+      } else {
+        const block probe = source.allocate(bytes - reserved, movable_alignment);
+        if (!probe) return false;
+        source.deallocate(probe);
+        return true;
+      }
+    } else {
+      (void)bytes;
+      return true;
+    }
+  }
+
   bool could_ever_fit(std::size_t bytes) const noexcept {
     if (detail::round_up(bytes, movable_alignment) == 0 && bytes != 0) return false;
     if constexpr (requires { { device_.bytes_limit() } -> std::convertible_to<std::size_t>; }) {
@@ -505,6 +546,7 @@ class host_spill_reclaimer {
   template <class Attempt>
   auto reclaim_and_retry(std::size_t bytes, std::size_t alignment, Attempt&& attempt) noexcept -> decltype(attempt()) {
     if (!could_ever_fit(bytes) || !detail::is_power_of_two(alignment)) return {};
+    if (unlocked_.empty() || !eviction_could_help(bytes)) return {};
     // Single: with a raw introspectable device, the smallest block whose eviction opens a big
     // enough piece; otherwise (or when the host side refuses it) the smallest unlocked resident
     // block at least as large as the request, trying the next larger one when the host refuses.

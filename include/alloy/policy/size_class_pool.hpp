@@ -267,7 +267,8 @@ struct size_class_usage {
 ///   `options::misuse_context`; with no handler, `ALLOY_CHECKED` builds print one line to
 ///   stderr. A stale free of a block whose slot was handed out again with the same size is a
 ///   valid free of the new block: no allocator without per-block generations can tell.
-/// - Capabilities: `owns`, `release`, `reserved_bytes` (O(1)), `counters`, `for_each_block`
+/// - Capabilities: `try_deallocate` (checked deallocation: false for a misuse), `owns`,
+///   `release`, `reserved_bytes` (O(1)), `counters`, `for_each_block`
 ///   (every block of every slab, free ones included), `bytes_in_use` (sum of class sizes
 ///   handed out) and `requested_bytes` (sum of sizes asked), `usage(class)` per class.
 ///   `allocate_keeping_cache` (no release and retry on upstream failure), which makes it a valid
@@ -296,6 +297,10 @@ class size_class_pool {
 
   /// Alignment every block has without asking (and the alignment slabs are taken with).
   static constexpr std::size_t natural_alignment = 256;
+  /// The largest alignment the pool serves (for a request of at most 256 bytes; a larger request
+  /// needs `bytes + alignment - 256 <= max_size()`); the edges read it to tell a bad alignment
+  /// from an out-of-memory.
+  static constexpr std::size_t max_alignment = Classes::max_size;
   static constexpr std::size_t num_classes = Classes::count;
 
   struct options {
@@ -413,10 +418,18 @@ class size_class_pool {
   }
 
  public:
-  void deallocate(block b) noexcept {
-    if (!b) return;
+  void deallocate(block b) noexcept { (void)try_deallocate(b); }
+
+  /// Checked deallocation (`checked_deallocating_allocator`): frees `b` and returns true when it
+  /// is a live block of this pool (or empty); returns false for a misuse, which is ignored and
+  /// reported as the class comment says, so that decorators count only accepted frees.
+  bool try_deallocate(block b) noexcept {
+    if (!b) return true;
     const std::uint32_t id = slab_of(b.ptr);
-    if (id == none) [[unlikely]] return misuse(pool_misuse::foreign_pointer, b);
+    if (id == none) [[unlikely]] {
+      misuse(pool_misuse::foreign_pointer, b);
+      return false;
+    }
     slab& s = slabs_[id];
     class_state& cls = classes_[s.class_index];
     const auto offset = static_cast<std::uint32_t>(static_cast<std::byte*>(b.ptr) - s.base);
@@ -427,7 +440,7 @@ class size_class_pool {
     // SIZE_MAX, which must not match a free slot's 0.
     const entry_type entry = s.requested[index];
     if ((entry != b.size + 1) | (into != 0) | (entry == 0)) [[unlikely]] {
-      if (!accept_unusual_free(s, cls, index, into, entry, b)) return;
+      if (!accept_unusual_free(s, cls, index, into, entry, b)) return false;
     }
     s.requested[index] = 0;
     --s.live;
@@ -437,6 +450,7 @@ class size_class_pool {
     requested_ -= b.size;
     // Cannot fail: the stack's capacity covers every block the class has carved (see new_slab).
     cls.free.push_back({id, index});
+    return true;
   }
 
   /// Whether `b.ptr` lies in one of this pool's slabs (in use or not).
