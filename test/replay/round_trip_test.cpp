@@ -72,7 +72,7 @@ void check_round_trip(const std::string& name, Make make, std::size_t capacity) 
     const auto all = alloy::replay::compositions();
     const auto entry = std::find_if(all.begin(), all.end(), [&](const auto& c) { return c.name == name; });
     BOOST_TEST_REQUIRE((entry != all.end()));
-    simulated_device device(capacity);
+    alloy::replay::devices device(capacity);
     const alloy::replay::replay_options opts{.alignment = 256, .capacity = capacity, .repetitions = 2};
     const alloy::replay::replay_result r = entry->run(trace, device, opts);
 
@@ -85,6 +85,7 @@ void check_round_trip(const std::string& name, Make make, std::size_t capacity) 
     BOOST_TEST(r.upstream_allocs == original.num_device_alloc);
     BOOST_TEST(r.upstream_frees == original.num_device_free);
     BOOST_TEST(r.leaked == 0u);
+    BOOST_TEST(r.faults == 0u);
     BOOST_TEST(r.ns_per_op_runs.size() == 2u);
   }
 }
@@ -150,7 +151,7 @@ BOOST_AUTO_TEST_CASE(replay_counts_failures_and_serves_recorded_failures_again) 
       "1,0,free,0x1000,4194304,0\n"
       "1,0,allocate,0x3000,1024,0\n",  // never freed
       "t");
-  simulated_device device(10_MiB);
+  alloy::replay::devices device(10_MiB);
   const auto all = alloy::replay::compositions();
   for (const auto& c : all) {
     BOOST_TEST_CONTEXT(c.name) {
@@ -158,6 +159,7 @@ BOOST_AUTO_TEST_CASE(replay_counts_failures_and_serves_recorded_failures_again) 
       BOOST_TEST(r.requests == 4u);
       BOOST_TEST(r.operations == 6u);
       BOOST_TEST(r.leaked == 0u);
+      BOOST_TEST(r.faults == 0u);
       if (c.name == "best_fit_arena" || c.name == "default_allocator") {
         BOOST_TEST(r.failed == 1u);
         BOOST_TEST(r.served == 3u);
@@ -177,7 +179,7 @@ BOOST_AUTO_TEST_CASE(reports_are_written) {
       "1,0,free,0x1000,3000000,0\n"
       "1,0,allocate,0x3000,7000000,0\n",
       "dir/some \"trace\".rmm.csv.gz");
-  simulated_device device(1_GiB);
+  alloy::replay::devices device(1_GiB);
   alloy::replay::trace_report report{trace.name, &trace, {}};
   for (const auto& c : alloy::replay::compositions()) report.results.push_back(c.run(trace, device, {.capacity = 1_GiB}));
   const alloy::replay::report_settings settings{1_GiB, 256, 1};

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "replay/compositions.hpp"
+#include "replay/min_capacity.hpp"
 #include "replay/report.hpp"
 #include "replay/simulated_device.hpp"
 #include "replay/trace_reader.hpp"
@@ -32,7 +33,10 @@ constexpr const char* usage_text = R"(usage: alloy-replay [options] TRACE...
 
 Replays allocation traces through alloy's compositions and their peers over a simulated device
 and reports, per composition: ns per operation, peak in use, peak reserved, peak reserved / peak
-live, upstream calls, failed requests and bytes moved.
+live, upstream calls, map + unmap calls per 1,000 operations (virtual compositions), failed
+requests and bytes moved. Every block a composition serves is checked (aligned, inside the
+device's memory, overlapping no live block); a wrong answer is reported as a FAULT of that
+composition, not as a served request (exit status 3).
 
 TRACE is one of (told apart by the first line; '-' reads standard input):
   RMM log CSV, plain or .gz     Thread,Time,Action,Pointer,Size,Stream (allocate, free,
@@ -44,6 +48,10 @@ options:
   --capacity SIZE        capacity of the simulated device, e.g. 80GiB, 1.5GiB, 512MiB
                          (default: unlimited). Nothing that large is touched: the device hands
                          out address space that replay never writes to.
+  --min-capacity         for each composition, find the smallest device capacity (to 0.5 %) at
+                         which every request is served and print it divided by the trace's
+                         peak live bytes ("how big a GPU do I need"), with map and upstream
+                         calls per 1,000 operations at --capacity; no timed replays
   --compositions LIST    comma-separated names, or 'all' (default), 'alloy', 'peers'; the
                          whole_device_* ones (an arena holding the whole device from the
                          start) need --capacity and are chosen by name only
@@ -157,7 +165,7 @@ int main(int argc, char** argv) {
   bench::trace_read_options read_opts;
   bench::minimalloc_options mm;
   std::string json_path, markdown_path, svg_path, wanted = "all";
-  bool quiet = false, list = false;
+  bool quiet = false, list = false, min_capacity = false;
   int show_progress = -1;  // -1: when standard error is a terminal
   std::vector<std::string> traces;
 
@@ -180,6 +188,8 @@ int main(int argc, char** argv) {
       opts.capacity = *size;
     } else if (is("--compositions")) {
       wanted = value();
+    } else if (arg == "--min-capacity") {
+      min_capacity = true;
     } else if (arg == "--list") {
       list = true;
     } else if (is("--alignment")) {
@@ -227,7 +237,9 @@ int main(int argc, char** argv) {
 
   std::vector<replay::composition> all = replay::compositions();
   if (list) {
-    for (const auto& c : all) std::printf("%-26s %s%s\n", c.name.c_str(), c.peer ? "(peer) " : "", c.description.c_str());
+    for (const auto& c : all)
+      std::printf("%-26s %s%s%s\n", c.name.c_str(), c.peer ? "(peer) " : "", c.virtual_memory ? "(virtual memory) " : "",
+                  c.description.c_str());
     return 0;
   }
   if (traces.empty()) usage_error("no trace given");
@@ -267,11 +279,15 @@ int main(int argc, char** argv) {
     std::cerr << "alloy-replay: " << bench::describe(name, p) << " (skipped)\n";
   };
 
+  if (min_capacity) {
+    if (!svg_path.empty()) usage_error("--svg draws one replay; it does not go with --min-capacity");
+    opts.repetitions = 0;  // figures only: the search replays each composition a dozen times
+  }
   const replay::report_settings settings{opts.capacity, opts.alignment, opts.repetitions};
   std::vector<std::unique_ptr<bench::rmm_trace>> loaded;
   std::vector<replay::trace_report> reports;
   int status = 0;
-  replay::simulated_device device(opts.capacity);
+  replay::devices device(opts.capacity);
   for (const std::string& path : traces) {
     auto trace = std::make_unique<bench::rmm_trace>();
     try {
@@ -290,10 +306,33 @@ int main(int argc, char** argv) {
     for (const replay::composition* c : chosen) {
       bar.start(replay::display_name(path) + "  " + c->name);
       opts.progress = [&bar](double f) { bar.update(f); };
+      device.set_capacity(opts.capacity);
       report.results.push_back(c->run(*trace, device, opts));
+      if (min_capacity) {
+        replay::replay_options probe = opts;
+        probe.progress = {};
+        probe.series_points = 1;
+        report.min_capacity.push_back(replay::find_min_capacity(*trace, [&](std::size_t capacity) {
+          probe.capacity = capacity;
+          device.set_capacity(capacity);
+          return c->run(*trace, device, probe);
+        }));
+        device.set_capacity(opts.capacity);
+      }
       bar.finish();
+      const replay::replay_result& x = report.results.back();
+      if (x.faults != 0) {
+        std::cerr << "alloy-replay: " << replay::display_name(path) << ": " << c->name << ": " << replay::fault_text(x) << '\n';
+        if (status == 0) status = 3;
+      }
     }
-    if (!quiet) replay::print_table(std::cout, report, settings);
+    if (!quiet) {
+      if (min_capacity) {
+        replay::print_min_capacity_table(std::cout, report, settings);
+      } else {
+        replay::print_table(std::cout, report, settings);
+      }
+    }
     std::cout.flush();
     reports.push_back(std::move(report));
     loaded.push_back(std::move(trace));
@@ -305,7 +344,11 @@ int main(int argc, char** argv) {
   }
   if (!markdown_path.empty()) {
     std::unique_ptr<std::ofstream> file;
-    replay::write_markdown(open_output(markdown_path, file), reports, settings);
+    if (min_capacity) {
+      replay::write_min_capacity_markdown(open_output(markdown_path, file), reports, settings);
+    } else {
+      replay::write_markdown(open_output(markdown_path, file), reports, settings);
+    }
   }
   if (!svg_path.empty() && !reports.empty()) {
     std::unique_ptr<std::ofstream> file;

@@ -21,13 +21,20 @@
 //                            largest_block_size 1 MiB (built when Thrust is found)
 //   thrust_disjoint_pool     thrust::mr::disjoint_unsynchronized_pool_resource, same options,
 //                            bookkeeping from new/delete (built when Thrust is found)
+//   Both thrust pools see a request below the alignment as one of the alignment (their small
+//   blocks lie end to end in a bucket: a 4-byte block at 256 would be 16-byte aligned), and the
+//   non-disjoint one sizes rounded up to a multiple of 8 (it writes a descriptor of pointers
+//   right after an oversized block: misaligned, undefined behaviour, after other sizes);
+//   `thrust_pool_target::as_seen`.
 //
 // Every request asks for `replay_options::alignment` (the movable blocks of the +defrag ones are
 // always 256-aligned: `alloy::movable_alignment`). The peers' failures are the `std::bad_alloc`
-// the device's resource throws when refused.
+// the device's resource throws when refused. Targets with fixed addresses say where a token's
+// block is (`address`), so that the replay checks every answer (replay.hpp).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory_resource>
 #include <new>
@@ -56,6 +63,7 @@
 
 #include "replay/replay.hpp"
 #include "replay/simulated_device.hpp"
+#include "replay/simulated_vm.hpp"
 
 namespace alloy::replay {
 
@@ -91,6 +99,7 @@ class raw_target {
   raw_target(A a, std::size_t alignment) : a_(std::move(a)), alignment_(alignment) {}
   token allocate(std::size_t bytes) noexcept { return a_.allocate(bytes, alignment_); }
   void deallocate(token b, std::size_t) noexcept { a_.deallocate(b); }
+  static const void* address(const token& b) noexcept { return b.ptr; }
   std::size_t bytes_moved() const noexcept { return 0; }
   A& allocator() noexcept { return a_; }
 
@@ -124,6 +133,7 @@ class split_movable_target {
   };
   split_movable_target(Small small, Large large, std::size_t alignment)
       : small_(std::move(small)), large_(std::move(large)), alignment_(alignment) {}
+  static const void* address(const token& t) noexcept { return t.raw.ptr; }  // movable ones: none
   token allocate(std::size_t bytes) noexcept {
     if (bytes <= Threshold) return {small_.allocate(bytes, alignment_), {}};
     return {{}, large_.allocate_movable(bytes)};
@@ -159,6 +169,7 @@ class pmr_pool_target {
     }
   }
   void deallocate(token p, std::size_t bytes) noexcept { pool_.deallocate(p, bytes, alignment_); }
+  static const void* address(token p) noexcept { return p; }
   std::size_t bytes_moved() const noexcept { return 0; }
 
  private:
@@ -199,13 +210,42 @@ class thrust_pool_target {
   thrust_pool_target& operator=(const thrust_pool_target&) = delete;
   token allocate(std::size_t bytes) noexcept {
     try {
-      return pool_.allocate(bytes, alignment_);
+      return pool_.allocate(as_seen(bytes), alignment_);
     } catch (const std::bad_alloc&) {
       return nullptr;
     }
   }
-  void deallocate(token p, std::size_t bytes) noexcept { pool_.deallocate(p, bytes, alignment_); }
+  void deallocate(token p, std::size_t bytes) noexcept { pool_.deallocate(p, as_seen(bytes), alignment_); }
+  static const void* address(token p) noexcept { return p; }
   std::size_t bytes_moved() const noexcept { return 0; }
+
+  /// Why a request is not handed to the pool at all (the replay counts it as the pool's fault),
+  /// or null. The non-disjoint pool asks its upstream for `bytes + sizeof(descriptor)` and writes
+  /// the descriptor at `block + bytes`: within a descriptor of SIZE_MAX the sum wraps, the
+  /// upstream serves a few bytes and the pool writes before them (it once "served" 2^64 - 6
+  /// bytes that way). Asking would corrupt the replay itself.
+  const char* cannot_ask(std::size_t bytes) const noexcept {
+    if (!Disjoint && bytes > SIZE_MAX - 4096)
+      return "not asked: thrust::mr's pool would compute the size plus its descriptor, which wraps for this size, "
+             "and write outside the block it gets";
+    return nullptr;
+  }
+
+  /// The size the pool is asked for. (1) Both pools serve a small request from a bucket of
+  /// blocks of its rounded size laid end to end, so a block smaller than the alignment asked for
+  /// is not aligned to it (4 bytes at 256: 16-byte aligned): requests below the alignment are
+  /// asked for as the alignment. (2) The non-disjoint pool stores a descriptor of pointers right
+  /// after an oversized block, so a size that is not a multiple of 8 would make it write
+  /// misaligned (undefined behaviour; UBSan reports it): sizes are rounded up to 8. Sizes within
+  /// 8 of SIZE_MAX are passed on as they are (and the answer checked).
+  std::size_t as_seen(std::size_t bytes) const noexcept {
+    if (bytes < alignment_) return alignment_;
+    if constexpr (Disjoint) {
+      return bytes;  // bookkeeping on the host: nothing written into the block
+    } else {
+      return bytes > SIZE_MAX - 7 ? bytes : (bytes + 7) & ~std::size_t{7};
+    }
+  }
 
  private:
   pool_t make_pool(std::size_t alignment) {
@@ -233,15 +273,26 @@ struct composition {
   std::string description;
   bool peer = false;           ///< not alloy: a pool of std::pmr or thrust::mr
   bool needs_capacity = false;  ///< only with a device of finite capacity; chosen by name only
-  std::function<replay_result(const bench::rmm_trace&, simulated_device&, const replay_options&)> run;
+  bool virtual_memory = false;  ///< runs on the virtual-memory device (granules of 2 MiB)
+  std::function<replay_result(const bench::rmm_trace&, devices&, const replay_options&)> run;
 };
 
 namespace detail {
+/// A composition over the device of segments.
 template <class Make>
 composition entry(std::string name, std::string description, bool peer, Make make, bool needs_capacity = false) {
-  composition c{name, std::move(description), peer, needs_capacity, {}};
-  c.run = [name, make](const bench::rmm_trace& t, simulated_device& d, const replay_options& o) {
-    return replay(t, d, [&] { return make(d, o); }, o, name);
+  composition c{name, std::move(description), peer, needs_capacity, false, {}};
+  c.run = [name, make](const bench::rmm_trace& t, devices& d, const replay_options& o) {
+    return replay(t, d.segments, [&] { return make(d.segments, o); }, o, name);
+  };
+  return c;
+}
+/// A composition over the virtual-memory device.
+template <class Make>
+composition vm_entry(std::string name, std::string description, Make make) {
+  composition c{name, std::move(description), false, false, true, {}};
+  c.run = [name, make](const bench::rmm_trace& t, devices& d, const replay_options& o) {
+    return replay(t, d.vm, [&] { return make(d.vm, o); }, o, name);
   };
   return c;
 }
@@ -297,10 +348,14 @@ inline std::vector<composition> compositions() {
                                                o.alignment};
                       }));
 #if ALLOY_REPLAY_HAS_THRUST
-  all.push_back(entry("thrust_pool", "thrust::mr::unsynchronized_pool_resource, largest_block_size 1 MiB", true,
+  all.push_back(entry("thrust_pool",
+                      "thrust::mr::unsynchronized_pool_resource, largest_block_size 1 MiB; requests below the "
+                      "alignment asked as the alignment, sizes rounded up to 8 B (see compositions.hpp)",
+                      true,
                       [](simulated_device& d, const replay_options& o) { return thrust_pool_target<false>{d, o.alignment}; }));
   all.push_back(entry("thrust_disjoint_pool",
-                      "thrust::mr::disjoint_unsynchronized_pool_resource, largest_block_size 1 MiB, bookkeeping on the host",
+                      "thrust::mr::disjoint_unsynchronized_pool_resource, largest_block_size 1 MiB, bookkeeping on the "
+                      "host; requests below the alignment asked as the alignment (see compositions.hpp)",
                       true, [](simulated_device& d, const replay_options& o) { return thrust_pool_target<true>{d, o.alignment}; }));
 #endif
   return all;

@@ -12,8 +12,18 @@
 // - Allocations the trace never frees are freed after the timed loop, then the allocator is
 //   destroyed; whatever the device still holds then is reported as leaked.
 //
+// Every served block is checked (in a first, untimed replay that gives every figure but the
+// time): its address must be aligned as asked, lie inside what the device handed out (a live
+// allocation of the device of segments; mapped memory of the virtual-memory device) and overlap
+// no other live block. A block that fails is a *fault* of the composition, not a served request:
+// counted in `faults`, the first one described in `first_fault`, the block neither used nor
+// given back. What the device itself finds wrong (a free of an address it never gave out, a
+// map over mapped memory ...) counts as a fault too. A movable block has no fixed address:
+// only that it exists is checked. A target may also refuse to pass a request on (`cannot_ask`,
+// for a peer known to corrupt memory on it): that is a fault too.
+//
 // Figures (all exact, none sampled): ns per operation (the timed loop's wall time ÷ events, the
-// median over `repetitions` fresh replays), peak in use (most bytes of served requests live at
+// median over `repetitions` fresh replays after the checked one; none when 0), peak in use (most bytes of served requests live at
 // once), peak reserved (the device's own count, so it sees reservations inside a call), upstream
 // calls, failed requests, bytes moved (defragmentation), and a series of in-use and reserved bytes
 // over the trace for the chart (per bucket of events, the maximum of each).
@@ -23,11 +33,17 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "replay/simulated_device.hpp"
+#include "replay/simulated_vm.hpp"
 #include "replay/rmm_trace.hpp"
 
 namespace alloy::replay {
@@ -43,7 +59,7 @@ concept replay_target = requires(T& t, const T& ct, typename T::token tok, std::
 struct replay_options {
   std::size_t alignment = 256;   ///< alignment of every request
   std::size_t capacity = unlimited;
-  int repetitions = 1;           ///< timed replays per composition (figures from the first)
+  int repetitions = 1;           ///< timed replays per composition, after the checked one (0: none)
   std::size_t series_points = 600;  ///< points of the in-use / reserved series (at most)
   /// Called now and then with the fraction of the current replay done (0..1); may be empty.
   std::function<void(double)> progress{};
@@ -74,9 +90,17 @@ struct replay_result {
   std::size_t bytes_moved = 0;       ///< bytes copied to move blocks (defragmentation)
   std::size_t leaked = 0;            ///< bytes the device still held after the allocator was gone
   double reserved_over_live = 0;     ///< peak reserved ÷ the trace's peak live bytes
+  bool virtual_memory = false;       ///< ran on the virtual-memory device
+  std::size_t map_calls = 0;         ///< map + unmap calls (virtual memory only)
+  std::size_t peak_mapped = 0;       ///< bytes mapped at once, at most (virtual memory only)
+  std::size_t faults = 0;            ///< wrong answers: blocks outside the device, misaligned, overlapping ...
+  std::string first_fault;           ///< the first one, described
   std::vector<series_point> series;
 
   std::size_t upstream_calls() const noexcept { return upstream_allocs + upstream_frees; }
+  /// Served every request except those that failed when recorded (and no fault).
+  bool served_all() const noexcept { return failed_allocations == 0 && faults == 0; }
+  std::size_t failed_allocations = 0;  ///< failed requests among the trace's `allocate` events
 };
 
 namespace detail {
@@ -120,22 +144,78 @@ inline double median(std::vector<double> v) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// The checks of a served block (the figures run only): aligned, inside the device, overlapping
+/// no live block. Keeps the live blocks by address.
+class block_checker {
+ public:
+  /// Empty when `[p, p + bytes)` is a good answer to a request of `bytes` at `alignment`;
+  /// otherwise what is wrong with it. A good block is remembered as live.
+  template <class Device>
+  std::string check(const void* p, std::size_t bytes, std::size_t alignment, const Device& device) {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    std::ostringstream what;
+    if (at % alignment != 0) {
+      what << "misaligned (asked for " << alignment << "-byte alignment)";
+    } else if (!device.holds(p, bytes)) {
+      what << "not inside memory the device handed out";
+    } else if (const auto [prev, next] = neighbours(at); (prev != live_.end() && prev->first + prev->second > at) ||
+                                                         (next != live_.end() && next->first < at + std::max<std::size_t>(bytes, 1))) {
+      what << "overlaps a live block";
+    } else {
+      live_.emplace(at, std::max<std::size_t>(bytes, 1));
+      return {};
+    }
+    std::ostringstream out;
+    out << "answered a request of " << bytes << " bytes with " << p << ", " << what.str();
+    return out.str();
+  }
+  void forget(const void* p) { live_.erase(reinterpret_cast<std::uintptr_t>(p)); }
+
+ private:
+  using map = std::map<std::uintptr_t, std::size_t>;
+  std::pair<map::iterator, map::iterator> neighbours(std::uintptr_t at) {
+    auto next = live_.lower_bound(at);
+    auto prev = next == live_.begin() ? live_.end() : std::prev(next);
+    return {prev, next};
+  }
+  map live_;  // base -> bytes (at least 1)
+};
+
+template <class Target, class Token>
+const void* address_of(const Token& t) {
+  if constexpr (requires { Target::address(t); }) {
+    return Target::address(t);
+  } else {
+    return nullptr;  // a movable block: no fixed address
+  }
+}
+
+}  // namespace detail
+
 /// One replay of `trace` through a fresh target made by `make()` over `device` (which is reset
-/// first). Fills `figures` (with the series) when it is not null. Returns ns per operation.
-template <class Make>
-double replay_once(const bench::rmm_trace& trace, simulated_device& device, Make&& make, const replay_options& opts,
+/// first). With `figures` (not null) every served block is checked and every figure filled in
+/// (with the series); without, it is a timed run. Returns ns per operation.
+template <class Device, class Make>
+double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, const replay_options& opts,
                    replay_result* figures) {
   using bench::trace_action;
   device.reset();
+  const bool checked = figures != nullptr;
+  device.set_checking(checked);
   double ns = 0;
   {
     auto target = make();
-    static_assert(replay_target<decltype(target)>);
-    using token = typename decltype(target)::token;
+    using target_t = decltype(target);
+    static_assert(replay_target<target_t>);
+    using token = typename target_t::token;
     std::vector<token> live(trace.allocations);
     const std::size_t events = trace.events.size();
     detail::series_builder series(events, opts.series_points);  // in every run, so that runs cost the same
-    std::size_t in_use = 0, peak_in_use = 0, failed = 0, served = 0, requests = 0;
+    detail::block_checker checker;
+    std::size_t in_use = 0, peak_in_use = 0, failed = 0, failed_allocations = 0, served = 0, requests = 0, faults = 0;
+    std::string first_fault;
     const std::size_t tick = 1 << 14;
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < events; ++i) {
@@ -143,13 +223,34 @@ double replay_once(const bench::rmm_trace& trace, simulated_device& device, Make
       if (e.action == trace_action::free) {
         token& t = live[e.allocation];
         if (t) {
+          if (checked) checker.forget(detail::address_of<target_t>(t));
           target.deallocate(t, e.size);
           t = token{};
           in_use -= e.size;
         }
       } else {
         ++requests;
+        bool faulted = false;
+        if constexpr (requires { target.cannot_ask(e.size); }) {
+          if (const char* why = target.cannot_ask(e.size)) {  // asking would break the replay: its fault
+            if (checked && faults++ == 0)
+              first_fault = "event " + std::to_string(i + 1) + ": a request of " + std::to_string(e.size) + " bytes " + why;
+            if (!checked) ++failed;
+            series.observe(i, in_use, device.reserved());
+            continue;
+          }
+        }
         token t = target.allocate(e.size);
+        if (checked && t) {
+          if (const void* p = detail::address_of<target_t>(t)) {
+            std::string wrong = checker.check(p, e.size, opts.alignment, device);
+            if (!wrong.empty()) {  // a fault: not served, not used, not given back
+              if (faults++ == 0) first_fault = "event " + std::to_string(i + 1) + ": " + wrong;
+              t = token{};
+              faulted = true;
+            }
+          }
+        }
         if (t) {
           ++served;
           in_use += e.size;
@@ -160,8 +261,9 @@ double replay_once(const bench::rmm_trace& trace, simulated_device& device, Make
             target.deallocate(t, e.size);
             in_use -= e.size;
           }
-        } else {
+        } else if (!faulted) {
           ++failed;
+          if (e.action == trace_action::allocate) ++failed_allocations;
         }
       }
       series.observe(i, in_use, device.reserved());
@@ -182,6 +284,12 @@ double replay_once(const bench::rmm_trace& trace, simulated_device& device, Make
       r.upstream_allocs = device.allocations();
       r.upstream_frees = device.deallocations();
       r.upstream_refusals = device.refusals();
+      r.failed_allocations = failed_allocations;
+      r.virtual_memory = std::is_same_v<Device, simulated_vm_device>;
+      r.map_calls = device.map_calls();
+      if constexpr (std::is_same_v<Device, simulated_vm_device>) r.peak_mapped = device.peak_mapped();
+      r.faults = faults;
+      r.first_fault = std::move(first_fault);
       r.bytes_moved = target.bytes_moved();
       r.reserved_over_live = static_cast<double>(r.peak_reserved) /
                              static_cast<double>(std::max<std::size_t>(trace.peak_live_bytes, 1));
@@ -194,21 +302,29 @@ double replay_once(const bench::rmm_trace& trace, simulated_device& device, Make
       }
     }
   }
-  if (figures != nullptr) figures->leaked = device.reserved();
+  if (figures != nullptr) {
+    figures->leaked = device.reserved();
+    if (device.faults() != 0) {  // what the device found wrong in the calls it got
+      if (figures->faults == 0) figures->first_fault = "the device: " + device.first_fault();
+      figures->faults += device.faults();
+    }
+  }
   return ns;
 }
 
-/// Replays `trace` `opts.repetitions` times through fresh targets; figures from the first.
-template <class Make>
-replay_result replay(const bench::rmm_trace& trace, simulated_device& device, Make&& make, const replay_options& opts,
+/// Replays `trace` once, checked, for the figures, then `opts.repetitions` times through fresh
+/// targets for the time (ns/op: their median; 0 when there are none).
+template <class Device, class Make>
+replay_result replay(const bench::rmm_trace& trace, Device& device, Make&& make, const replay_options& opts,
                      std::string name) {
   replay_result r;
   r.composition = std::move(name);
-  const int runs = std::max(1, opts.repetitions);
+  const int runs = 1 + std::max(0, opts.repetitions);
   replay_options each = opts;
   for (int i = 0; i < runs; ++i) {
     if (opts.progress) each.progress = [&, i](double f) { opts.progress((i + f) / runs); };
-    r.ns_per_op_runs.push_back(replay_once(trace, device, make, each, i == 0 ? &r : nullptr));
+    const double ns = replay_once(trace, device, make, each, i == 0 ? &r : nullptr);
+    if (i != 0) r.ns_per_op_runs.push_back(ns);
   }
   r.ns_per_op = detail::median(r.ns_per_op_runs);
   return r;

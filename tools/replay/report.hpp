@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "replay/min_capacity.hpp"
 #include "replay/replay.hpp"
 #include "replay/rmm_trace.hpp"
 
@@ -23,6 +24,9 @@ struct trace_report {
   std::string path;
   const bench::rmm_trace* trace = nullptr;
   std::vector<replay_result> results;
+  /// With --min-capacity: the search for each composition, in the order of `results` (which then
+  /// hold the replays at the base capacity).
+  std::vector<min_capacity_result> min_capacity{};
 };
 
 /// The settings every report states.
@@ -68,6 +72,21 @@ inline std::string format_fixed(double v, int decimals) {
   return text;
 }
 
+/// Calls per 1,000 operations of the trace.
+inline double per_thousand_ops(std::size_t calls, const replay_result& x) {
+  return 1000.0 * static_cast<double>(calls) / static_cast<double>(std::max<std::size_t>(x.operations, 1));
+}
+
+/// "12.3" map + unmap calls per 1,000 operations, "n.a." for a composition without virtual memory.
+inline std::string map_calls_cell(const replay_result& x) {
+  return x.virtual_memory ? format_fixed(per_thousand_ops(x.map_calls, x), 1) : std::string("n.a.");
+}
+
+/// What went wrong, for a composition that answered wrongly: "FAULT (n): the first".
+inline std::string fault_text(const replay_result& x) {
+  return "FAULT (" + format_count(x.faults) + (x.faults == 1 ? " wrong answer): " : " wrong answers): ") + x.first_fault;
+}
+
 /// The file name without its folders and its trace extensions.
 inline std::string display_name(const std::string& path) {
   if (path == "-") return "stdin";
@@ -95,21 +114,56 @@ inline void print_table(std::ostream& out, const trace_report& r, const report_s
       << format_capacity(s.capacity) << ", alignment " << s.alignment << "; ns/op is the median of "
       << s.repetitions << (s.repetitions == 1 ? " replay" : " replays") << "\n\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %8s %11s\n", "composition", "ns/op", "peak in use",
-                "peak reserved", "reserved/", "upstream", "failed", "moved");
+  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %9s %8s %11s\n", "composition", "ns/op", "peak in use",
+                "peak reserved", "reserved/", "upstream", "map calls", "failed", "moved");
   out << line;
-  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %8s %11s\n", "", "", "", "", "peak live", "calls",
-                "requests", "");
+  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %9s %8s %11s\n", "", "", "", "", "peak live", "calls",
+                "/1k ops", "requests", "");
   out << line;
   for (const replay_result& x : r.results) {
-    std::snprintf(line, sizeof line, "  %-26s %9.1f %12s %14s %10.3f %10s %8s %11s", x.composition.c_str(), x.ns_per_op,
+    std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10.3f %10s %9s %8s %11s", x.composition.c_str(),
+                  x.ns_per_op_runs.empty() ? "-" : format_fixed(x.ns_per_op, 1).c_str(),
                   format_bytes(static_cast<double>(x.peak_in_use)).c_str(),
                   format_bytes(static_cast<double>(x.peak_reserved)).c_str(), x.reserved_over_live,
-                  format_count(x.upstream_calls()).c_str(), format_count(x.failed).c_str(),
+                  format_count(x.upstream_calls()).c_str(), map_calls_cell(x).c_str(), format_count(x.failed).c_str(),
                   format_bytes(static_cast<double>(x.bytes_moved)).c_str());
     out << line;
     if (x.leaked != 0) out << "  (leaked " << format_bytes(static_cast<double>(x.leaked)) << ")";
     out << '\n';
+    if (x.faults != 0) out << "    " << fault_text(x) << '\n';
+  }
+  out << '\n';
+}
+
+/// The --min-capacity table: per composition, the smallest capacity that served the trace and
+/// what the replay at it did; map and upstream calls per 1,000 operations at the base capacity.
+inline void print_min_capacity_table(std::ostream& out, const trace_report& r, const report_settings& s) {
+  out << display_name(r.path) << "\n  " << describe_trace(*r.trace)
+      << "\n  smallest device capacity that serves every request (to 0.5 %); calls per 1,000 operations at capacity "
+      << format_capacity(s.capacity) << "\n\n";
+  char line[320];
+  std::snprintf(line, sizeof line, "  %-26s %12s %10s %10s %10s %10s %10s  %s\n", "composition", "min capacity",
+                "/ peak", "reserved /", "mapped /", "map calls", "upstream", "replays");
+  out << line;
+  std::snprintf(line, sizeof line, "  %-26s %12s %10s %10s %10s %10s %10s\n", "", "", "live", "live", "live", "/1k ops", "/1k ops");
+  out << line;
+  for (std::size_t k = 0; k < r.results.size() && k < r.min_capacity.size(); ++k) {
+    const replay_result& x = r.results[k];
+    const min_capacity_result& m = r.min_capacity[k];
+    std::snprintf(line, sizeof line, "  %-26s %12s %10s %10.3f %10s %10s %10.1f  %zu", x.composition.c_str(),
+                  m.found ? format_bytes(static_cast<double>(m.capacity)).c_str() : "none",
+                  m.found ? format_fixed(m.over_live, 3).c_str() : "-", x.reserved_over_live,
+                  x.virtual_memory ? format_fixed(static_cast<double>(x.peak_mapped) /
+                                                      static_cast<double>(std::max<std::size_t>(r.trace->peak_live_bytes, 1)),
+                                                  3)
+                                         .c_str()
+                                   : "n.a.",
+                  map_calls_cell(x).c_str(), per_thousand_ops(x.upstream_calls(), x), m.replays);
+    out << line;
+    if (m.non_monotone_at != 0)
+      out << "  (not monotone: fails at " << format_bytes(static_cast<double>(m.non_monotone_at)) << ")";
+    out << '\n';
+    if (x.faults != 0) out << "    " << fault_text(x) << '\n';
   }
   out << '\n';
 }
@@ -170,7 +224,35 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
           << ", \"end_in_use\": " << x.end_in_use << ", \"end_reserved\": " << x.end_reserved
           << ", \"upstream_allocs\": " << x.upstream_allocs << ", \"upstream_frees\": " << x.upstream_frees
           << ", \"upstream_refusals\": " << x.upstream_refusals << ", \"bytes_moved\": " << x.bytes_moved
-          << ", \"leaked\": " << x.leaked << ",\n         \"series\": {\"event\": [";
+          << ", \"leaked\": " << x.leaked << ", \"virtual_memory\": " << (x.virtual_memory ? "true" : "false")
+          << ", \"map_calls\": " << x.map_calls << ", \"map_calls_per_1000_ops\": "
+          << format_fixed(per_thousand_ops(x.map_calls, x), 3) << ", \"upstream_calls_per_1000_ops\": "
+          << format_fixed(per_thousand_ops(x.upstream_calls(), x), 3) << ", \"peak_mapped\": " << x.peak_mapped
+          << ", \"faults\": " << x.faults << ", \"first_fault\": "
+          << (x.faults != 0 ? json_string(x.first_fault) : std::string("null"))
+          << ", \"served_all\": " << (x.served_all() ? "true" : "false");
+      if (k < r.min_capacity.size()) {
+        const min_capacity_result& m = r.min_capacity[k];
+        out << ",\n         \"min_capacity\": {\"found\": " << (m.found ? "true" : "false") << ", \"capacity\": ";
+        if (m.found) {
+          out << m.capacity << ", \"over_peak_live\": " << format_fixed(m.over_live, 4)
+              << ", \"map_calls_per_1000_ops\": " << format_fixed(per_thousand_ops(m.at_capacity.map_calls, m.at_capacity), 3)
+              << ", \"upstream_calls_per_1000_ops\": "
+              << format_fixed(per_thousand_ops(m.at_capacity.upstream_calls(), m.at_capacity), 3);
+        } else {
+          out << "null";
+        }
+        out << ", \"replays\": " << m.replays << ", \"probes\": [";
+        for (std::size_t p = 0; p < m.probes.size(); ++p) out << (p ? ", " : "") << format_fixed(m.probes[p], 3);
+        out << "], \"non_monotone_at\": ";
+        if (m.non_monotone_at != 0) {
+          out << m.non_monotone_at;
+        } else {
+          out << "null";
+        }
+        out << '}';
+      }
+      out << ",\n         \"series\": {\"event\": [";
       for (std::size_t p = 0; p < x.series.size(); ++p) out << (p ? "," : "") << x.series[p].event;
       out << "], \"in_use\": [";
       for (std::size_t p = 0; p < x.series.size(); ++p) out << (p ? "," : "") << x.series[p].in_use;
@@ -187,6 +269,7 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
 
 /// A ratio cell: "1.035", with the failed requests when there were any.
 inline std::string ratio_cell(const replay_result& x) {
+  if (x.faults != 0) return "FAULT (" + format_count(x.faults) + ")";
   std::string cell = format_fixed(x.reserved_over_live, 3);
   if (x.failed != 0) cell += " (" + format_count(x.failed) + " failed)";
   return cell;
@@ -211,16 +294,87 @@ inline void write_markdown(std::ostream& out, const std::vector<trace_report>& r
   out << "\nEvery figure, per trace (ns/op: median of " << s.repetitions << "; upstream calls: device allocations + frees):\n\n";
   for (const trace_report& r : reports) {
     out << "<details><summary>" << display_name(r.path) << "</summary>\n\n" << describe_trace(*r.trace)
-        << ".\n\n| composition | ns/op | peak in use | peak reserved | reserved ÷ live | upstream calls | failed | moved |\n"
-        << "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+        << ".\n\n| composition | ns/op | peak in use | peak reserved | reserved ÷ live | upstream calls | map calls | failed | moved |\n"
+        << "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const replay_result& x : r.results) {
-      out << "| " << x.composition << " | " << format_fixed(x.ns_per_op, 1) << " | "
-          << format_bytes(static_cast<double>(x.peak_in_use)) << " | " << format_bytes(static_cast<double>(x.peak_reserved))
-          << " | " << format_fixed(x.reserved_over_live, 3) << " | " << format_count(x.upstream_calls()) << " | "
-          << format_count(x.failed) << " | " << format_bytes(static_cast<double>(x.bytes_moved)) << " |\n";
+      out << "| " << x.composition << " | " << (x.ns_per_op_runs.empty() ? std::string("-") : format_fixed(x.ns_per_op, 1))
+          << " | " << format_bytes(static_cast<double>(x.peak_in_use)) << " | "
+          << format_bytes(static_cast<double>(x.peak_reserved)) << " | " << format_fixed(x.reserved_over_live, 3) << " | "
+          << format_count(x.upstream_calls()) << " | " << (x.virtual_memory ? format_count(x.map_calls) : std::string("n.a."))
+          << " | " << format_count(x.failed) << " | " << format_bytes(static_cast<double>(x.bytes_moved)) << " |\n";
     }
+    for (const replay_result& x : r.results)
+      if (x.faults != 0) out << "\n" << x.composition << ": " << fault_text(x) << '\n';
     out << "\n</details>\n\n";
   }
+}
+
+/// The --min-capacity tables: the smallest capacity ÷ peak live per trace and composition (with
+/// the geometric mean, the worst and how many traces are within 1.05), the driver calls per 1,000
+/// operations and peak reserved ÷ peak live at the base capacity.
+inline void write_min_capacity_markdown(std::ostream& out, const std::vector<trace_report>& reports, const report_settings& s) {
+  if (reports.empty()) return;
+  const std::vector<replay_result>& first = reports.front().results;
+  auto header = [&] {
+    out << "| trace | peak live |";
+    for (const replay_result& x : first) out << ' ' << x.composition << " |";
+    out << "\n|---|---:|";
+    for (std::size_t i = 0; i < first.size(); ++i) out << "---:|";
+    out << '\n';
+  };
+  auto row_start = [&](const trace_report& r) {
+    out << "| " << display_name(r.path) << " | " << format_bytes(static_cast<double>(r.trace->peak_live_bytes)) << " |";
+  };
+  out << "Smallest device capacity at which every request is served, ÷ the trace's peak live bytes (to 0.5 %; "
+         "virtual compositions on 2 MiB granules; \"none\": not up to 1 PiB; a failed monotonicity probe is marked *):\n\n";
+  header();
+  std::vector<double> log_sum(first.size(), 0), worst(first.size(), 0);
+  std::vector<std::size_t> count(first.size(), 0), within(first.size(), 0);
+  for (const trace_report& r : reports) {
+    row_start(r);
+    for (std::size_t k = 0; k < r.results.size(); ++k) {
+      const min_capacity_result* m = k < r.min_capacity.size() ? &r.min_capacity[k] : nullptr;
+      if (m == nullptr || !m->found) {
+        out << " none |";
+        continue;
+      }
+      out << ' ' << format_fixed(m->over_live, 3) << (m->non_monotone_at != 0 ? "*" : "") << " |";
+      if (k < first.size()) {
+        log_sum[k] += std::log(m->over_live);
+        worst[k] = std::max(worst[k], m->over_live);
+        ++count[k];
+        within[k] += m->over_live <= 1.05 ? 1 : 0;
+      }
+    }
+    out << '\n';
+  }
+  out << "| geometric mean | |";
+  for (std::size_t k = 0; k < first.size(); ++k)
+    out << ' ' << (count[k] ? format_fixed(std::exp(log_sum[k] / static_cast<double>(count[k])), 3) : std::string("-")) << " |";
+  out << "\n| worst | |";
+  for (std::size_t k = 0; k < first.size(); ++k) out << ' ' << (count[k] ? format_fixed(worst[k], 3) : std::string("-")) << " |";
+  out << "\n| traces ≤ 1.05 | |";
+  for (std::size_t k = 0; k < first.size(); ++k) out << ' ' << within[k] << " / " << reports.size() << " |";
+  out << "\n\nDriver calls per 1,000 operations at capacity " << format_capacity(s.capacity)
+      << ": map + unmap calls for the virtual compositions (each a driver call of microseconds on a GPU; "
+         "creates and releases of physical memory come on top, one each per granule mapped and unmapped), "
+         "upstream calls (device allocations + frees) for the others:\n\n";
+  header();
+  for (const trace_report& r : reports) {
+    row_start(r);
+    for (const replay_result& x : r.results)
+      out << ' ' << format_fixed(per_thousand_ops(x.virtual_memory ? x.map_calls : x.upstream_calls(), x), 1) << " |";
+    out << '\n';
+  }
+  out << "\nPeak reserved ÷ peak live at capacity " << format_capacity(s.capacity)
+      << " (virtual compositions: peak physical bytes = peak mapped):\n\n";
+  header();
+  for (const trace_report& r : reports) {
+    row_start(r);
+    for (const replay_result& x : r.results) out << ' ' << ratio_cell(x) << " |";
+    out << '\n';
+  }
+  out << '\n';
 }
 
 // ---- SVG --------------------------------------------------------------------------------------------

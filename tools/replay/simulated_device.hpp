@@ -20,6 +20,10 @@
 // - Placement: best fit over the free address ranges (O(log n)), freed ranges coalesce, so
 //   addresses depend only on the sequence of calls: two runs of the same calls get the same
 //   offsets from the first mapping.
+// - Checking (`set_checking(true)`, the replay's figures run): the device also keeps its live
+//   allocations, so that `holds(p, n)` says whether a block a composition served lies inside one
+//   of them, and a free of an address it never handed out (or with another size) is refused and
+//   recorded as a fault (`faults()`, `first_fault()`) instead of corrupting its free lists.
 // - Edges: `upstream()` is an alloy upstream (copyable, refers to the device), `pmr_resource()` a
 //   `std::pmr::memory_resource` that throws `std::bad_alloc` when refused.
 // - Not thread-safe; one replay at a time.
@@ -76,6 +80,15 @@ class simulated_device {
       }
       at = find(span, alignment);
     }
+    if (checking_) {
+      try {
+        live_.emplace(at, bytes);
+      } catch (...) {  // out of host memory for the check: give the range back, refuse
+        insert_free(at, span);
+        ++refusals_;
+        return nullptr;
+      }
+    }
     reserved_ += bytes;
     peak_reserved_ = std::max(peak_reserved_, reserved_);
     ++allocations_;
@@ -84,6 +97,15 @@ class simulated_device {
 
   void deallocate(void* p, std::size_t bytes) noexcept {
     if (p == nullptr) return;
+    if (checking_) {
+      const auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it == live_.end() || it->second != bytes) {
+        fault(it == live_.end() ? "freed an address the device never handed out (or freed it twice)"
+                                : "freed a device block with another size than it asked for");
+        return;
+      }
+      live_.erase(it);
+    }
     const std::size_t span = round_up(std::max<std::size_t>(bytes, 1), granule);
     insert_free(reinterpret_cast<std::uintptr_t>(p), span);
     reserved_ -= bytes;
@@ -99,8 +121,27 @@ class simulated_device {
       madvise(reinterpret_cast<void*>(m.base), m.size, MADV_DONTNEED);
       insert_free(m.base, m.size);
     }
-    reserved_ = peak_reserved_ = allocations_ = deallocations_ = refusals_ = 0;
+    reserved_ = peak_reserved_ = allocations_ = deallocations_ = refusals_ = faults_ = 0;
+    live_.clear();
+    first_fault_.clear();
   }
+
+  /// Keep the live allocations from now on (after `reset()`), for `holds` and the free check.
+  void set_checking(bool on) noexcept { checking_ = on; }
+  /// Whether `[p, p + bytes)` lies inside one live allocation (only while checking; else true).
+  bool holds(const void* p, std::size_t bytes) const noexcept {
+    if (!checking_) return true;
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    auto it = live_.upper_bound(at);
+    if (it == live_.begin()) return false;
+    --it;
+    return at - it->first <= it->second && bytes <= it->second - (at - it->first);
+  }
+  std::size_t faults() const noexcept { return faults_; }
+  const std::string& first_fault() const noexcept { return first_fault_; }
+  void set_capacity(std::size_t capacity) noexcept { capacity_ = capacity; }
+  /// Map and unmap calls: none, a device of segments has no virtual memory.
+  std::size_t map_calls() const noexcept { return 0; }
 
   std::size_t capacity() const noexcept { return capacity_; }
   std::size_t reserved() const noexcept { return reserved_; }
@@ -194,7 +235,20 @@ class simulated_device {
     return true;
   }
 
+  void fault(const char* what) noexcept {
+    if (faults_++ == 0) {
+      try {
+        first_fault_ = what;
+      } catch (...) {
+      }
+    }
+  }
+
   std::size_t capacity_;
+  bool checking_ = false;
+  std::map<std::uintptr_t, std::size_t> live_;  // while checking: live allocations, base -> bytes
+  std::size_t faults_ = 0;
+  std::string first_fault_;
   std::vector<mapping> mappings_;
   std::map<std::uintptr_t, std::size_t> by_address_;       // free ranges: base -> size
   std::set<std::pair<std::size_t, std::uintptr_t>> by_size_;  // free ranges: (size, base)
