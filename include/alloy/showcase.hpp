@@ -17,7 +17,7 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/passes_on.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
@@ -41,9 +41,11 @@ namespace detail {
 
 /// Rounds every request up to a multiple of `Rounding` before passing it to `Inner` (PyTorch's
 /// kRoundLarge), handing back blocks of the size asked for. Frees rebuild the rounded block from
-/// the size. Passes on `Inner`'s capabilities; `requested_bytes()` counts what callers asked for.
+/// the size. Has exactly `Inner`'s capabilities (`detail::decorates`), plus `requested_bytes()`,
+/// which counts what callers asked for: only frees `Inner` accepted (over a part with
+/// `try_deallocate`), or, over a part that cannot tell, frees not larger than what is in use.
 template <allocator Inner, std::size_t Rounding>
-class round_up_requests : public passes_on_capabilities<round_up_requests<Inner, Rounding>, Inner> {
+class round_up_requests : public decorates<round_up_requests<Inner, Rounding>, Inner> {
   static_assert(is_power_of_two(Rounding));
 
  public:
@@ -53,25 +55,6 @@ class round_up_requests : public passes_on_capabilities<round_up_requests<Inner,
   round_up_requests() = default;
   explicit round_up_requests(Inner inner) : inner_(std::move(inner)) {}
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    const std::size_t rounded = round_up(bytes, Rounding);
-    if (rounded == 0 && bytes != 0) return {};
-    const block b = inner_.allocate(rounded, alignment);
-    if (!b) return {};
-    requested_ += bytes;
-    return {b.ptr, bytes};
-  }
-  void deallocate(block b) noexcept {
-    if (!b) return;
-    requested_ -= b.size;
-    inner_.deallocate({b.ptr, round_up(b.size, Rounding)});
-  }
-
-  std::size_t bytes_in_use() const noexcept
-    requires requires(const Inner& i) { i.bytes_in_use(); }
-  {
-    return inner_.bytes_in_use();
-  }
   std::size_t requested_bytes() const noexcept { return requested_; }
 
   Inner& inner() noexcept { return inner_; }
@@ -80,6 +63,25 @@ class round_up_requests : public passes_on_capabilities<round_up_requests<Inner,
   auto parts() const noexcept { return std::tie(inner_); }
 
  private:
+  friend class decorates<round_up_requests, Inner>;
+
+  template <class Call, class GiveBack, class... Stream>
+  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, allocation_kind, Stream...) noexcept {
+    const std::size_t rounded = round_up(bytes, Rounding);
+    if (rounded == 0 && bytes != 0) return {};
+    const block b = call(rounded);
+    if (!b) return {};
+    requested_ += bytes;
+    return {b.ptr, bytes};
+  }
+  template <class Call, class... Stream>
+  bool on_free(block b, Call call, Stream...) noexcept {
+    if (!b) return true;
+    if (call(block{b.ptr, round_up(b.size, Rounding)}) == free_outcome::refused) return false;
+    if (b.size <= requested_) requested_ -= b.size;  // an unchecked bad free must not wrap
+    return true;
+  }
+
   Inner inner_{};
   std::size_t requested_ = 0;
 };

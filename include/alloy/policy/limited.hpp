@@ -7,7 +7,7 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/passes_on.hpp>
+#include <alloy/detail/forwarding.hpp>
 
 namespace alloy {
 
@@ -17,15 +17,22 @@ namespace alloy {
 ///   defines a block's size) and refuses, with an empty block, any request that would take the
 ///   count past `bytes_limit`. The refusal happens before `Inner` is asked, so `Inner` is left
 ///   untouched. A request the inner allocator fails is not counted.
+/// - Frees are counted only when `Inner` accepted them: over a part with checked frees
+///   (`try_deallocate`, e.g. `best_fit_arena`) a double, foreign, interior or wrong-size free
+///   changes nothing here. Over a part that cannot tell, the free is passed on and counted unless
+///   it is larger than the bytes in use (which would make the count wrap), so the count never
+///   underflows, though a bad free of a smaller size still lowers it.
 /// - Options: `bytes_limit` (default: no limit); `set_bytes_limit()` changes it at run time
 ///   (lowering it below the bytes in use refuses new requests until enough are freed).
-/// - Capabilities: exactly those of `Inner`; stream-ordered calls are counted the same way.
-///   `counters()` adds the refusals to `Inner`'s `num_ooms` (to a caller they are out-of-memory
-///   failures). Movable handles are not passed on: the cap is on raw blocks, so put `limited`
-///   under a `host_spill_reclaimer`, as its device side, to give movable memory a capacity.
+/// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
+///   and checked frees counted the same way, the queries passed on), plus `bytes_in_use` and
+///   `bytes_limit`, its own. `counters()` adds the refusals to `Inner`'s `num_ooms` (to a caller
+///   they are out-of-memory failures). Movable handles are not passed on: the cap is on raw
+///   blocks, so put `limited` under a `host_spill_reclaimer`, as its device side, to give movable
+///   memory a capacity.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: three counters.
 template <allocator Inner>
-class limited : public detail::passes_on_capabilities<limited<Inner>, Inner> {
+class limited : public detail::decorates<limited<Inner>, Inner> {
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -36,28 +43,6 @@ class limited : public detail::passes_on_capabilities<limited<Inner>, Inner> {
 
   limited() = default;
   explicit limited(Inner inner, options opts = {}) : inner_(std::move(inner)), limit_(opts.bytes_limit) {}
-
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!fits(bytes)) return refuse();
-    return count(inner_.allocate(bytes, alignment));
-  }
-  void deallocate(block b) noexcept {
-    if (b) in_use_ -= b.size;
-    inner_.deallocate(b);
-  }
-
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
-    if (!fits(bytes)) return refuse();
-    return count(inner_.allocate(bytes, alignment, stream));
-  }
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  void deallocate(block b, Stream stream) noexcept {
-    if (b) in_use_ -= b.size;
-    inner_.deallocate(b, stream);
-  }
 
   allocator_counters counters() const noexcept
     requires counting_allocator<Inner>
@@ -79,14 +64,26 @@ class limited : public detail::passes_on_capabilities<limited<Inner>, Inner> {
   auto parts() const noexcept { return std::tie(inner_); }
 
  private:
-  bool fits(std::size_t bytes) const noexcept { return in_use_ <= limit_ && bytes <= limit_ - in_use_; }
-  block refuse() noexcept {
-    ++refused_;
-    return {};
-  }
-  block count(block b) noexcept {
+  friend class detail::decorates<limited, Inner>;
+
+  template <class Call, class GiveBack, class... Stream>
+  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind,
+                    Stream...) noexcept {
+    if (!(in_use_ <= limit_ && bytes <= limit_ - in_use_)) {
+      ++refused_;
+      return {};
+    }
+    const block b = call(bytes);
     if (b) in_use_ += b.size;
     return b;
+  }
+  template <class Call, class... Stream>
+  bool on_free(block b, Call call, Stream...) noexcept {
+    const detail::free_outcome outcome = call(b);
+    if (outcome == detail::free_outcome::refused) return false;
+    // An unchecked free larger than what is in use cannot be a live block's: not counted.
+    if (b && b.size <= in_use_) in_use_ -= b.size;
+    return true;
   }
 
   Inner inner_{};

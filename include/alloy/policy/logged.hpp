@@ -19,7 +19,7 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/passes_on.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/error.hpp>
 
 #if defined(__linux__)
@@ -72,13 +72,18 @@ std::uint64_t stream_bits(Stream stream) noexcept {
 ///   a `std::ostream` the caller owns and keeps alive. The default-constructed logger writes to
 ///   `std::clog`. `options::flush_every_line` flushes after each line (for logs that must survive
 ///   a crash; slower).
-/// - Capabilities: exactly those of `Inner` except movable handles (the CSV has no action for
-///   them); stream-ordered calls are logged with their stream.
+/// - Frees: a free the part below refused as misuse (it has `try_deallocate`, and said no) is not
+///   logged, so that a log always replays; over a part that cannot tell, every free of a
+///   non-empty block is logged. A free is written after the part took it.
+/// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache and stream-ordered
+///   calls are logged, the latter with their stream, a failed keeping-cache call is not (its
+///   caller retries); checked frees; the queries passed on),
+///   except movable handles (the CSV has no action for them).
 /// - Failure: the allocation calls stay noexcept; a line that cannot be written (a stream in a
 ///   failed state) is lost, the allocation is not affected.
 /// - Thread safety: none (wrap in `synchronized`). Move-only when it owns its file.
 template <allocator Inner>
-class logged : public detail::passes_on_capabilities<logged<Inner>, Inner> {
+class logged : public detail::decorates<logged<Inner>, Inner> {
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -101,31 +106,6 @@ class logged : public detail::passes_on_capabilities<logged<Inner>, Inner> {
     write_header();
   }
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    const block b = inner_.allocate(bytes, alignment);
-    log_allocate(b, bytes, 0);
-    return b;
-  }
-  void deallocate(block b) noexcept {
-    if (b) log_line("free", b.ptr, b.size, 0);
-    inner_.deallocate(b);
-  }
-
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
-    const block b = inner_.allocate(bytes, alignment, stream);
-    log_allocate(b, bytes, detail::stream_bits(stream));
-    return b;
-  }
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  void deallocate(block b, Stream stream) noexcept {
-    if (b) log_line("free", b.ptr, b.size, detail::stream_bits(stream));
-    inner_.deallocate(b, stream);
-  }
-
-
   /// Flushes the log.
   void flush() noexcept {
     try {
@@ -141,6 +121,24 @@ class logged : public detail::passes_on_capabilities<logged<Inner>, Inner> {
   auto parts() const noexcept { return std::tie(inner_); }
 
  private:
+  friend class detail::decorates<logged, Inner>;
+
+  template <class Call, class GiveBack, class... Stream>
+  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind kind,
+                    Stream... stream) noexcept {
+    const block b = call(bytes);
+    // A failed allocate_keeping_cache is not a failure yet: its caller retries with allocate.
+    if (b || kind != detail::allocation_kind::keeping_cache)
+      log_allocate(b, bytes, (std::uint64_t{0} + ... + detail::stream_bits(stream)));
+    return b;
+  }
+  template <class Call, class... Stream>
+  bool on_free(block b, Call call, Stream... stream) noexcept {
+    if (call(b) == detail::free_outcome::refused) return false;
+    if (b) log_line("free", b.ptr, b.size, (std::uint64_t{0} + ... + detail::stream_bits(stream)));
+    return true;
+  }
+
   void write_header() {
     *out_ << header << '\n';
     if (options_.flush_every_line) out_->flush();

@@ -7,25 +7,64 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/forwarding.hpp>
 
 namespace alloy {
+
+namespace detail {
+
+/// Whether `part` takes a request of `bytes` at `alignment` at all, by its contract (before any
+/// memory is sought). A part may say so with `serves(bytes, alignment)`; a pool shaped as
+/// `size_class_pool` (static `max_size()` and `natural_alignment`) follows that pool's documented
+/// rule (an alignment A above the natural one needs `bytes + A - natural` bytes of a class);
+/// any other part is assumed to take every request.
+template <class Part>
+constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t alignment) noexcept {
+  if constexpr (requires {
+                  { part.serves(bytes, alignment) } -> std::convertible_to<bool>;
+                }) {
+    return part.serves(bytes, alignment);
+  } else if constexpr (requires {
+                         { Part::max_size() } -> std::convertible_to<std::size_t>;
+                         { Part::natural_alignment } -> std::convertible_to<std::size_t>;
+                       }) {
+    if (alignment <= Part::natural_alignment) return bytes <= Part::max_size();
+    const std::size_t most = Part::max_size();
+    return alignment <= most && bytes <= most && (bytes == 0 ? 1 : bytes) + (alignment - Part::natural_alignment) <= most;
+  } else {
+    (void)part;
+    return true;
+  }
+}
+
+}  // namespace detail
 
 /// `segregator<Threshold, Small, Large>` routes requests by size: up to and including
 /// `Threshold` bytes to `Small`, larger ones to `Large` (the size-class pool splitter; Phobos's
 /// Segregator). Statistics call the two sides `small_pool` and `large_pool`.
 ///
+/// - Routing by (size, alignment): a request of at most `Threshold` bytes whose alignment `Small`
+///   cannot serve at that size (see `detail::serves_request`: `segregator<1_MiB, size_class_pool,
+///   best_fit_arena>` asked for 1 MiB at 512) goes to `Large` instead, when `Large` has `owns`,
+///   so a composition serves every request one of its parts can. Without `owns` on `Large` such
+///   a request fails, as before.
 /// - Routing of frees: by `b.size`, the size the caller asked for (DESIGN §2), with the same
-///   rule, so neither part needs `owns`. Alignment plays no part in routing: a request of at
-///   most `Threshold` bytes that `Small` refuses for its alignment fails (it is not tried on
-///   `Large`, or its free could not be routed).
-/// - Capabilities: `owns`, `release`, `reserved_bytes` (the sum), `counters` (the sums),
-///   `bytes_in_use` and `requested_bytes` (the sums), introspection (`Small`'s blocks, then `Large`'s) and
-///   stream-ordered calls, `allocate_keeping_cache` and `record_use`, each only when both parts
-///   have it. Memory kind: what both parts share.
+///   rule; the alignment is not known at free time, so a small-sized block goes to `Large` when
+///   blocks were sent there that way (`redirected_blocks()`, counted) and `Large.owns(b)`. While
+///   none is live (the usual case) a free costs one comparison more than routing by size alone.
+///   Statistics count a redirected block in the small pool (by its size) and its bytes in the
+///   large pool's segments.
+/// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
+///   `release`, `reserved_bytes` (the sum), `counters` (the sums), `bytes_in_use` and
+///   `requested_bytes` (the sums), introspection (`Small`'s blocks, then `Large`'s), checked frees
+///   (`try_deallocate`), stream-ordered calls, `allocate_keeping_cache` and `record_use`. Not
+///   limits or movable handles. Memory kind: what both parts share.
 /// - Failure: an empty block when the chosen part fails; the other part is not tried.
-/// - Thread safety: none (wrap in `synchronized`). Metadata: none of its own; O(1) overhead.
+/// - Thread safety: none (wrap in `synchronized`). Metadata: one counter; O(1) overhead.
 template <std::size_t Threshold, allocator Small, allocator Large>
-class segregator {
+class segregator : public detail::two_parts<segregator<Threshold, Small, Large>, Small, Large> {
+  using base = detail::two_parts<segregator<Threshold, Small, Large>, Small, Large>;
+
  public:
   static constexpr bool host_accessible = detail::all_host_accessible<Small, Large>;
   static constexpr bool device_accessible = detail::all_device_accessible<Small, Large>;
@@ -34,95 +73,12 @@ class segregator {
   segregator() = default;
   segregator(Small small, Large large) : small_(std::move(small)), large_(std::move(large)) {}
 
-  /// Whether a request (or a block) of `bytes` goes to `Small`.
+  /// Whether a request (or a block) of `bytes` goes to `Small` by its size.
   static constexpr bool is_small(std::size_t bytes) noexcept { return bytes <= Threshold; }
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    return is_small(bytes) ? small_.allocate(bytes, alignment) : large_.allocate(bytes, alignment);
-  }
-  void deallocate(block b) noexcept {
-    if (is_small(b.size)) {
-      small_.deallocate(b);
-    } else {
-      large_.deallocate(b);
-    }
-  }
-
-  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
-    requires cache_keeping_allocator<Small> && cache_keeping_allocator<Large>
-  {
-    return is_small(bytes) ? small_.allocate_keeping_cache(bytes, alignment)
-                           : large_.allocate_keeping_cache(bytes, alignment);
-  }
-
-  template <class Stream>
-    requires use_recording_allocator<Small, Stream> && use_recording_allocator<Large, Stream>
-  void record_use(block b, Stream stream) {
-    if (is_small(b.size)) {
-      small_.record_use(b, stream);
-    } else {
-      large_.record_use(b, stream);
-    }
-  }
-
-  template <class Stream>
-    requires stream_ordered_allocator<Small, Stream> && stream_ordered_allocator<Large, Stream>
-  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
-    return is_small(bytes) ? small_.allocate(bytes, alignment, stream) : large_.allocate(bytes, alignment, stream);
-  }
-  template <class Stream>
-    requires stream_ordered_allocator<Small, Stream> && stream_ordered_allocator<Large, Stream>
-  void deallocate(block b, Stream stream) noexcept {
-    if (is_small(b.size)) {
-      small_.deallocate(b, stream);
-    } else {
-      large_.deallocate(b, stream);
-    }
-  }
-
-  bool owns(block b) const noexcept
-    requires owning_allocator<Small> && owning_allocator<Large>
-  {
-    return small_.owns(b) || large_.owns(b);
-  }
-  void release() noexcept
-    requires releasing_allocator<Small> && releasing_allocator<Large>
-  {
-    small_.release();
-    large_.release();
-  }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<Small> && reserving_allocator<Large>
-  {
-    return small_.reserved_bytes() + large_.reserved_bytes();
-  }
-  allocator_counters counters() const noexcept
-    requires counting_allocator<Small> && counting_allocator<Large>
-  {
-    return small_.counters() + large_.counters();
-  }
-  std::size_t bytes_in_use() const noexcept
-    requires requires(const Small& s, const Large& l) {
-      { s.bytes_in_use() } -> std::convertible_to<std::size_t>;
-      { l.bytes_in_use() } -> std::convertible_to<std::size_t>;
-    }
-  {
-    return small_.bytes_in_use() + large_.bytes_in_use();
-  }
-  std::size_t requested_bytes() const noexcept
-    requires requires(const Small& s, const Large& l) {
-      { s.requested_bytes() } -> std::convertible_to<std::size_t>;
-      { l.requested_bytes() } -> std::convertible_to<std::size_t>;
-    }
-  {
-    return small_.requested_bytes() + large_.requested_bytes();
-  }
-  template <class F>
-    requires introspectable_allocator<Small> && introspectable_allocator<Large>
-  void for_each_block(F&& visit) const {
-    small_.for_each_block(visit);
-    large_.for_each_block(visit);
-  }
+  /// Live blocks of at most `Threshold` bytes that `Large` serves because `Small` could not serve
+  /// their alignment.
+  std::size_t redirected_blocks() const noexcept { return redirected_; }
 
   Small& small() noexcept { return small_; }
   const Small& small() const noexcept { return small_; }
@@ -132,8 +88,50 @@ class segregator {
   auto parts() const noexcept { return std::tie(small_, large_); }
 
  private:
+  friend base;
+  static constexpr bool can_redirect = owning_allocator<Large>;
+
+  Small& first_part() noexcept { return small_; }
+  const Small& first_part() const noexcept { return small_; }
+  Large& second_part() noexcept { return large_; }
+  const Large& second_part() const noexcept { return large_; }
+
+  template <class Call>
+  block route_allocation(std::size_t bytes, std::size_t alignment, Call call) noexcept {
+    if (!is_small(bytes)) return call(large_);
+    if constexpr (can_redirect) {
+      if (!detail::serves_request(small_, bytes, alignment)) [[unlikely]] {
+        const block b = call(large_);
+        if (b) ++redirected_;
+        return b;
+      }
+    }
+    return call(small_);
+  }
+  template <class Call>
+  bool route_free(block b, Call call) noexcept {
+    if (!is_small(b.size)) return call(large_) != detail::free_outcome::refused;
+    if constexpr (can_redirect) {
+      if (redirected_ != 0 && large_.owns(b)) [[unlikely]] {
+        if (call(large_) == detail::free_outcome::refused) return false;
+        --redirected_;
+        return true;
+      }
+    }
+    return call(small_) != detail::free_outcome::refused;
+  }
+  template <class Call>
+  void route_use(block b, Call call) {
+    if (!is_small(b.size)) return call(large_);
+    if constexpr (can_redirect) {
+      if (redirected_ != 0 && large_.owns(b)) return call(large_);
+    }
+    call(small_);
+  }
+
   Small small_{};
   Large large_{};
+  std::size_t redirected_ = 0;
 };
 
 }  // namespace alloy

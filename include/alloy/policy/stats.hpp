@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/passes_on.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/detail/edge.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
@@ -397,11 +397,19 @@ class stats_core {
 /// - Traces: `alloy::memory_trace` (alloy/memory_stats.hpp) registers here; any number, each with
 ///   an exact peak, at the cost of one comparison per allocation. Traces are re-pointed when the
 ///   allocator is moved; they must not outlive it (a trace of a destroyed allocator reads zero).
-/// - Capabilities: exactly those of `Inner` (stream-ordered and movable calls are counted like the
-///   others; movable ones when `Inner` can say a handle's size), plus `oom_report_for`.
+/// - Frees are counted only when the part below accepted them: over a part with checked frees
+///   (`try_deallocate`, e.g. `best_fit_arena`) a double, foreign, interior or wrong-size free
+///   changes no statistic. Over a part that cannot tell, a free is counted unless it could not
+///   be a live block's (nothing live in its pool, or more bytes than are in use there), so no
+///   figure ever goes below zero.
+/// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
+///   calls and checked frees counted like the others; movable ones, counted when `Inner` can say
+///   a handle's size; the queries passed on), plus `bytes_in_use` and `oom_report_for`.
 /// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
 template <allocator Inner>
-class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
+class stats : public detail::decorates<stats<Inner>, Inner> {
+  using decorated = detail::decorates<stats<Inner>, Inner>;
+
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -417,35 +425,9 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
 
   // ---- allocation ------------------------------------------------------------------------------
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    return counted(inner_.allocate(bytes, alignment), bytes);
-  }
-  void deallocate(block b) noexcept {
-    uncounted(b);
-    inner_.deallocate(b);
-    check_reserved();
-  }
-
-  /// A failure here is not an OOM yet: the caller (`stream_ordered`) retries with `allocate`.
-  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
-    requires cache_keeping_allocator<Inner>
-  {
-    const block b = inner_.allocate_keeping_cache(bytes, alignment);
-    return b ? counted(b, bytes) : b;
-  }
-
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
-    return counted(inner_.allocate(bytes, alignment, stream), bytes);
-  }
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  void deallocate(block b, Stream stream) noexcept {
-    uncounted(b);
-    inner_.deallocate(b, stream);
-    check_reserved();
-  }
+  // allocate, deallocate, try_deallocate, allocate_keeping_cache and the stream-ordered calls come
+  // from `detail::decorates`, through on_allocate and on_free below.
+  using decorated::deallocate;
 
   // ---- movable blocks (when Inner has them) ----------------------------------------------------
 
@@ -480,7 +462,7 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
     requires movable_allocator<Inner>
   {
     if constexpr (sized_movable_allocator<Inner>) {
-      const bool live = is_live(h);
+      const bool live = handle_is_live(h);
       const std::size_t size = inner_.size_of(h);
       inner_.deallocate(h);  // throws for a bad handle, before anything is counted
       if (live) uncounted(block{nullptr, size}, true);
@@ -494,8 +476,8 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
   {
     return inner_.size_of(h);
   }
-  movable_counters movable_statistics() const noexcept
-    requires movable_counting_allocator<Inner>
+  auto movable_statistics() const noexcept
+    requires detail::has_movable_statistics<Inner>
   {
     return inner_.movable_statistics();
   }
@@ -503,6 +485,11 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
     requires requires(Inner& i) { i.reset_movable_peak(); }
   {
     inner_.reset_movable_peak();
+  }
+  bool is_live(handle h) const noexcept
+    requires detail::has_is_live<Inner>
+  {
+    return inner_.is_live(h);
   }
 
   // ---- capabilities of Inner -------------------------------------------------------------------
@@ -623,6 +610,32 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
   auto parts() const noexcept { return std::tie(inner_); }
 
  private:
+  friend decorated;
+
+  template <class Call, class GiveBack, class... Stream>
+  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind kind,
+                    Stream...) noexcept {
+    const block b = call(bytes);
+    // A failure here is not an OOM yet: the caller (`stream_ordered`) retries with `allocate`.
+    if (!b && kind == detail::allocation_kind::keeping_cache) return b;
+    return counted(b, bytes);
+  }
+  template <class Call, class... Stream>
+  bool on_free(block b, Call call, Stream...) noexcept {
+    const detail::free_outcome outcome = call(b);
+    if (outcome == detail::free_outcome::refused) return false;
+    if (outcome == detail::free_outcome::accepted || could_be_live(b)) uncounted(b);
+    check_reserved();
+    return true;
+  }
+  /// Whether an unchecked free could be a live block's (else counting it would go below zero).
+  bool could_be_live(block b) const noexcept {
+    const std::size_t p = pool_of(b.size);
+    const auto size = static_cast<std::int64_t>(b.size);
+    return core_.allocation[0].current > 0 && core_.bytes[0].current >= size &&
+           (p == 0 || (core_.allocation[p].current > 0 && core_.bytes[p].current >= size));
+  }
+
   static constexpr bool knows_reserved = detail::any_part<detail::is_reserving, Inner>();
   static constexpr bool knows_max_split = detail::any_part<detail::has_max_split_size, Inner>();
 
@@ -670,7 +683,7 @@ class stats : public detail::passes_on_capabilities<stats<Inner>, Inner> {
       if (size > max_split_) core_.oversize.decrease(1);
     }
   }
-  bool is_live(handle h) const noexcept {
+  bool handle_is_live(handle h) const noexcept {
     if constexpr (requires { inner_.is_live(h); }) {
       return inner_.is_live(h);
     } else {

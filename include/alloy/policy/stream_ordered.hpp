@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/passes_on.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/stream.hpp>
 
 namespace alloy {
@@ -63,11 +63,15 @@ struct stream_order_counters {
 ///   ranges, plus one event record per free; complete ranges are pruned when the map doubles.
 /// - Failure: as `Inner`. If an event cannot be created, recorded or waited on (a CUDA error) or
 ///   host metadata cannot grow, the host synchronizes instead: slower, never unsafe.
-/// - Capabilities: those of `Inner` (`release` synchronizes first), `record_use`, and
-///   `order_counters()`. Memory kind: `Inner`'s.
+/// - Bad frees: over an `Inner` with checked frees (`try_deallocate`, e.g. `best_fit_arena`), a
+///   free `Inner` refuses records no pending range, and `try_deallocate` (both forms) says so, so
+///   decorators above count only accepted frees.
+/// - Capabilities: the queries of `Inner` (`detail::forwards_queries`; `release` synchronizes
+///   first), checked frees when `Inner` has them, `record_use`, and `order_counters()`. Memory
+///   kind: `Inner`'s.
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable.
 template <cache_keeping_allocator Inner, stream Stream>
-class stream_ordered : public detail::passes_on_capabilities<stream_ordered<Inner, Stream>, Inner> {
+class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Stream>, Inner> {
   using traits = stream_traits<Stream>;
   using event_type = typename traits::event_type;
 
@@ -110,9 +114,13 @@ class stream_ordered : public detail::passes_on_capabilities<stream_ordered<Inne
     if (b && mode_ == mode::tracking) claim(b, nullptr);
     return b;
   }
-  void deallocate(block b) noexcept {
-    if (!uses_.empty()) uses_.erase(b.ptr);
-    inner_.deallocate(b);
+  void deallocate(block b) noexcept { (void)free_block(b, nullptr); }
+  /// Checked deallocation, when `Inner` has it: false (and nothing recorded) for a free `Inner`
+  /// refused as misuse.
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<Inner>
+  {
+    return free_block(b, nullptr);
   }
 
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
@@ -121,11 +129,11 @@ class stream_ordered : public detail::passes_on_capabilities<stream_ordered<Inne
     if (b && mode_ == mode::tracking) claim(b, &stream);
     return b;
   }
-  void deallocate(block b, Stream stream) noexcept {
-    note(stream);
-    if (mode_ == mode::tracking && b.ptr != nullptr && b.size != 0) remember(b, stream);
-    if (!uses_.empty()) uses_.erase(b.ptr);
-    inner_.deallocate(b);
+  void deallocate(block b, Stream stream) noexcept { (void)free_block(b, &stream); }
+  bool try_deallocate(block b, Stream stream) noexcept
+    requires checked_deallocating_allocator<Inner>
+  {
+    return free_block(b, &stream);
   }
 
   /// `b` (a live block from this allocator) is also used by work enqueued on `stream`; when it is
@@ -195,6 +203,23 @@ class stream_ordered : public detail::passes_on_capabilities<stream_ordered<Inne
       ++counters_.host_synchronizations;
     }
     mode_ = mode::tracking;
+  }
+
+  /// A free, on `*stream` or (null) of a block no stream work uses any more. Over an `Inner` that
+  /// checks its frees, a refused free records nothing: the block was not this allocator's, or
+  /// not live, and its range must not be held back.
+  bool free_block(block b, const Stream* stream) noexcept {
+    if (stream != nullptr) note(*stream);
+    const bool track = stream != nullptr && mode_ == mode::tracking && b.ptr != nullptr && b.size != 0;
+    if constexpr (checked_deallocating_allocator<Inner>) {
+      if (!inner_.try_deallocate(b)) return false;
+      if (track) remember(b, *stream);  // nothing ran between the free and this record
+    } else {
+      if (track) remember(b, *stream);
+      inner_.deallocate(b);
+    }
+    if (!uses_.empty()) uses_.erase(b.ptr);
+    return true;
   }
 
   block allocate_inner(std::size_t bytes, std::size_t alignment) noexcept {

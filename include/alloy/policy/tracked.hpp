@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/passes_on.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/error.hpp>
 
 #if __has_include(<execinfo.h>)
@@ -57,16 +57,21 @@ struct tracked_allocation {
 ///   glibc's `backtrace`; off by default: it costs microseconds per call). Metadata lives on the
 ///   host, one map entry per live block.
 /// - Questions: `outstanding_count()`, `outstanding_bytes()`, `outstanding()` (oldest first),
-///   `leak_report()` (a readable list with call stacks), `unknown_frees()` (frees of pointers the
-///   tracker did not hand out; they are still passed on to `Inner`).
-/// - Capabilities: exactly those of `Inner` except movable handles; stream-ordered calls are
-///   tracked the same way.
+///   `leak_report()` (a readable list with call stacks), `unknown_frees()` (frees of a pointer the
+///   tracker does not hold as outstanding, or with another size than it was allocated with).
+/// - Bad frees: a free the tracker does not recognise is passed on to `Inner` only when `Inner`
+///   checks its frees (`try_deallocate`), and forgets nothing unless `Inner` accepted it (a block
+///   allocated below the tracker, which `Inner` accepts, is counted in `unknown_frees()` too).
+///   Over a part that cannot tell, the tracker refuses such a free itself (it is not passed on):
+///   every block it handed out is in its map, with its size.
+/// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache and stream-ordered
+///   calls tracked the same way, checked frees, the queries passed on) except movable handles.
 /// - Failure: noexcept. When the map cannot grow (out of host memory) the request is given back
 ///   to `Inner` and fails with an empty block, so every block handed out is tracked.
 /// - The tracker does not free outstanding blocks when destroyed: it reports them, `Inner` (and
 ///   its own leak checks) decides. Thread safety: none (wrap in `synchronized`).
 template <allocator Inner>
-class tracked : public detail::passes_on_capabilities<tracked<Inner>, Inner> {
+class tracked : public detail::decorates<tracked<Inner>, Inner> {
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -78,27 +83,6 @@ class tracked : public detail::passes_on_capabilities<tracked<Inner>, Inner> {
 
   tracked() = default;
   explicit tracked(Inner inner, options opts = {}) : inner_(std::move(inner)), options_(opts) {}
-
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    return remember(inner_.allocate(bytes, alignment), [&](block b) { inner_.deallocate(b); });
-  }
-  void deallocate(block b) noexcept {
-    forget(b);
-    inner_.deallocate(b);
-  }
-
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
-    return remember(inner_.allocate(bytes, alignment, stream), [&](block b) { inner_.deallocate(b, stream); });
-  }
-  template <class Stream>
-    requires stream_ordered_allocator<Inner, Stream>
-  void deallocate(block b, Stream stream) noexcept {
-    forget(b);
-    inner_.deallocate(b, stream);
-  }
-
 
   // ---- questions -------------------------------------------------------------------------------
 
@@ -145,6 +129,38 @@ class tracked : public detail::passes_on_capabilities<tracked<Inner>, Inner> {
   auto parts() const noexcept { return std::tie(inner_); }
 
  private:
+  friend class detail::decorates<tracked, Inner>;
+
+  template <class Call, class GiveBack, class... Stream>
+  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack give_back, detail::allocation_kind,
+                    Stream...) noexcept {
+    return remember(call(bytes), give_back);
+  }
+  template <class Call, class... Stream>
+  bool on_free(block b, Call call, Stream...) noexcept {
+    constexpr bool inner_checks = sizeof...(Stream) == 0
+                                      ? checked_deallocating_allocator<Inner>
+                                      : (checked_stream_deallocating_allocator<Inner, Stream> && ...);
+    if (!b) return call(b) != detail::free_outcome::refused;
+    const auto found = live_.find(b.ptr);
+    const bool known = found != live_.end() && found->second.size == b.size;
+    if (!known && !inner_checks) {  // nobody below could refuse it: refused here
+      ++unknown_frees_;
+      return false;
+    }
+    if (call(b) == detail::free_outcome::refused) {
+      if (!known) ++unknown_frees_;
+      return false;
+    }
+    if (known) {
+      live_bytes_ -= found->second.size;
+      live_.erase(found);
+    } else {
+      ++unknown_frees_;
+    }
+    return true;
+  }
+
   template <class GiveBack>
   block remember(block b, GiveBack give_back) noexcept {
     if (!b) return b;
@@ -168,17 +184,6 @@ class tracked : public detail::passes_on_capabilities<tracked<Inner>, Inner> {
     live_bytes_ += b.size;
     return b;
   }
-  void forget(block b) noexcept {
-    if (!b) return;
-    const auto found = live_.find(b.ptr);
-    if (found == live_.end()) {
-      ++unknown_frees_;
-      return;
-    }
-    live_bytes_ -= found->second.size;
-    live_.erase(found);
-  }
-
   Inner inner_{};
   options options_{};
   std::unordered_map<void*, tracked_allocation> live_;

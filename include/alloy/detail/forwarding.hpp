@@ -1,0 +1,503 @@
+// alloy/detail/forwarding.hpp: the one way optional capabilities are passed on (issue 19).
+//
+// Every optional capability is listed once, in `capability` below, with its test in
+// `has_capability`. Three bases pass them on, each member existing exactly when the part has the
+// capability (Phobos's rule: a wrapper has what its parts have):
+//
+// - `forwards_queries<Derived, Inner>`: the capabilities that do not allocate or free (owns,
+//   release, reserved bytes, counters, introspection, record_use, bytes in use, requested bytes,
+//   limits). Every call goes through `Derived::guarded(f)`, the guard hook, which runs `f(inner)`;
+//   by default it just calls `f(inner())`. `synchronized` takes its lock there, `ref` follows its
+//   pointer there: that is all either of them adds.
+// - `forwards_everything<Derived, Inner>`: the above plus every allocating call (plain,
+//   keeping-cache, stream-ordered, checked frees, movable handles), all through the guard.
+// - `decorates<Derived, Inner>`: the above queries plus every allocating call (plain,
+//   keeping-cache, stream-ordered, checked frees) routed through two hooks of the decorator,
+//   `on_allocate(bytes, alignment, call, kind)` and `on_free(b, call)`, so that a counting
+//   decorator writes its accounting once and has exactly the allocating calls its part has.
+//   `on_free` gets a `call` returning a `free_outcome`: `accepted` or `refused` when the part
+//   below checks its frees (`try_deallocate`), `unchecked` when it cannot tell.
+// - `two_parts<Derived, First, Second>` (for `segregator` and `fallback`): the queries of both
+//   parts combined (sums, both-or-either) and the allocating calls through the routing hooks
+//   `route_allocation(bytes, alignment, call)`, `route_free(b, call)` and `route_use(b, call)`.
+//
+// The capability matrix test (test/capability_matrix_test.cpp) checks, for every wrapper and every
+// entry of `capability`, that the wrapper has it exactly when its part has it.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include <alloy/block.hpp>
+#include <alloy/concepts.hpp>
+
+namespace alloy::detail {
+
+// ---- the capabilities, listed once ---------------------------------------------------------------
+
+template <class A>
+concept reports_bytes_in_use = requires(const A& a) {
+  { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept reports_requested_bytes = requires(const A& a) {
+  { a.requested_bytes() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept reports_bytes_limit = requires(const A& a) {
+  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept reports_bytes_reservable_limit = requires(const A& a) {
+  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept has_size_of = movable_allocator<A> && requires(const A& a, handle h) {
+  { a.size_of(h) } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept has_movable_statistics = requires(const A& a) { a.movable_statistics(); };
+template <class A>
+concept has_reset_movable_peak = requires(A& a) { a.reset_movable_peak(); };
+template <class A>
+concept has_is_live = requires(const A& a, handle h) {
+  { a.is_live(h) } -> std::convertible_to<bool>;
+};
+
+/// Every optional capability (DESIGN §2 and the informal ones the statistics read). Adding one
+/// here means: give it a test in `has_capability`, pass it on in the bases below (and raise
+/// `forwarded_capabilities`), and the capability matrix test checks every wrapper for it.
+enum class capability : unsigned {
+  owns,
+  release,
+  reserved_bytes,
+  counters,
+  for_each_block,
+  record_use,
+  bytes_in_use,
+  requested_bytes,
+  bytes_limit,
+  bytes_reservable_limit,
+  allocate_keeping_cache,
+  try_deallocate,
+  stream_ordered,
+  try_deallocate_on_stream,
+  movable,
+  size_of,
+  movable_statistics,
+  reset_movable_peak,
+  is_live,
+  count_  ///< not a capability: how many there are
+};
+inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
+
+/// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
+/// passed on.
+inline constexpr unsigned forwarded_capabilities = 19;
+static_assert(capability_count == forwarded_capabilities,
+              "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
+
+template <class>
+inline constexpr bool no_such_capability = false;
+
+/// Whether `A` has capability `C` (stream-ordered ones over `Stream`).
+template <capability C, class A, class Stream>
+constexpr bool has_capability() {
+  if constexpr (C == capability::owns) return owning_allocator<A>;
+  else if constexpr (C == capability::release) return releasing_allocator<A>;
+  else if constexpr (C == capability::reserved_bytes) return reserving_allocator<A>;
+  else if constexpr (C == capability::counters) return counting_allocator<A>;
+  else if constexpr (C == capability::for_each_block) return introspectable_allocator<A>;
+  else if constexpr (C == capability::record_use) return use_recording_allocator<A, Stream>;
+  else if constexpr (C == capability::bytes_in_use) return reports_bytes_in_use<A>;
+  else if constexpr (C == capability::requested_bytes) return reports_requested_bytes<A>;
+  else if constexpr (C == capability::bytes_limit) return reports_bytes_limit<A>;
+  else if constexpr (C == capability::bytes_reservable_limit) return reports_bytes_reservable_limit<A>;
+  else if constexpr (C == capability::allocate_keeping_cache) return cache_keeping_allocator<A>;
+  else if constexpr (C == capability::try_deallocate) return checked_deallocating_allocator<A>;
+  else if constexpr (C == capability::stream_ordered) return stream_ordered_allocator<A, Stream>;
+  else if constexpr (C == capability::try_deallocate_on_stream) return checked_stream_deallocating_allocator<A, Stream>;
+  else if constexpr (C == capability::movable) return movable_allocator<A>;
+  else if constexpr (C == capability::size_of) return has_size_of<A>;
+  else if constexpr (C == capability::movable_statistics) return has_movable_statistics<A>;
+  else if constexpr (C == capability::reset_movable_peak) return has_reset_movable_peak<A>;
+  else if constexpr (C == capability::is_live) return has_is_live<A>;
+  else static_assert(no_such_capability<A>, "capability without a test in has_capability");
+}
+
+// ---- frees that say whether the part below accepted them ---------------------------------------
+
+/// What became of a free passed to a part.
+enum class free_outcome : unsigned char {
+  accepted,   ///< the part freed a live block (it checks its frees)
+  refused,    ///< the part refused it as misuse and changed nothing
+  unchecked,  ///< the part cannot tell (no `try_deallocate`): it was passed on and trusted
+};
+
+/// Frees `b` in `part`, through `try_deallocate` when the part has it.
+template <class Part>
+free_outcome free_in(Part& part, block b) noexcept {
+  if constexpr (checked_deallocating_allocator<Part>) {
+    return part.try_deallocate(b) ? free_outcome::accepted : free_outcome::refused;
+  } else {
+    part.deallocate(b);
+    return free_outcome::unchecked;
+  }
+}
+template <class Part, class Stream>
+free_outcome free_in(Part& part, block b, Stream stream) noexcept {
+  if constexpr (checked_stream_deallocating_allocator<Part, Stream>) {
+    return part.try_deallocate(b, stream) ? free_outcome::accepted : free_outcome::refused;
+  } else {
+    part.deallocate(b, stream);
+    return free_outcome::unchecked;
+  }
+}
+
+// ---- queries ------------------------------------------------------------------------------------
+
+/// Passes on the capabilities that neither allocate nor free, each through `Derived::guarded`.
+/// `Derived` provides `inner()`; it may define `guarded(f)` (and a const one) to run `f(inner)`
+/// under a guard, and befriend this class if that hook is private.
+template <class Derived, class Inner>
+class forwards_queries {
+ public:
+  bool owns(block b) const noexcept
+    requires owning_allocator<Inner>
+  {
+    return call([&](const auto& in) { return in.owns(b); });
+  }
+  void release() noexcept
+    requires releasing_allocator<Inner>
+  {
+    call([](auto& in) { in.release(); });
+  }
+  std::size_t reserved_bytes() const noexcept
+    requires reserving_allocator<Inner>
+  {
+    return call([](const auto& in) { return static_cast<std::size_t>(in.reserved_bytes()); });
+  }
+  allocator_counters counters() const noexcept
+    requires counting_allocator<Inner>
+  {
+    return call([](const auto& in) { return in.counters(); });
+  }
+  template <class F>
+    requires introspectable_allocator<Inner>
+  void for_each_block(F&& visit) const {
+    call([&](const auto& in) { in.for_each_block(visit); });
+  }
+  template <class Stream>
+    requires use_recording_allocator<Inner, Stream>
+  void record_use(block b, Stream stream) {
+    call([&](auto& in) { in.record_use(b, stream); });
+  }
+  std::size_t bytes_in_use() const noexcept
+    requires reports_bytes_in_use<Inner>
+  {
+    return call([](const auto& in) { return static_cast<std::size_t>(in.bytes_in_use()); });
+  }
+  std::size_t requested_bytes() const noexcept
+    requires reports_requested_bytes<Inner>
+  {
+    return call([](const auto& in) { return static_cast<std::size_t>(in.requested_bytes()); });
+  }
+  std::size_t bytes_limit() const noexcept
+    requires reports_bytes_limit<Inner>
+  {
+    return call([](const auto& in) { return static_cast<std::size_t>(in.bytes_limit()); });
+  }
+  std::size_t bytes_reservable_limit() const noexcept
+    requires reports_bytes_reservable_limit<Inner>
+  {
+    return call([](const auto& in) { return static_cast<std::size_t>(in.bytes_reservable_limit()); });
+  }
+
+ protected:
+  /// The guard hook's default: no guard.
+  template <class F>
+  decltype(auto) guarded(F&& f) {
+    return std::forward<F>(f)(static_cast<Derived&>(*this).inner());
+  }
+  template <class F>
+  decltype(auto) guarded(F&& f) const {
+    return std::forward<F>(f)(static_cast<const Derived&>(*this).inner());
+  }
+
+  template <class F>
+  decltype(auto) call(F&& f) {
+    return static_cast<Derived&>(*this).guarded(std::forward<F>(f));
+  }
+  template <class F>
+  decltype(auto) call(F&& f) const {
+    return static_cast<const Derived&>(*this).guarded(std::forward<F>(f));
+  }
+};
+
+// ---- everything, for wrappers that change nothing (synchronized, ref, sharded) -------------------
+
+/// Every capability of `Inner`, allocating calls included, each through `Derived::guarded`.
+template <class Derived, class Inner>
+class forwards_everything : public forwards_queries<Derived, Inner> {
+  using base = forwards_queries<Derived, Inner>;
+  using base::call;
+
+ public:
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return call([&](auto& in) { return in.allocate(bytes, alignment); });
+  }
+  void deallocate(block b) noexcept {
+    call([&](auto& in) { in.deallocate(b); });
+  }
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.try_deallocate(b); });
+  }
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.allocate_keeping_cache(bytes, alignment); });
+  }
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    return call([&](auto& in) { return in.allocate(bytes, alignment, stream); });
+  }
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  void deallocate(block b, Stream stream) noexcept {
+    call([&](auto& in) { in.deallocate(b, stream); });
+  }
+  template <class Stream>
+    requires checked_stream_deallocating_allocator<Inner, Stream>
+  bool try_deallocate(block b, Stream stream) noexcept {
+    return call([&](auto& in) { return in.try_deallocate(b, stream); });
+  }
+
+  // Movable blocks (DESIGN §4).
+  handle allocate_movable(std::size_t bytes) noexcept(noexcept(std::declval<Inner&>().allocate_movable(bytes)))
+    requires movable_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.allocate_movable(bytes); });
+  }
+  void* lock(handle h)
+    requires movable_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.lock(h); });
+  }
+  void unlock(handle h)
+    requires movable_allocator<Inner>
+  {
+    call([&](auto& in) { in.unlock(h); });
+  }
+  void deallocate(handle h)
+    requires movable_allocator<Inner>
+  {
+    call([&](auto& in) { in.deallocate(h); });
+  }
+  std::size_t size_of(handle h) const
+    requires has_size_of<Inner>
+  {
+    return call([&](const auto& in) { return static_cast<std::size_t>(in.size_of(h)); });
+  }
+  bool is_live(handle h) const noexcept
+    requires has_is_live<Inner>
+  {
+    return call([&](const auto& in) { return static_cast<bool>(in.is_live(h)); });
+  }
+  auto movable_statistics() const noexcept
+    requires has_movable_statistics<Inner>
+  {
+    return call([](const auto& in) { return in.movable_statistics(); });
+  }
+  void reset_movable_peak() noexcept
+    requires has_reset_movable_peak<Inner>
+  {
+    call([](auto& in) { in.reset_movable_peak(); });
+  }
+};
+
+// ---- decorators: the allocating calls through two hooks ------------------------------------------
+
+/// Which call an allocation came through (a decorator may treat them differently: a failed
+/// `allocate_keeping_cache` is not an out-of-memory yet, the caller retries).
+enum class allocation_kind : unsigned char { plain, keeping_cache, stream };
+
+/// The queries of `Inner`, plus every allocating call `Inner` has, each routed through the
+/// decorator's hooks:
+///
+///   template <class Call, class GiveBack, class... Stream>
+///   block on_allocate(std::size_t bytes, std::size_t alignment, Call call, GiveBack give_back,
+///                     allocation_kind kind, Stream... stream) noexcept;
+///       `call(n)` asks Inner for `n` bytes (`bytes`, or what the decorator makes of it) and
+///       returns Inner's block; `give_back(b)` frees such a block again the same way (for a
+///       decorator that cannot keep it); the hook may refuse before asking.
+///       `stream` is the stream of a stream-ordered call (none otherwise).
+///   template <class Call, class... Stream> bool on_free(block b, Call call, Stream... stream) noexcept;
+///       `call(b)` passes the free of a block (`b`, or Inner's form of it) to Inner and returns a
+///       `free_outcome`; the hook may refuse without calling; it returns whether it accepted.
+///
+/// Movable handles are not passed on here: a decorator that handles them declares them itself.
+template <class Derived, class Inner>
+class decorates : public forwards_queries<Derived, Inner> {
+ public:
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    Inner& in = self().inner();
+    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment); },
+                              [&](block b) { in.deallocate(b); }, allocation_kind::plain);
+  }
+  void deallocate(block b) noexcept { (void)free_through(b); }
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<Inner>
+  {
+    return free_through(b);
+  }
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<Inner>
+  {
+    Inner& in = self().inner();
+    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate_keeping_cache(n, alignment); },
+                              [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
+  }
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    Inner& in = self().inner();
+    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment, stream); },
+                              [&](block b) { in.deallocate(b, stream); }, allocation_kind::stream, stream);
+  }
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  void deallocate(block b, Stream stream) noexcept {
+    (void)free_through(b, stream);
+  }
+  template <class Stream>
+    requires checked_stream_deallocating_allocator<Inner, Stream>
+  bool try_deallocate(block b, Stream stream) noexcept {
+    return free_through(b, stream);
+  }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  bool free_through(block b) noexcept {
+    Inner& in = self().inner();
+    return self().on_free(b, [&](block inner_block) { return free_in(in, inner_block); });
+  }
+  template <class Stream>
+  bool free_through(block b, Stream stream) noexcept {
+    Inner& in = self().inner();
+    return self().on_free(b, [&](block inner_block) { return free_in(in, inner_block, stream); }, stream);
+  }
+};
+
+// ---- two parts with a routing hook (segregator, fallback) ----------------------------------------
+
+/// The capabilities of a composite of two parts: each exists when both parts have it. Queries
+/// combine the parts (owns: either; release: both; reserved bytes, counters, bytes in use,
+/// requested bytes: sums; blocks: `First`'s, then `Second`'s). Allocating calls go through the
+/// composite's routing hooks:
+///
+///   template <class Call> block route_allocation(std::size_t bytes, std::size_t alignment, Call call);
+///       `call(part)` asks one part; the hook picks which, and in what order.
+///   template <class Call> bool route_free(block b, Call call);
+///       `call(part)` frees in one part and returns a `free_outcome`; the hook picks the part and
+///       returns whether the free was accepted (an `unchecked` free counts as accepted).
+///   template <class Call> void route_use(block b, Call call);
+///       the part that holds `b`.
+///
+/// Limits (`bytes_limit`, `bytes_reservable_limit`) and movable handles are not combined: what
+/// the limit of two parts is depends on the composite, and neither composite routes handles.
+/// `Derived` provides `first()` and `second()`.
+template <class Derived, class First, class Second>
+class two_parts {
+ public:
+  bool owns(block b) const noexcept
+    requires owning_allocator<First> && owning_allocator<Second>
+  {
+    return first().owns(b) || second().owns(b);
+  }
+  void release() noexcept
+    requires releasing_allocator<First> && releasing_allocator<Second>
+  {
+    first().release();
+    second().release();
+  }
+  std::size_t reserved_bytes() const noexcept
+    requires reserving_allocator<First> && reserving_allocator<Second>
+  {
+    return first().reserved_bytes() + second().reserved_bytes();
+  }
+  allocator_counters counters() const noexcept
+    requires counting_allocator<First> && counting_allocator<Second>
+  {
+    return first().counters() + second().counters();
+  }
+  std::size_t bytes_in_use() const noexcept
+    requires reports_bytes_in_use<First> && reports_bytes_in_use<Second>
+  {
+    return first().bytes_in_use() + second().bytes_in_use();
+  }
+  std::size_t requested_bytes() const noexcept
+    requires reports_requested_bytes<First> && reports_requested_bytes<Second>
+  {
+    return first().requested_bytes() + second().requested_bytes();
+  }
+  template <class F>
+    requires introspectable_allocator<First> && introspectable_allocator<Second>
+  void for_each_block(F&& visit) const {
+    first().for_each_block(visit);
+    second().for_each_block(visit);
+  }
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return self().route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment); });
+  }
+  void deallocate(block b) noexcept {
+    (void)self().route_free(b, [&](auto& part) { return free_in(part, b); });
+  }
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<First> && checked_deallocating_allocator<Second>
+  {
+    return self().route_free(b, [&](auto& part) { return free_in(part, b); });
+  }
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<First> && cache_keeping_allocator<Second>
+  {
+    return self().route_allocation(bytes, alignment,
+                                   [&](auto& part) { return part.allocate_keeping_cache(bytes, alignment); });
+  }
+  template <class Stream>
+    requires stream_ordered_allocator<First, Stream> && stream_ordered_allocator<Second, Stream>
+  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    return self().route_allocation(bytes, alignment,
+                                   [&](auto& part) { return part.allocate(bytes, alignment, stream); });
+  }
+  template <class Stream>
+    requires stream_ordered_allocator<First, Stream> && stream_ordered_allocator<Second, Stream>
+  void deallocate(block b, Stream stream) noexcept {
+    (void)self().route_free(b, [&](auto& part) { return free_in(part, b, stream); });
+  }
+  template <class Stream>
+    requires checked_stream_deallocating_allocator<First, Stream> &&
+             checked_stream_deallocating_allocator<Second, Stream>
+  bool try_deallocate(block b, Stream stream) noexcept {
+    return self().route_free(b, [&](auto& part) { return free_in(part, b, stream); });
+  }
+  template <class Stream>
+    requires use_recording_allocator<First, Stream> && use_recording_allocator<Second, Stream>
+  void record_use(block b, Stream stream) {
+    self().route_use(b, [&](auto& part) { part.record_use(b, stream); });
+  }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  const First& first() const noexcept { return static_cast<const Derived&>(*this).first_part(); }
+  const Second& second() const noexcept { return static_cast<const Derived&>(*this).second_part(); }
+  First& first() noexcept { return static_cast<Derived&>(*this).first_part(); }
+  Second& second() noexcept { return static_cast<Derived&>(*this).second_part(); }
+};
+
+}  // namespace alloy::detail
