@@ -1,0 +1,460 @@
+// Threads (issue 20): free+allocate pairs on 1, 2, 4 and 8 threads at once, through allocators
+// shared by every thread, against the limit of one unshared allocator per thread.
+//
+// Workloads, each thread with its own requests (its own seed):
+//   - W2: a live set of 1,000 blocks, sizes log-uniform 256 B-64 KiB, then pairs, each freeing a
+//     random live block and allocating a fresh size in its place (bench/support/pairs_workload.hpp);
+//   - W1: the same with sizes 256 B-4 MiB;
+//   - producer/consumer: every block is freed by another thread than the one that allocated it.
+//     Thread t allocates W2's sizes and passes each block through a ring (1,024 slots, one
+//     producer, one consumer) to thread t+1, which frees it; before the timed part each ring is
+//     filled with 512 blocks, so about 512 blocks per thread are live. On one thread the ring
+//     leads back to the thread itself (blocks freed first in, first out, by their own thread).
+// Alignment 256 everywhere; the memory is never touched.
+//
+// Allocators, all over one counted mmap source per run (bench/support/shared_space.hpp):
+//   - limit: one `default_allocator` per thread, nothing shared (what this machine can do; no
+//     producer/consumer, a block cannot go to another thread's allocator);
+//   - sharded: `alloy::sharded<default_allocator>`, default options (one shard per hardware
+//     thread, thread caches on);
+//   - sharded_nocache: the same with `thread_cache = 0` (every call takes its shard's lock);
+//   - synchronized: `alloy::synchronized<default_allocator>`, one lock around everything;
+//   - std_pmr_sync_pool: `std::pmr::synchronized_pool_resource`, largest_required_pool_block
+//     64 KiB (W2, producer/consumer) or 4 MiB (W1) (libstdc++ 12);
+//   - thrust_sync_pool: `thrust::mr::synchronized_pool_resource`, alignment 256, largest block as
+//     for std::pmr;
+//   - malloc: glibc's `aligned_alloc`/`free` (per-thread arenas and caches; time only).
+// Figures: million pairs per second, all threads together (pairs ÷ wall time from the start
+// signal to the last thread's end; wall time, since waiting for a lock is the point), median of
+// the repetitions, which interleave allocators and thread counts; each allocator's 2-thread ÷
+// 1-thread throughput; ratios against the best synchronized peer (synchronized, std::pmr,
+// thrust) and against malloc at the same thread count; and peak reserved ÷ peak live, where peak
+// live is the sum of the threads' own peaks (at least the true peak of all threads together, so
+// a ratio is if anything too low, the same way at every thread count). The issue's targets are
+// checked at the end.
+//
+//   threads
+//   threads --quick   # one repetition (a look, not a figure)
+//   threads [--quick] W1 sharded   # one scenario (name contains W1), the limit, the peers and
+//                                  # the allocators whose names contain "sharded"
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <memory_resource>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <thrust/mr/sync_pool.h>
+
+#include <alloy/policy/sharded.hpp>
+#include <alloy/policy/synchronized.hpp>
+#include <alloy/showcase.hpp>
+
+#include "support/pairs_workload.hpp"
+#include "support/shared_space.hpp"
+
+namespace {
+
+using namespace alloy::bench;
+using wall_clock = std::chrono::steady_clock;
+
+constexpr std::size_t alignment = 256;
+constexpr std::size_t pairs_per_thread = 200'000;
+constexpr int thread_counts[] = {1, 2, 4, 8};
+constexpr int max_threads = 8;
+
+using U = shared_counting_upstream;
+using D = alloy::default_allocator<U>;
+
+enum class mode { own_live_set, producer_consumer };
+
+struct scenario {
+  std::string name;
+  mode how;
+  std::size_t largest_pooled;       // the std::pmr and thrust pools' largest pooled block
+  std::vector<workload> per_thread;  // thread t's requests
+};
+
+workload_params params(double log2_largest, std::uint64_t seed) {
+  return {.live_blocks = 1'000, .pairs = pairs_per_thread, .log2_smallest = 8, .log2_largest = log2_largest,
+          .seed = seed};
+}
+
+std::vector<scenario> scenarios() {
+  std::vector<scenario> out;
+  out.push_back({"W2", mode::own_live_set, std::size_t{64} << 10, {}});
+  out.push_back({"W1", mode::own_live_set, std::size_t{4} << 20, {}});
+  out.push_back({"producer/consumer", mode::producer_consumer, std::size_t{64} << 10, {}});
+  for (int t = 0; t < max_threads; ++t) {
+    out[0].per_thread.push_back(make_workload(params(16, 20261124 + t)));
+    out[1].per_thread.push_back(make_workload(params(22, 20261124 + t)));
+  }
+  out[2].per_thread = out[0].per_thread;
+  return out;
+}
+
+[[noreturn]] void failed(const char* what) {
+  std::fprintf(stderr, "threads: %s failed a request; the figures would mean nothing\n", what);
+  std::abort();
+}
+
+// ---- the rings of the producer/consumer variant -------------------------------------------------
+
+/// One producer, one consumer; 1,024 blocks. Each side keeps the other's index as last seen and
+/// reads it again only when the ring looks full (empty), so that the ring costs little next to
+/// the allocators.
+struct ring {
+  static constexpr std::size_t capacity = 1024;
+  alignas(64) std::atomic<std::size_t> head{0};  // next to pop (written by the consumer)
+  std::size_t tail_seen = 0;                     // the consumer's copy of `tail`
+  alignas(64) std::atomic<std::size_t> tail{0};  // next to push (written by the producer)
+  std::size_t head_seen = 0;                     // the producer's copy of `head`
+  alignas(64) alloy::block slots[capacity];
+
+  bool push(alloy::block b) noexcept {
+    const std::size_t t = tail.load(std::memory_order_relaxed);
+    if (t - head_seen == capacity) {
+      head_seen = head.load(std::memory_order_acquire);
+      if (t - head_seen == capacity) return false;
+    }
+    slots[t % capacity] = b;
+    tail.store(t + 1, std::memory_order_release);
+    return true;
+  }
+  bool pop(alloy::block& b) noexcept {
+    const std::size_t h = head.load(std::memory_order_relaxed);
+    if (h == tail_seen) {
+      tail_seen = tail.load(std::memory_order_acquire);
+      if (h == tail_seen) return false;
+    }
+    b = slots[h % capacity];
+    head.store(h + 1, std::memory_order_release);
+    return true;
+  }
+};
+
+// ---- running N threads ---------------------------------------------------------------------------
+
+/// Runs `threads` threads over `env` (`allocate(thread, bytes)`, `deallocate(thread, block)`);
+/// returns million pairs per second, all threads together.
+template <class Env>
+double run_threads(Env& env, const scenario& sc, int threads) {
+  std::atomic<int> ready{0}, done{0};
+  std::atomic<bool> go{false};
+  std::vector<wall_clock::time_point> finish(static_cast<std::size_t>(threads));
+  std::vector<std::unique_ptr<ring>> rings;
+  if (sc.how == mode::producer_consumer) {
+    for (int t = 0; t < threads; ++t) rings.push_back(std::make_unique<ring>());
+  }
+  auto wait_for = [](std::atomic<int>& counter, int n) {
+    while (counter.load(std::memory_order_acquire) < n) std::this_thread::yield();
+  };
+
+  auto body = [&](int t) {
+    const workload& w = sc.per_thread[static_cast<std::size_t>(t)];
+    auto allocate = [&](std::size_t bytes) {
+      const alloy::block b = env.allocate(t, bytes);
+      if (!b) failed("an allocator");
+      return b;
+    };
+    if (sc.how == mode::own_live_set) {
+      std::vector<alloy::block> held(w.initial.size());
+      for (std::size_t i = 0; i < held.size(); ++i) held[i] = allocate(w.initial[i]);
+      ready.fetch_add(1, std::memory_order_release);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      for (std::size_t i = 0; i < w.pairs(); ++i) {
+        const std::uint32_t v = w.victim[i];
+        env.deallocate(t, held[v]);
+        held[v] = allocate(w.size[i]);
+        benchmark::DoNotOptimize(held[v]);
+      }
+      finish[static_cast<std::size_t>(t)] = wall_clock::now();
+      done.fetch_add(1, std::memory_order_release);
+      wait_for(done, threads);  // nobody frees its live set while others are timed
+      for (const alloy::block& b : held) env.deallocate(t, b);
+    } else {
+      ring& out = *rings[static_cast<std::size_t>(t)];
+      ring& in = *rings[static_cast<std::size_t>((t + threads - 1) % threads)];
+      for (std::size_t i = 0; i < ring::capacity / 2; ++i) out.push(allocate(w.initial[i]));
+      ready.fetch_add(1, std::memory_order_release);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      alloy::block b;
+      for (std::size_t i = 0; i < w.pairs(); ++i) {
+        const alloy::block mine = allocate(w.size[i]);
+        while (!out.push(mine)) {
+          if (in.pop(b)) {
+            env.deallocate(t, b);
+          } else {
+            std::this_thread::yield();
+          }
+        }
+        if (in.pop(b)) env.deallocate(t, b);
+      }
+      finish[static_cast<std::size_t>(t)] = wall_clock::now();
+      done.fetch_add(1, std::memory_order_release);
+      // Keep consuming until every producer is done (a producer with a full ring waits for us).
+      while (done.load(std::memory_order_acquire) < threads) {
+        if (in.pop(b)) {
+          env.deallocate(t, b);
+        } else {
+          std::this_thread::yield();
+        }
+      }
+      while (in.pop(b)) env.deallocate(t, b);  // what is left, freed by its consumer
+    }
+  };
+
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(body, t);
+  wait_for(ready, threads);
+  const auto start = wall_clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& th : pool) th.join();
+  const auto end = *std::max_element(finish.begin(), finish.end());
+  const double seconds = std::chrono::duration<double>(end - start).count();
+  return static_cast<double>(pairs_per_thread) * threads / seconds * 1e-6;
+}
+
+// ---- the contenders ------------------------------------------------------------------------------
+
+struct limit_env {
+  std::vector<std::unique_ptr<D>> per_thread;
+  limit_env(shared_space& s, const scenario&) {
+    for (int t = 0; t < max_threads; ++t) per_thread.push_back(std::make_unique<D>(U{&s}));
+  }
+  alloy::block allocate(int t, std::size_t bytes) noexcept { return per_thread[static_cast<std::size_t>(t)]->allocate(bytes, alignment); }
+  void deallocate(int t, alloy::block b) noexcept { per_thread[static_cast<std::size_t>(t)]->deallocate(b); }
+};
+
+template <bool Cache>
+struct sharded_env {
+  alloy::sharded<D> a;
+  sharded_env(shared_space& s, const scenario&)
+      : a([&s](std::size_t) { return D{U{&s}}; }, alloy::sharded<D>::options{.thread_cache = Cache ? std::size_t{128} << 10 : 0}) {}
+  alloy::block allocate(int, std::size_t bytes) noexcept { return a.allocate(bytes, alignment); }
+  void deallocate(int, alloy::block b) noexcept { a.deallocate(b); }
+};
+
+struct synchronized_env {
+  alloy::synchronized<D> a;
+  synchronized_env(shared_space& s, const scenario&) : a(D{U{&s}}) {}
+  alloy::block allocate(int, std::size_t bytes) noexcept { return a.allocate(bytes, alignment); }
+  void deallocate(int, alloy::block b) noexcept { a.deallocate(b); }
+};
+
+struct pmr_env {
+  shared_counting_pmr_resource upstream;
+  std::pmr::synchronized_pool_resource pool;
+  pmr_env(shared_space& s, const scenario& sc)
+      : upstream(&s), pool({.max_blocks_per_chunk = 0, .largest_required_pool_block = sc.largest_pooled}, &upstream) {}
+  alloy::block allocate(int, std::size_t bytes) { return {pool.allocate(bytes, alignment), bytes}; }
+  void deallocate(int, alloy::block b) { pool.deallocate(b.ptr, b.size, alignment); }
+};
+
+struct thrust_env {
+  using pool_t = thrust::mr::synchronized_pool_resource<shared_counting_thrust_resource>;
+  shared_counting_thrust_resource upstream;
+  pool_t pool;
+  static thrust::mr::pool_options options(const scenario& sc) {
+    thrust::mr::pool_options opts = pool_t::get_default_options();
+    opts.alignment = alignment;
+    opts.largest_block_size = sc.largest_pooled;
+    return opts;
+  }
+  thrust_env(shared_space& s, const scenario& sc) : upstream(&s), pool(&upstream, options(sc)) {}
+  alloy::block allocate(int, std::size_t bytes) { return {pool.allocate(bytes, alignment), bytes}; }
+  void deallocate(int, alloy::block b) { pool.deallocate(b.ptr, b.size, alignment); }
+};
+
+struct malloc_env {
+  malloc_env(shared_space&, const scenario&) {}
+  alloy::block allocate(int, std::size_t bytes) noexcept {
+    return {std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment), bytes};
+  }
+  void deallocate(int, alloy::block b) noexcept { std::free(b.ptr); }
+};
+
+struct contender {
+  std::string name;
+  bool counts_space;     // draws from the counted source (malloc does not)
+  bool cross_thread;     // may free a block on another thread than the one that allocated it
+  bool synchronized_peer;  // one of the peers the targets compare against
+  // Runs `threads` threads of `sc` through a fresh allocator; returns M pairs/s and fills
+  // `peak_reserved`.
+  std::function<double(const scenario&, int threads, std::size_t& peak_reserved)> run;
+};
+
+template <class Env>
+contender make(std::string name, bool counts, bool cross, bool peer) {
+  return {std::move(name), counts, cross, peer, [](const scenario& sc, int threads, std::size_t& peak) {
+            shared_space s;
+            double rate = 0;
+            {
+              Env env(s, sc);
+              rate = run_threads(env, sc, threads);
+            }
+            peak = s.peak.load();
+            return rate;
+          }};
+}
+
+std::vector<contender> contenders() {
+  std::vector<contender> c;
+  c.push_back(make<limit_env>("limit", true, false, false));
+  c.push_back(make<sharded_env<true>>("sharded", true, true, false));
+  c.push_back(make<sharded_env<false>>("sharded_nocache", true, true, false));
+  c.push_back(make<synchronized_env>("synchronized", true, true, true));
+  c.push_back(make<pmr_env>("std_pmr_sync_pool", true, true, true));
+  c.push_back(make<thrust_env>("thrust_sync_pool", true, true, true));
+  c.push_back(make<malloc_env>("malloc", false, true, false));
+  return c;
+}
+
+// ---- results -------------------------------------------------------------------------------------
+
+struct figures {
+  std::map<int, std::vector<double>> rate;        // per thread count: M pairs/s of each repetition
+  std::map<int, std::vector<double>> reserved;    // per thread count: peak reserved / peak live
+};
+using table = std::map<std::string, figures>;  // per allocator
+
+double med(const figures& f, const std::map<int, std::vector<double>> figures::*what, int threads) {
+  const auto found = (f.*what).find(threads);
+  return found == (f.*what).end() ? 0.0 : median(found->second);
+}
+
+double peak_live(const scenario& sc, int threads) {
+  std::size_t sum = 0;
+  for (int t = 0; t < threads; ++t) sum += sc.per_thread[static_cast<std::size_t>(t)].peak_live;
+  return static_cast<double>(sum);
+}
+
+/// The best of the synchronized peers at `threads` (M pairs/s) and its name.
+std::pair<double, std::string> best_peer(const table& tab, const std::vector<contender>& cs, int threads) {
+  std::pair<double, std::string> best{0.0, "-"};
+  for (const contender& c : cs) {
+    if (!c.synchronized_peer || !tab.count(c.name)) continue;
+    const double r = med(tab.at(c.name), &figures::rate, threads);
+    if (r > best.first) best = {r, c.name};
+  }
+  return best;
+}
+
+void print_table(const scenario& sc, const table& tab, const std::vector<contender>& cs, int reps) {
+  std::printf("\n%s: %s; %zu pairs per thread, alignment %zu; median of %d\n", sc.name.c_str(),
+              sc.how == mode::producer_consumer ? "W2 sizes, every block freed by the next thread (512 in flight per ring)"
+                                                : "1,000 live blocks per thread",
+              pairs_per_thread, alignment, reps);
+  std::printf("M pairs/s (all threads)      1T      2T      4T      8T   2T/1T | vs best sync peer: 1T    2T    4T    8T | "
+              "vs malloc 2T | reserved/live 1T    4T  4T/1T\n");
+  for (const contender& c : cs) {
+    if (!tab.count(c.name)) continue;
+    const figures& f = tab.at(c.name);
+    std::printf("%-24s", c.name.c_str());
+    for (int t : thread_counts) std::printf(" %7.2f", med(f, &figures::rate, t));
+    std::printf(" %6.2fx |                   ", med(f, &figures::rate, 2) / med(f, &figures::rate, 1));
+    for (int t : thread_counts) std::printf(" %5.2f", med(f, &figures::rate, t) / best_peer(tab, cs, t).first);
+    const double m2 = tab.count("malloc") ? med(tab.at("malloc"), &figures::rate, 2) : 0.0;
+    std::printf(" |      %6.2fx |", m2 > 0 ? med(f, &figures::rate, 2) / m2 : 0.0);
+    if (c.counts_space && sc.how == mode::own_live_set) {
+      const double r1 = med(f, &figures::reserved, 1), r4 = med(f, &figures::reserved, 4);
+      std::printf("          %6.3f %6.3f %5.2fx\n", r1, r4, r4 / r1);
+    } else {
+      std::printf("               -      -      -\n");
+    }
+  }
+  std::printf("best synchronized peer:");
+  for (int t : thread_counts) std::printf(" %dT %s", t, best_peer(tab, cs, t).second.c_str());
+  std::printf("\n");
+}
+
+void print_targets(const std::vector<scenario>& scs, const std::map<std::string, table>& all,
+                   const std::vector<contender>& cs) {
+  std::printf("\nIssue 20's targets, from this run (sharded = sharded<default_allocator>, default options):\n");
+  auto verdict = [](bool met) { return met ? "met" : "NOT met"; };
+  for (const scenario& sc : scs) {
+    const table& tab = all.at(sc.name);
+    if (!tab.count("sharded")) continue;
+    const figures& s = tab.at("sharded");
+    const double s1 = med(s, &figures::rate, 1), s2 = med(s, &figures::rate, 2);
+    const auto peer2 = best_peer(tab, cs, 2);
+    if (sc.how == mode::own_live_set) {
+      const figures& l = tab.at("limit");
+      const double l1 = med(l, &figures::rate, 1), l2 = med(l, &figures::rate, 2);
+      const double scaling = (s2 / s1) / (l2 / l1);
+      std::printf("  %s: 2T/1T %.2fx vs the limit's %.2fx = %.2f (>= 0.9: %s)\n", sc.name.c_str(), s2 / s1, l2 / l1,
+                  scaling, verdict(scaling >= 0.9));
+      std::printf("  %s: at 2T %.2f M pairs/s vs best synchronized peer %s %.2f = %.2fx (>= 2: %s)\n", sc.name.c_str(), s2,
+                  peer2.second.c_str(), peer2.first, s2 / peer2.first, verdict(s2 / peer2.first >= 2));
+      std::printf("  %s: 1T time vs a bare default_allocator (the limit at 1T) = %.2fx (<= 1.1: %s)\n", sc.name.c_str(),
+                  l1 / s1, verdict(l1 / s1 <= 1.1));
+      const double r1 = med(s, &figures::reserved, 1), r4 = med(s, &figures::reserved, 4);
+      std::printf("  %s: peak reserved/peak live 4T %.3f vs 1T %.3f = %.2fx (<= 1.25: %s)\n", sc.name.c_str(), r4, r1,
+                  r4 / r1, verdict(r4 / r1 <= 1.25));
+    } else {
+      double best_any = peer2.first;
+      std::string best_name = peer2.second;
+      if (tab.count("malloc") && med(tab.at("malloc"), &figures::rate, 2) > best_any) {
+        best_any = med(tab.at("malloc"), &figures::rate, 2);
+        best_name = "malloc";
+      }
+      for (int t : {2, 4, 8}) {
+        double best_t = best_peer(tab, cs, t).first;
+        std::string name_t = best_peer(tab, cs, t).second;
+        if (tab.count("malloc") && med(tab.at("malloc"), &figures::rate, t) > best_t) {
+          best_t = med(tab.at("malloc"), &figures::rate, t);
+          name_t = "malloc";
+        }
+        const double r = med(s, &figures::rate, t) / best_t;
+        std::printf("  %s: at %dT %.2f M pairs/s vs best peer %s %.2f = %.2fx (>= 1.5: %s)\n", sc.name.c_str(), t,
+                    med(s, &figures::rate, t), name_t.c_str(), best_t, r, verdict(r >= 1.5));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int arg = 1;
+  const bool quick = argc > arg && std::strcmp(argv[arg], "--quick") == 0;
+  if (quick) ++arg;
+  const std::string only_scenario = argc > arg ? argv[arg++] : "";
+  const std::string only_allocator = argc > arg ? argv[arg++] : "";
+  const int reps = quick ? 1 : 3;
+  auto scs = scenarios();
+  std::erase_if(scs, [&](const scenario& sc) { return sc.name.find(only_scenario) == std::string::npos; });
+  auto cs = contenders();
+  std::erase_if(cs, [&](const contender& c) {
+    return c.name.find(only_allocator) == std::string::npos && c.name != "limit" && !c.synchronized_peer;
+  });
+  std::map<std::string, table> all;
+  std::printf("threads: %u hardware threads; %d repetitions\n", std::thread::hardware_concurrency(), reps);
+  const auto begin = wall_clock::now();
+  for (const scenario& sc : scs) {
+    table& tab = all[sc.name];
+    for (int r = 0; r < reps; ++r) {
+      for (int threads : thread_counts) {
+        for (const contender& c : cs) {
+          if (sc.how == mode::producer_consumer && !c.cross_thread) continue;
+          std::size_t peak = 0;
+          const double rate = c.run(sc, threads, peak);
+          tab[c.name].rate[threads].push_back(rate);
+          if (c.counts_space) tab[c.name].reserved[threads].push_back(static_cast<double>(peak) / peak_live(sc, threads));
+        }
+      }
+    }
+    print_table(sc, tab, cs, reps);
+    std::fflush(stdout);
+  }
+  print_targets(scs, all, cs);
+  std::printf("\n(%.0f s)\n", std::chrono::duration<double>(wall_clock::now() - begin).count());
+  return 0;
+}

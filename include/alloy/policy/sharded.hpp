@@ -1,0 +1,438 @@
+// alloy/policy/sharded.hpp
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include <alloy/concepts.hpp>
+#include <alloy/config.hpp>
+#include <alloy/policy/size_class_pool.hpp>
+
+namespace alloy {
+
+namespace detail {
+
+/// Whether an allocator keeps `alloy::statistics` (a `stats<>` outermost).
+template <class A>
+concept keeps_statistics = requires(const A& a) { a.statistics(); };
+
+/// One thread's cache of small blocks: per size class a stack of at most `per_class` pointers.
+/// Touched only by the thread the slot belongs to (and by `sharded` when no thread uses it).
+template <std::size_t Classes, std::size_t PerClass>
+struct alignas(64) thread_block_cache {
+  std::uint32_t count[Classes] = {};
+  void* blocks[Classes][PerClass];
+};
+
+/// A thread's entry in a `sharded` object's table: the thread, its shard, its cache.
+template <class Cache>
+struct alignas(64) thread_slot {
+  std::atomic<std::thread::id> thread{};
+  std::size_t shard = 0;
+  Cache* cache = nullptr;
+};
+
+}  // namespace detail
+
+/// `sharded<Inner, Mutex>` keeps several independent `Inner`s (shards), each behind its own lock,
+/// so that threads allocating at the same time do not wait for one another (DESIGN §13).
+///
+/// - Strategy: each thread gets a shard, round-robin in the order threads first call, through a
+///   table in the object (64 entries keyed by `std::this_thread::get_id()`; no thread-local or
+///   global state, DESIGN §11). A thread allocates from its shard, and from the others in turn
+///   when that fails. A free goes to the shard that owns the block (`Inner::owns`, the freeing
+///   thread's shard asked first), from any thread. With more than 64 threads over the object's
+///   life, the later ones pick a shard by a hash of their id and have no cache.
+/// - Thread cache (`options::thread_cache`, bytes per size class and thread; on by default unless
+///   `Inner` keeps statistics, which would count cached blocks as in use): requests of at most
+///   64 KiB are rounded to a class (four per octave, as `size_class_pool`'s defaults) and served
+///   from the calling thread's cache without a lock; an empty class refills half its capacity
+///   from the thread's shard under one lock, a full one gives half back, each block to its owner,
+///   one lock per shard. Frees from any thread land in the freeing thread's cache, so blocks
+///   handed from a producer to a consumer thread cost no lock at all. Each class keeps at most
+///   32 blocks and `thread_cache` bytes; cached blocks are in use as far as the shards can tell.
+///   Small blocks are taken from `Inner` at their class size with alignment 256, so `Inner`
+///   sees class sizes, and a small request with a larger alignment is taken at that alignment.
+/// - Under a shard's lock: the `Inner` call itself (and, for a refill or a flush, the batch of
+///   them). When `Inner` must go to its upstream (`cudaMalloc`, a new slab), that happens under
+///   the shard's lock: other threads' shards are not held up, and a slab serves many requests.
+///   The table and the caches take no lock; a thread's first call claims its entry with one
+///   compare-exchange.
+/// - Capabilities: `owns`, `release`, `reserved_bytes`, `counters`, `for_each_block` and
+///   `statistics` (when `Inner` has them): every shard's, each read under its lock, added up
+///   (peaks as the sum of the shards' peaks, an upper bound). `Inner` must have `owns` when
+///   there is more than one shard. Blocks in a thread's cache count as in use; `release()`
+///   first gives back the calling thread's cache, `flush_thread_caches()` every thread's (only
+///   while no other thread uses the object; the destructor does it too).
+/// - Failure: an empty block when every shard fails. Checked builds (`ALLOY_CHECKED`) refuse and
+///   report a small free that no shard owns or that is already in the freeing thread's cache
+///   (`refused_frees()`); unchecked builds trust the caller, as every policy does.
+/// - Not movable or copyable.
+template <allocator Inner, class Mutex = std::mutex>
+class sharded {
+ public:
+  static constexpr bool host_accessible = Inner::host_accessible;
+  static constexpr bool device_accessible = Inner::device_accessible;
+
+  /// Requests up to this size go through the thread caches (when on).
+  static constexpr std::size_t cached_size_limit = std::size_t{64} << 10;
+  /// Alignment of every block taken for a cache.
+  static constexpr std::size_t cache_alignment = 256;
+  /// Entries of the thread table.
+  static constexpr std::size_t thread_slots = 64;
+
+  struct options {
+    std::size_t shards = 0;  ///< number of shards; 0: `std::thread::hardware_concurrency()`
+    /// Bytes each thread may cache per size class (0: no cache).
+    std::size_t thread_cache = detail::keeps_statistics<Inner> ? 0 : std::size_t{128} << 10;
+  };
+
+  sharded() : sharded(options{}) {}
+  explicit sharded(options opts) : sharded([](std::size_t) { return Inner{}; }, opts) {}
+  /// Builds shard `i` as `make(i)` (parts are not copyable: each shard is made, not copied).
+  template <class Make>
+    requires std::is_invocable_r_v<Inner, Make&, std::size_t>
+  explicit sharded(Make make, options opts = {}) {
+    count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+    shards_ = static_cast<shard*>(::operator new(sizeof(shard) * count_, std::align_val_t{alignof(shard)}));
+    std::size_t built = 0;
+    try {
+      for (; built < count_; ++built) new (shards_ + built) shard(make, built);
+    } catch (...) {
+      destroy_shards(built);
+      throw;
+    }
+    for (std::size_t c = 0; c < classes::count; ++c) {
+      const std::size_t keep = std::min<std::size_t>(per_class_max, opts.thread_cache / classes::size(c));
+      capacity_[c] = static_cast<std::uint32_t>(keep >= 2 ? keep : 0);
+    }
+    caching_ = opts.thread_cache != 0;
+  }
+  sharded(const sharded&) = delete;
+  sharded& operator=(const sharded&) = delete;
+  ~sharded() {
+    flush_thread_caches();
+    for (auto& s : slots_) delete s.cache;
+    destroy_shards(count_);
+  }
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    slot* me = my_slot();
+    if (caching_ && bytes <= cached_size_limit && std::has_single_bit(alignment)) {
+      const std::size_t c = classes::index(bytes);
+      if (me != nullptr && me->cache != nullptr && alignment <= cache_alignment && capacity_[c] != 0) {
+        cache& k = *me->cache;
+        if (k.count[c] == 0) refill(me->shard, k, c);
+        if (k.count[c] == 0) return {};
+        return block{k.blocks[c][--k.count[c]], bytes};
+      }
+      const block b = allocate_direct(shard_of(me), classes::size(c), std::max(alignment, cache_alignment));
+      return b ? block{b.ptr, bytes} : b;
+    }
+    return allocate_direct(shard_of(me), bytes, alignment);
+  }
+
+  void deallocate(block b) noexcept {
+    if (!b.ptr && b.size == 0) return;
+    slot* me = my_slot();
+    if (caching_ && b.size <= cached_size_limit) {
+      const std::size_t c = classes::index(b.size);
+      if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) {
+        cache& k = *me->cache;
+        if constexpr (ALLOY_CHECKED) {
+          if (!check_small_free(k, c, b.ptr)) return;
+        }
+        if (k.count[c] == capacity_[c]) flush(me->shard, k, c, capacity_[c] / 2);
+        k.blocks[c][k.count[c]++] = b.ptr;
+        return;
+      }
+      void* p = b.ptr;
+      if (give_back(shard_of(me), classes::size(c), &p, 1) != 0) refuse(b);
+      return;
+    }
+    void* p = b.ptr;
+    if (give_back(shard_of(me), b.size, &p, 1) != 0) refuse(b);
+  }
+
+  // ---- capabilities of Inner, over every shard -------------------------------------------------
+
+  bool owns(block b) const noexcept
+    requires owning_allocator<Inner>
+  {
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::lock_guard lock(shards_[i].mutex);
+      if (shards_[i].inner.owns(b)) return true;
+    }
+    return false;
+  }
+  /// Gives the calling thread's cache back to the shards, then releases every shard.
+  void release() noexcept
+    requires releasing_allocator<Inner>
+  {
+    if (slot* me = my_slot(); me != nullptr && me->cache != nullptr) flush_all(me->shard, *me->cache);
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::lock_guard lock(shards_[i].mutex);
+      shards_[i].inner.release();
+    }
+  }
+  std::size_t reserved_bytes() const noexcept
+    requires reserving_allocator<Inner>
+  {
+    std::size_t sum = 0;
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::lock_guard lock(shards_[i].mutex);
+      sum += shards_[i].inner.reserved_bytes();
+    }
+    return sum;
+  }
+  allocator_counters counters() const noexcept
+    requires counting_allocator<Inner>
+  {
+    allocator_counters sum{};
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::lock_guard lock(shards_[i].mutex);
+      sum += shards_[i].inner.counters();
+    }
+    return sum;
+  }
+  /// Every shard's blocks, one shard at a time under its lock (cached blocks read as allocated).
+  template <class F>
+    requires introspectable_allocator<Inner>
+  void for_each_block(F&& visit) const {
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::lock_guard lock(shards_[i].mutex);
+      shards_[i].inner.for_each_block(visit);
+    }
+  }
+  /// The shards' statistics added up: counts and current values exactly; peaks as the sum of the
+  /// shards' peaks (an upper bound of the true peak); largest sizes and fragmentation the largest.
+  auto statistics() const
+    requires detail::keeps_statistics<Inner>
+  {
+    using result = decltype(std::declval<const Inner&>().statistics());
+    result sum{};
+    for (std::size_t i = 0; i < count_; ++i) {
+      result s;
+      {
+        std::lock_guard lock(shards_[i].mutex);
+        s = shards_[i].inner.statistics();
+      }
+      sum.num_allocs += s.num_allocs;
+      sum.bytes_in_use += s.bytes_in_use;
+      sum.peak_bytes_in_use += s.peak_bytes_in_use;
+      sum.largest_alloc_size = std::max(sum.largest_alloc_size, s.largest_alloc_size);
+      sum.bytes_limit += s.bytes_limit;
+      sum.bytes_reserved += s.bytes_reserved;
+      sum.peak_bytes_reserved += s.peak_bytes_reserved;
+      sum.bytes_reservable_limit += s.bytes_reservable_limit;
+      sum.bytes_inactive += s.bytes_inactive;
+      sum.bytes_active += s.bytes_active;
+      sum.peak_bytes_active += s.peak_bytes_active;
+      sum.bytes_reclaimed += s.bytes_reclaimed;
+      sum.num_single_reclaims += s.num_single_reclaims;
+      sum.num_full_reclaims += s.num_full_reclaims;
+      sum.num_defragmentations += s.num_defragmentations;
+      sum.bytes_defragged += s.bytes_defragged;
+      sum.requested_bytes += s.requested_bytes;
+      sum.largest_free_block = std::max(sum.largest_free_block, s.largest_free_block);
+      sum.fragmentation = std::max(sum.fragmentation, s.fragmentation);
+      sum.num_alloc_retries += s.num_alloc_retries;
+      sum.num_ooms += s.num_ooms;
+      sum.num_device_alloc += s.num_device_alloc;
+      sum.num_device_free += s.num_device_free;
+    }
+    return sum;
+  }
+
+  // ---- sharded's own -----------------------------------------------------------------------------
+
+  /// Gives the calling thread's cached blocks back to their shards.
+  void flush_thread_cache() noexcept {
+    if (slot* me = my_slot(); me != nullptr && me->cache != nullptr) flush_all(me->shard, *me->cache);
+  }
+  /// Gives every thread's cached blocks back. Only while no other thread uses this object.
+  void flush_thread_caches() noexcept {
+    for (auto& s : slots_) {
+      if (s.cache != nullptr) flush_all(s.shard, *s.cache);
+    }
+  }
+
+  std::size_t shard_count() const noexcept { return count_; }
+  /// Runs `f(shard)` with shard `i`'s lock held and returns what it returns.
+  template <class F>
+  decltype(auto) with_shard(std::size_t i, F&& f) {
+    std::lock_guard lock(shards_[i].mutex);
+    return std::forward<F>(f)(shards_[i].inner);
+  }
+  /// The shard the calling thread allocates from first.
+  std::size_t my_shard() noexcept { return shard_of(my_slot()); }
+  /// Small frees refused in checked builds (foreign pointer, or already in the cache).
+  std::size_t refused_frees() const noexcept { return refused_.load(std::memory_order_relaxed); }
+
+ private:
+  using classes = power2_classes<4, 256, cached_size_limit>;
+  static constexpr std::size_t per_class_max = 32;
+  using cache = detail::thread_block_cache<classes::count, per_class_max>;
+  using slot = detail::thread_slot<cache>;
+
+  struct alignas(64) shard {
+    template <class Make>
+    shard(Make& make, std::size_t i) : inner(make(i)) {}
+    mutable Mutex mutex;
+    Inner inner;
+  };
+
+  void destroy_shards(std::size_t n) noexcept {
+    for (std::size_t i = n; i-- > 0;) shards_[i].~shard();
+    ::operator delete(shards_, std::align_val_t{alignof(shard)});
+    shards_ = nullptr;
+  }
+
+  /// The calling thread's entry, claimed on its first call; null when the table is full.
+  slot* my_slot() noexcept {
+    const std::thread::id me = std::this_thread::get_id();
+    const std::size_t h = mix(me) >> 58;  // 6 bits: 64 slots
+    for (std::size_t probe = 0; probe < thread_slots; ++probe) {
+      slot& s = slots_[(h + probe) % thread_slots];
+      std::thread::id seen = s.thread.load(std::memory_order_acquire);
+      if (seen == me) return &s;
+      if (seen == std::thread::id{} && s.thread.compare_exchange_strong(seen, me, std::memory_order_acq_rel)) {
+        s.shard = next_shard_.fetch_add(1, std::memory_order_relaxed) % count_;
+        if (caching_ && s.cache == nullptr) s.cache = new (std::nothrow) cache;
+        return &s;
+      }
+      if (seen == me) return &s;
+    }
+    return nullptr;
+  }
+  std::size_t shard_of(const slot* s) const noexcept {
+    if (s != nullptr) return s->shard;
+    return (mix(std::this_thread::get_id()) >> 32) % count_;
+  }
+  /// A thread id, mixed: its bits when it is a word (libstdc++, libc++: the pthread_t), whose
+  /// multiply-shift is cheaper than `std::hash`'s out-of-line byte hash; else `std::hash`.
+  static std::uint64_t mix(std::thread::id id) noexcept {
+    std::uint64_t bits = 0;
+    if constexpr (sizeof(std::thread::id) == sizeof(std::uint64_t) && std::is_trivially_copyable_v<std::thread::id>) {
+      bits = std::bit_cast<std::uint64_t>(id);
+    } else {
+      bits = std::hash<std::thread::id>{}(id);
+    }
+    return bits * 0x9E3779B97F4A7C15ull;
+  }
+
+  /// One block from shard `first`, or from the others in turn.
+  block allocate_direct(std::size_t first, std::size_t bytes, std::size_t alignment) noexcept {
+    for (std::size_t n = 0; n < count_; ++n) {
+      shard& s = shards_[(first + n) % count_];
+      std::lock_guard lock(s.mutex);
+      const block b = s.inner.allocate(bytes, alignment);
+      if (b) return b;
+    }
+    return {};
+  }
+
+  /// Gives back `n` blocks of `bytes` each to the shards that own them, the shard `first` asked
+  /// first, one lock per shard; returns how many no shard owns (left at the front of `ptrs`).
+  std::size_t give_back(std::size_t first, std::size_t bytes, void** ptrs, std::size_t n) noexcept {
+    if (count_ == 1 && !ALLOY_CHECKED) {
+      std::lock_guard lock(shards_[0].mutex);
+      for (std::size_t i = 0; i < n; ++i) shards_[0].inner.deallocate(block{ptrs[i], bytes});
+      return 0;
+    }
+    for (std::size_t k = 0; k < count_ && n != 0; ++k) {
+      shard& s = shards_[(first + k) % count_];
+      std::lock_guard lock(s.mutex);
+      for (std::size_t i = n; i-- > 0;) {
+        const block b{ptrs[i], bytes};
+        if (s.inner.owns(b)) {
+          s.inner.deallocate(b);
+          ptrs[i] = ptrs[--n];
+        }
+      }
+    }
+    return n;
+  }
+
+  /// Fills half of class `c`'s capacity from shard `first` (or one block from any shard).
+  void refill(std::size_t first, cache& k, std::size_t c) noexcept {
+    const std::size_t size = classes::size(c);
+    {
+      shard& s = shards_[first];
+      std::lock_guard lock(s.mutex);
+      const std::uint32_t want = capacity_[c] / 2;
+      while (k.count[c] < want) {
+        const block b = s.inner.allocate(size, cache_alignment);
+        if (!b) break;
+        k.blocks[c][k.count[c]++] = b.ptr;
+      }
+    }
+    if (k.count[c] == 0 && count_ > 1) {
+      const block b = allocate_direct((first + 1) % count_, size, cache_alignment);
+      if (b) k.blocks[c][k.count[c]++] = b.ptr;
+    }
+  }
+
+  /// Gives the `n` oldest blocks of class `c` back.
+  void flush(std::size_t first, cache& k, std::size_t c, std::uint32_t n) noexcept {
+    void* out[per_class_max];
+    std::copy(k.blocks[c], k.blocks[c] + n, out);
+    std::copy(k.blocks[c] + n, k.blocks[c] + k.count[c], k.blocks[c]);
+    k.count[c] -= n;
+    const std::size_t lost = give_back(first, classes::size(c), out, n);
+    for (std::size_t i = 0; i < lost; ++i) refuse(block{out[i], classes::size(c)});
+  }
+  void flush_all(std::size_t first, cache& k) noexcept {
+    for (std::size_t c = 0; c < classes::count; ++c) {
+      if (k.count[c] != 0) flush(first, k, c, k.count[c]);
+    }
+  }
+
+  /// Checked builds: a small free must be owned by a shard and not be in the cache already.
+  bool check_small_free(const cache& k, std::size_t c, void* p) noexcept {
+    const block b{p, classes::size(c)};
+    const bool cached = std::find(k.blocks[c], k.blocks[c] + k.count[c], p) != k.blocks[c] + k.count[c];
+    if (cached || !owned_by_any(b)) {
+      refuse(b);
+      return false;
+    }
+    return true;
+  }
+  bool owned_by_any(block b) const noexcept {
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::lock_guard lock(shards_[i].mutex);
+      if (shards_[i].inner.owns(b)) return true;
+    }
+    return false;
+  }
+  void refuse(block b) noexcept {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    if constexpr (ALLOY_CHECKED) {
+      std::fprintf(stderr, "alloy::sharded: refused a free of %zu bytes at %p (no shard owns it, or freed twice)\n",
+                   b.size, b.ptr);
+    }
+  }
+
+  static_assert(owning_allocator<Inner>, "sharded routes frees by Inner::owns");
+
+  shard* shards_ = nullptr;
+  std::size_t count_ = 0;
+  bool caching_ = false;
+  std::uint32_t capacity_[classes::count] = {};
+  alignas(64) std::atomic<std::size_t> next_shard_{0};
+  std::atomic<std::size_t> refused_{0};
+  slot slots_[thread_slots];
+};
+
+}  // namespace alloy
