@@ -355,16 +355,20 @@ class virtual_arena {
     } catch (const std::bad_alloc&) {
       return;
     }
-    const address_range r = vmm_.reserve(opts_.address_space);
+    // A granularity coarser than the backend's: reserve one granule more and start on a multiple.
+    const std::size_t slack = opts_.granularity - std::min(opts_.granularity, vmm_.granularity());
+    const address_range r = vmm_.reserve(opts_.address_space + slack);
     if (!r) return;
-    if ((reinterpret_cast<std::uintptr_t>(r.ptr) & (opts_.granularity - 1)) != 0 ||
-        r.size < opts_.granularity) {  // not aligned to our granule (a coarser option): unusable
+    const auto raw = reinterpret_cast<std::uintptr_t>(r.ptr);
+    const std::uintptr_t aligned = detail::round_up(raw, opts_.granularity);
+    if (aligned == 0 || aligned - raw >= r.size || r.size - (aligned - raw) < opts_.granularity) {
       vmm_.unreserve(r);
       return;
     }
     ranges_.push_back(r);
-    base_ = reinterpret_cast<std::uintptr_t>(r.ptr);
-    const std::size_t usable = r.size & ~(opts_.granularity - 1);
+    base_ = aligned;
+    reserved_end_ = raw + r.size;
+    const std::size_t usable = (reserved_end_ - base_) & ~(opts_.granularity - 1);
     end_ = base_ + usable;
     const std::uint32_t c = pool_.take();
     detail::best_fit_chunk& node = pool_[c];
@@ -457,12 +461,15 @@ class virtual_arena {
     }
     const address_range r = vmm_.reserve(want);
     if (!r) return detail::best_fit_npos;
-    if (reinterpret_cast<std::uintptr_t>(r.ptr) != end_ || r.size < want) {
+    if (reinterpret_cast<std::uintptr_t>(r.ptr) != reserved_end_) {
       vmm_.unreserve(r);
       return detail::best_fit_npos;
     }
     ranges_.push_back(r);
-    const std::size_t added = r.size & ~(g - 1);
+    reserved_end_ += r.size;
+    const std::uintptr_t new_end = base_ + ((reserved_end_ - base_) & ~(g - 1));
+    const std::size_t added = new_end - end_;
+    if (added == 0) return detail::best_fit_npos;
     if (pool_[tail_].free()) {
       index_.erase(pool_, tail_);
       pool_[tail_].set_size(pool_[tail_].size() + added);
@@ -476,7 +483,7 @@ class virtual_arena {
       tail_ = c;
       index_.insert(pool_, c);
     }
-    end_ += added;
+    end_ = new_end;
     return find_fit(rounded, need, alignment);
   }
 
@@ -711,7 +718,7 @@ class virtual_arena {
     pool_.clear();
     map_.clear();
     index_ = detail::best_fit_free_index{};  // allocates nothing (a moved-from arena is only destroyed or assigned)
-    base_ = end_ = 0;
+    base_ = end_ = reserved_end_ = 0;
     head_ = tail_ = none;
     oldest_ = newest_ = no_granule;
     mapped_ = free_mapped_ = in_use_ = requested_ = 0;
@@ -724,6 +731,7 @@ class virtual_arena {
     granules_ = std::move(other.granules_);
     base_ = other.base_;
     end_ = other.end_;
+    reserved_end_ = other.reserved_end_;
     head_ = other.head_;
     tail_ = other.tail_;
     oldest_ = other.oldest_;
@@ -747,7 +755,8 @@ class virtual_arena {
   std::vector<address_range> ranges_;  ///< what the backend reserved, contiguous, in address order
   std::vector<granule> granules_;      ///< granules [0, highest ever used], from `base_`
   std::uintptr_t base_ = 0;
-  std::uintptr_t end_ = 0;
+  std::uintptr_t end_ = 0;           ///< end of the usable range (whole granules)
+  std::uintptr_t reserved_end_ = 0;  ///< end of the last reservation (growth must start here)
   std::uint32_t head_ = none;  ///< the chunk at `base_` (it survives every merge)
   std::uint32_t tail_ = none;  ///< the chunk that ends at `end_`
   std::uint32_t oldest_ = no_granule;

@@ -1,0 +1,785 @@
+// virtual_arena over host_vmm (real memory): the conformance routine, content kept while
+// neighbouring granules are unmapped and remapped, capacity exhausted and served again, stitching
+// under capacity pressure, create / map / reserve failing at every call of a scripted run, bad
+// input, a model-based randomized test of 10^6 operations per seed, and exact statistics.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include <alloy/literals.hpp>
+#include <alloy/policy/stats.hpp>
+#include <alloy/policy/virtual_arena.hpp>
+#include <alloy/snapshot.hpp>
+#include <alloy/vmm/host_vmm.hpp>
+
+#include "support/conformance.hpp"
+#include "support/failing_vmm.hpp"
+
+using namespace alloy::literals;
+using alloy::block;
+using alloy::host_vmm;
+using alloy::virtual_arena;
+using alloy::vmm_ref;
+using alloy::testing::fill_pattern;
+using alloy::testing::has_pattern;
+
+using host_arena = virtual_arena<host_vmm>;
+using shared_arena = virtual_arena<vmm_ref<host_vmm>>;
+
+static_assert(alloy::allocator<host_arena>);
+static_assert(alloy::owning_allocator<host_arena>);
+static_assert(alloy::releasing_allocator<host_arena>);
+static_assert(alloy::reserving_allocator<host_arena>);
+static_assert(alloy::counting_allocator<host_arena>);
+static_assert(alloy::introspectable_allocator<host_arena>);
+static_assert(alloy::cache_keeping_allocator<host_arena>);
+static_assert(!std::is_copy_constructible_v<host_arena> && std::is_nothrow_move_constructible_v<host_arena>);
+
+namespace {
+
+/// Everything the backend was given came back: no physical memory, every map undone, every
+/// range unreserved.
+void check_backend_clean(const host_vmm& v) {
+  BOOST_TEST(v.physical_bytes() == 0u);
+  BOOST_TEST(v.calls().creates == v.calls().releases);
+  BOOST_TEST(v.calls().maps == v.calls().unmaps);
+  BOOST_TEST(v.calls().reserves == v.calls().unreserves);
+}
+
+/// Mapped granules, recounted from the blocks the arena reports (allocated pieces and free
+/// pieces in mapped granules), must agree with what it says.
+template <class A>
+void check_reported_pieces(const A& a) {
+  std::size_t allocated = 0, free_mapped = 0, unmapped = 0, total = 0;
+  const void* segment = nullptr;
+  std::uintptr_t expected = 0;
+  bool tiled = true;
+  a.for_each_block([&](const alloy::block_info& info) {
+    if (segment == nullptr) {
+      segment = info.segment;
+      expected = reinterpret_cast<std::uintptr_t>(info.segment);
+    }
+    tiled = tiled && info.segment == segment && reinterpret_cast<std::uintptr_t>(info.ptr) == expected;
+    expected += info.size;
+    total += info.size;
+    switch (info.state) {
+      case alloy::block_state::allocated: allocated += info.size; break;
+      case alloy::block_state::free: free_mapped += info.size; break;
+      case alloy::block_state::unmapped: unmapped += info.size; break;
+      default: tiled = false;
+    }
+  });
+  BOOST_TEST(tiled, "pieces tile the reserved range in address order");
+  BOOST_TEST(total == a.address_space());
+  BOOST_TEST(allocated == a.bytes_in_use());
+  BOOST_TEST(free_mapped == a.free_bytes());
+  BOOST_TEST(allocated + free_mapped == a.reserved_bytes());
+  BOOST_TEST(unmapped == a.address_space() - a.reserved_bytes());
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(virtual_arena_suite)
+
+// ---- conformance ----------------------------------------------------------------------------------
+//
+// The conformance suite's recipes build a composition over a given (checking or failing)
+// upstream; a virtual arena has none, so the routine itself runs here over each option set, the
+// leak check is the backend's (nothing physical, every map and reservation undone), and the
+// failure matrix is the backend one further down (failing_vmm).
+
+BOOST_AUTO_TEST_CASE(conformance_over_host_vmm) {
+  struct setting {
+    std::size_t granularity;
+    std::size_t threshold;
+    std::size_t rounding;
+  };
+  for (const setting s : {setting{2_MiB, 0, 256}, setting{64_KiB, 0, 256}, setting{64_KiB, 8_MiB, 256},
+                          setting{2_MiB, 64_MiB, 16}, setting{64_KiB, 1_MiB, 1}}) {
+    BOOST_TEST_CONTEXT("granularity " << s.granularity << ", threshold " << s.threshold << ", rounding " << s.rounding) {
+      host_vmm v{{.granularity = s.granularity}};
+      {
+        shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = s.threshold, .rounding = s.rounding}};
+        BOOST_TEST(a.granularity() == s.granularity);
+        alloy::testing::check_conformance(a, {.random_ops = 10'000, .random_max_size = 4_MiB, .random_max_live = 128});
+        BOOST_TEST(a.check_invariants());
+        BOOST_TEST(a.reserved_bytes() == 0u);
+        BOOST_TEST(a.misuses().total() == 0u);
+      }
+      check_backend_clean(v);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(address_space_defaults_and_options) {
+  host_arena unlimited{host_vmm{{.granularity = 64_KiB}}};
+  BOOST_TEST(unlimited.address_space() == 1_GiB * 1024, "no capacity: 1 TiB of addresses");
+  host_arena small{host_vmm{{.capacity = 16_MiB, .granularity = 64_KiB}}};
+  BOOST_TEST(small.address_space() == 1_GiB, "at least 1 GiB");
+  host_arena sized{host_vmm{{.capacity = 1_GiB, .granularity = 64_KiB}}};
+  BOOST_TEST(sized.address_space() == 4_GiB, "four times the capacity");
+  host_arena coarse{host_vmm{{.granularity = 64_KiB}}, {.address_space = 100_MiB + 1, .granularity = 100_KiB}};
+  BOOST_TEST(coarse.granularity() == 128_KiB, "a power of two, a multiple of the backend's");
+  BOOST_TEST(coarse.address_space() == 100_MiB + 128_KiB);
+  const block b = coarse.allocate(1, 1);
+  BOOST_REQUIRE(b);
+  BOOST_TEST(coarse.reserved_bytes() == 128_KiB);
+  BOOST_TEST(coarse.vmm().calls().creates == 1u);
+  coarse.deallocate(b);
+  BOOST_TEST(coarse.reserved_bytes() == 0u, "threshold 0: the granule goes at once");
+}
+
+// ---- content and mapping ----------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
+  host_vmm v{{.granularity = 64_KiB}};
+  {
+    shared_arena a{vmm_ref<host_vmm>{v}};  // threshold 0: every wholly free granule is unmapped at once
+    std::mt19937_64 rng(17);
+    std::vector<alloy::testing::live_block> live;
+    std::uint64_t next_id = 1;
+    auto grow = [&](std::size_t count) {
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::size_t bytes = std::size_t{1} << (rng() % 19);  // 1 B .. 256 KiB
+        const block b = a.allocate(bytes + rng() % 1000, 256);
+        BOOST_REQUIRE(b);
+        fill_pattern(b, next_id);
+        live.push_back({b, next_id++, 256});
+      }
+    };
+    grow(400);
+    for (int round = 0; round < 20; ++round) {
+      // Free every other block (in address order): their granules that hold nothing else go.
+      std::sort(live.begin(), live.end(), [](const auto& l, const auto& r) { return l.b.ptr < r.b.ptr; });
+      const std::size_t unmaps_before = a.counters().num_unmaps;
+      std::vector<alloy::testing::live_block> kept;
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        if ((i + round) % 2 == 0) {
+          BOOST_TEST(has_pattern(live[i].b, live[i].id));
+          a.deallocate(live[i].b);
+        } else {
+          kept.push_back(live[i]);
+        }
+      }
+      live.swap(kept);
+      BOOST_TEST(a.counters().num_unmaps > unmaps_before, "round " << round << " unmapped nothing");
+      BOOST_TEST(a.check_invariants());
+      const std::size_t maps_before = a.counters().num_maps;
+      grow(live.size());  // the holes are served again: their granules are mapped anew
+      BOOST_TEST(a.counters().num_maps > maps_before);
+      BOOST_TEST(!alloy::testing::any_overlap(live));
+      for (const auto& l : live) BOOST_TEST(has_pattern(l.b, l.id), "block " << l.id << " lost its content");
+      BOOST_TEST(a.check_invariants());
+      check_reported_pieces(a);
+      BOOST_TEST(a.free_mapped_bytes() == 0u);
+    }
+    alloy::testing::give_back(a, live);
+    BOOST_TEST(a.reserved_bytes() == 0u);
+  }
+  check_backend_clean(v);
+}
+
+BOOST_AUTO_TEST_CASE(granules_are_shared_and_counted) {
+  host_arena a{host_vmm{{.granularity = 64_KiB}}};
+  const block x = a.allocate(40_KiB, 256);  // granule 0
+  const block y = a.allocate(40_KiB, 256);  // granules 0 and 1
+  const block z = a.allocate(40_KiB, 256);  // granule 1
+  BOOST_REQUIRE(x);
+  BOOST_REQUIRE(y);
+  BOOST_REQUIRE(z);
+  BOOST_TEST(static_cast<char*>(y.ptr) == static_cast<char*>(x.ptr) + 40_KiB);
+  BOOST_TEST(a.reserved_bytes() == 128_KiB);
+  BOOST_TEST(a.counters().num_maps == 2u);
+  a.deallocate(y);  // both granules still touched
+  BOOST_TEST(a.reserved_bytes() == 128_KiB);
+  BOOST_TEST(a.counters().num_unmaps == 0u);
+  a.deallocate(x);  // granule 0 wholly free: gone at threshold 0
+  BOOST_TEST(a.reserved_bytes() == 64_KiB);
+  BOOST_TEST(a.counters().num_unmaps == 1u);
+  std::memset(z.ptr, 0x5A, z.size);
+  const block w = a.allocate(100_KiB, 256);  // best fit: the free 80 KiB before z is too small
+  BOOST_REQUIRE(w);
+  BOOST_TEST(static_cast<char*>(w.ptr) == static_cast<char*>(z.ptr) + 40_KiB);
+  BOOST_TEST(a.check_invariants());
+  BOOST_TEST(static_cast<unsigned char*>(z.ptr)[z.size - 1] == 0x5Au);
+  a.deallocate(z);
+  a.deallocate(w);
+  BOOST_TEST(a.reserved_bytes() == 0u);
+  BOOST_TEST(a.counters().num_maps == a.counters().num_unmaps);
+  BOOST_TEST(a.counters().num_device_alloc == a.counters().num_device_free);
+  BOOST_TEST(a.check_invariants());
+}
+
+BOOST_AUTO_TEST_CASE(release_threshold_keeps_the_most_recently_freed) {
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 192_KiB}};
+  std::vector<block> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(a.allocate(64_KiB, 64_KiB));  // one granule each
+    BOOST_REQUIRE(blocks.back());
+  }
+  BOOST_TEST(a.reserved_bytes() == 512_KiB);
+  // Free granules 0, 2, 4, 6 in that order: three are kept, the oldest (0) goes.
+  for (int i : {0, 2, 4, 6}) a.deallocate(blocks[i]);
+  BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
+  BOOST_TEST(a.reserved_bytes() == 448_KiB);
+  BOOST_TEST(a.counters().num_unmaps == 1u);
+  std::size_t mapped_free_at_zero = 0;
+  a.for_each_block([&](const alloy::block_info& info) {
+    if (info.ptr == blocks[0].ptr) mapped_free_at_zero = info.state == alloy::block_state::unmapped ? 1 : 2;
+  });
+  BOOST_TEST(mapped_free_at_zero == 1u, "the least recently freed granule was unmapped");
+  // A one-granule request takes a kept granule: no driver call.
+  const std::size_t maps = a.counters().num_maps;
+  const block again = a.allocate(64_KiB, 64_KiB);
+  BOOST_REQUIRE(again);
+  BOOST_TEST(a.counters().num_maps == maps);
+  BOOST_TEST(a.free_mapped_bytes() == 128_KiB);
+  BOOST_TEST(a.release() == 128_KiB);
+  BOOST_TEST(a.free_mapped_bytes() == 0u);
+  BOOST_TEST(a.reserved_bytes() == 320_KiB);
+  BOOST_TEST(a.check_invariants());
+}
+
+// ---- capacity -----------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(capacity_exhausted_freed_and_served_again) {
+  host_vmm v{{.capacity = 1_MiB, .granularity = 64_KiB}};
+  {
+    shared_arena a{vmm_ref<host_vmm>{v}};
+    std::vector<block> blocks;
+    for (int i = 0; i < 16; ++i) {
+      blocks.push_back(a.allocate(64_KiB, 1));
+      BOOST_REQUIRE(blocks.back());
+      fill_pattern(blocks.back(), static_cast<std::uint64_t>(i));
+    }
+    BOOST_TEST(v.physical_bytes() == 1_MiB);
+    BOOST_TEST(!a.allocate(1, 1), "the capacity is exhausted");
+    BOOST_TEST(!a.allocate(64_KiB, 1));
+    BOOST_TEST(a.counters().num_ooms == 2u);
+    BOOST_TEST(a.counters().num_alloc_retries == 0u, "nothing to release: failed at once");
+    BOOST_TEST(a.check_invariants());
+    a.deallocate(blocks[5]);
+    const block again = a.allocate(64_KiB, 1);
+    BOOST_REQUIRE(again);
+    BOOST_TEST(again.ptr == blocks[5].ptr, "best fit: the hole");
+    blocks[5] = again;
+    fill_pattern(again, 5);
+    for (int i = 0; i < 16; ++i) BOOST_TEST(has_pattern(blocks[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(i)));
+    // A request larger than the capacity fails without touching the backend.
+    const std::size_t creates = v.calls().creates;
+    BOOST_TEST(!a.allocate(2_MiB, 1));
+    BOOST_TEST(v.calls().creates == creates);
+    for (const block& b : blocks) a.deallocate(b);
+    BOOST_TEST(v.physical_bytes() == 0u);
+    const block whole = a.allocate(1_MiB, 1);
+    BOOST_REQUIRE(whole);
+    a.deallocate(whole);
+  }
+  check_backend_clean(v);
+}
+
+BOOST_AUTO_TEST_CASE(stitching_under_capacity_pressure) {
+  host_vmm v{{.capacity = 1_MiB, .granularity = 64_KiB}};
+  {
+    // A large threshold: every free granule is kept until pressure needs it.
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 64_MiB}};
+    std::vector<block> blocks;
+    for (int i = 0; i < 16; ++i) {
+      blocks.push_back(a.allocate(64_KiB, 1));
+      BOOST_REQUIRE(blocks.back());
+      fill_pattern(blocks.back(), static_cast<std::uint64_t>(i));
+    }
+    for (int i = 0; i < 16; i += 2) a.deallocate(blocks[static_cast<std::size_t>(i)]);
+    BOOST_TEST(a.free_mapped_bytes() == 512_KiB);
+    BOOST_TEST(a.reserved_bytes() == 1_MiB);
+    BOOST_TEST(a.largest_free_block() == 64_KiB);
+    // 512 KiB in one piece: no hole holds it, so it goes above them; its granules come from the
+    // holes' physical memory (the holes are unmapped, their pages serve the new addresses).
+    const block big = a.allocate(512_KiB, 1);
+    BOOST_REQUIRE(big);
+    BOOST_TEST(static_cast<char*>(big.ptr) >= static_cast<char*>(blocks[15].ptr) + 64_KiB);
+    fill_pattern(big, 99);
+    BOOST_TEST(a.counters().num_alloc_retries == 1u);
+    BOOST_TEST(a.counters().num_ooms == 0u);
+    BOOST_TEST(a.counters().num_device_alloc == 24u);
+    BOOST_TEST(a.counters().num_device_free == 8u);
+    BOOST_TEST(a.counters().num_maps == 24u);
+    BOOST_TEST(a.counters().num_unmaps == 8u);
+    BOOST_TEST(a.free_mapped_bytes() == 0u);
+    BOOST_TEST(v.physical_bytes() == 1_MiB);
+    for (int i = 1; i < 16; i += 2)
+      BOOST_TEST(has_pattern(blocks[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(i)));
+    BOOST_TEST(has_pattern(big, 99));
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+    // Live 1 MiB: nothing more fits, and the failure leaves everything as it was.
+    BOOST_TEST(!a.allocate(1, 1));
+    BOOST_TEST(a.counters().num_ooms == 1u);
+    BOOST_TEST(a.check_invariants());
+    // allocate_keeping_cache never releases free granules to retry.
+    a.deallocate(blocks[1]);
+    BOOST_TEST(a.free_mapped_bytes() == 64_KiB);
+    BOOST_TEST(!a.allocate_keeping_cache(128_KiB, 1));
+    BOOST_TEST(a.free_mapped_bytes() == 64_KiB);
+    BOOST_TEST(a.counters().num_ooms == 1u, "a keeping-cache failure is not an OOM");
+    BOOST_TEST(a.check_invariants());
+    a.deallocate(big);
+    for (int i = 3; i < 16; i += 2) a.deallocate(blocks[static_cast<std::size_t>(i)]);
+  }
+  check_backend_clean(v);
+}
+
+BOOST_AUTO_TEST_CASE(arenas_share_one_backend_capacity) {
+  host_vmm v{{.capacity = 512_KiB, .granularity = 64_KiB}};
+  {
+    shared_arena one{vmm_ref<host_vmm>{v}, {.release_threshold = 1_MiB}};
+    shared_arena two{vmm_ref<host_vmm>{v}, {.release_threshold = 1_MiB}};
+    const block a = one.allocate(256_KiB, 1);
+    const block b = two.allocate(192_KiB, 1);
+    BOOST_REQUIRE(a);
+    BOOST_REQUIRE(b);
+    BOOST_TEST(!two.allocate(128_KiB, 1), "the other arena holds the rest");
+    one.deallocate(a);  // kept free mapped in `one`: `two` cannot take it ...
+    BOOST_TEST(!two.allocate(128_KiB, 1));
+    BOOST_TEST(one.release() == 256_KiB);  // ... until `one` gives it back
+    const block c = two.allocate(128_KiB, 1);
+    BOOST_REQUIRE(c);
+    two.deallocate(b);
+    two.deallocate(c);
+  }
+  check_backend_clean(v);
+}
+
+// ---- failures of the backend --------------------------------------------------------------------------
+
+namespace {
+
+using failing = alloy::testing::failing_vmm<vmm_ref<host_vmm>>;
+
+/// A scripted run: mixed sizes and alignments, frees, a release; invariants checked after every
+/// call. Returns how many requests failed.
+std::size_t scripted_run(virtual_arena<failing>& a) {
+  static constexpr std::size_t sizes[] = {100, 384_KiB, 256, 70_KiB, 1152_KiB, 1, 64_KiB, 200_KiB, 4096, 256_KiB + 5};
+  std::vector<alloy::testing::live_block> live;
+  std::size_t failed = 0;
+  for (std::uint64_t round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < std::size(sizes); ++i) {
+      const std::size_t alignment = i % 4 == 3 ? 64_KiB : 256;  // at most a granule: placement does not depend on where the range lies
+      const block b = a.allocate(sizes[i], alignment);
+      BOOST_TEST(a.check_invariants());
+      if (!b) {
+        ++failed;
+        continue;
+      }
+      BOOST_TEST(b.size == sizes[i]);
+      BOOST_TEST(alloy::detail::is_aligned(b.ptr, alignment));
+      const std::uint64_t id = round * 100 + i;
+      fill_pattern(b, id);
+      live.push_back({b, id, alignment});
+      if (i % 3 == 2) {
+        std::vector<alloy::testing::live_block> one{live.front()};
+        live.erase(live.begin());
+        alloy::testing::give_back(a, one);
+        BOOST_TEST(a.check_invariants());
+      }
+    }
+    BOOST_TEST(!alloy::testing::any_overlap(live));
+  }
+  // Every other block (in address order) goes; its granules stay free mapped (the threshold is
+  // large), so a request that fits no hole needs their physical memory: pressure.
+  std::sort(live.begin(), live.end(), [](const auto& l, const auto& r) { return l.b.ptr < r.b.ptr; });
+  std::vector<alloy::testing::live_block> kept;
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    if (i % 2 == 0) {
+      std::vector<alloy::testing::live_block> one{live[i]};
+      alloy::testing::give_back(a, one);
+    } else {
+      kept.push_back(live[i]);
+    }
+  }
+  live.swap(kept);
+  BOOST_TEST(a.check_invariants());
+  const block big = a.allocate(1536_KiB, 256);
+  BOOST_TEST(a.check_invariants());
+  if (big) {
+    fill_pattern(big, 999);
+    live.push_back({big, 999, 256});
+  } else {
+    ++failed;
+  }
+  alloy::testing::give_back(a, live);
+  a.release();
+  BOOST_TEST(a.reserved_bytes() == 0u);
+  BOOST_TEST(a.check_invariants());
+  return failed;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(backend_failing_at_every_call) {
+  // Capacity tight enough that the end of the run meets pressure (5 MiB; the run peaks near it).
+  auto make_backend = [] { return host_vmm{{.capacity = 5_MiB, .granularity = 64_KiB}}; };
+  std::size_t total_calls = 0;
+  {
+    host_vmm v = make_backend();
+    {
+      virtual_arena<failing> a{failing{vmm_ref<host_vmm>{v}}, {.address_space = 16_MiB, .release_threshold = 4_MiB}};
+      BOOST_TEST(scripted_run(a) == 0u, "the scripted run must succeed when nothing fails");
+      total_calls = a.vmm().calls();
+      BOOST_TEST(a.counters().num_alloc_retries > 0u, "the run is meant to meet capacity pressure");
+    }
+    check_backend_clean(v);
+  }
+  BOOST_TEST(total_calls > 100u);
+  for (unsigned kinds : {unsigned{failing::all}, unsigned{failing::creates}, unsigned{failing::maps}}) {
+    for (std::size_t k = 0; k <= total_calls; ++k) {
+      for (bool from_k_on : {false, true}) {
+        failing::options fail{.kinds = kinds};
+        if (from_k_on) {
+          fail.fail_from = k;
+        } else {
+          fail.fail_at = {k};
+        }
+        host_vmm v = make_backend();
+        {
+          virtual_arena<failing> a{failing{vmm_ref<host_vmm>{v}, fail},
+                                   {.address_space = 16_MiB, .release_threshold = 4_MiB}};
+          const std::size_t failed = scripted_run(a);
+          if (a.vmm().failures() == 0) BOOST_TEST(failed == 0u);
+          BOOST_TEST(a.counters().num_ooms == failed);
+        }
+        BOOST_TEST_CONTEXT("failing call " << k << (from_k_on ? " on" : "") << ", kinds " << kinds) {
+          check_backend_clean(v);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reserve_failing_at_construction_is_retried_later) {
+  host_vmm v{{.granularity = 64_KiB}};
+  {
+    virtual_arena<failing> a{failing{vmm_ref<host_vmm>{v}, {.fail_at = {0, 1}, .kinds = failing::reserves}}};
+    BOOST_TEST(a.address_space() == 0u);
+    BOOST_TEST(!a.owns(block{&v, 1}));
+    BOOST_TEST(!a.allocate(100, 1), "the second reserve fails too");
+    BOOST_TEST(a.counters().num_ooms == 1u);
+    BOOST_TEST(a.check_invariants());
+    const block b = a.allocate(100, 1);
+    BOOST_REQUIRE(b);
+    BOOST_TEST(a.owns(b));
+    BOOST_TEST(a.check_invariants());
+    a.deallocate(b);
+  }
+  check_backend_clean(v);
+}
+
+BOOST_AUTO_TEST_CASE(the_range_grows_in_place_or_the_request_fails) {
+  host_vmm v{{.granularity = 64_KiB}};
+  {
+    shared_arena a{vmm_ref<host_vmm>{v}, {.address_space = 1_MiB}};
+    const block first = a.allocate(768_KiB, 1);
+    BOOST_REQUIRE(first);
+    fill_pattern(first, 1);
+    // Does not fit in the remaining 256 KiB: more addresses are reserved, kept only if they lie
+    // right after the range. Either way the arena stays consistent.
+    const block second = a.allocate(512_KiB, 1);
+    if (second) {
+      BOOST_TEST(a.address_space() > 1_MiB);
+      BOOST_TEST(a.owns(second));
+      fill_pattern(second, 2);
+      BOOST_TEST(has_pattern(second, 2));
+      a.deallocate(second);
+    } else {
+      BOOST_TEST(a.address_space() == 1_MiB);
+      BOOST_TEST(a.counters().num_ooms == 1u);
+    }
+    BOOST_TEST(v.calls().reserves == v.calls().unreserves + (a.address_space() > 1_MiB ? 2u : 1u));
+    BOOST_TEST(has_pattern(first, 1));
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+    a.deallocate(first);
+  }
+  check_backend_clean(v);
+}
+
+// ---- bad input (DESIGN §7) ---------------------------------------------------------------------------
+
+namespace {
+
+struct misuse_log {
+  std::vector<alloy::arena_misuse> kinds;
+  static void record(alloy::arena_misuse kind, block, void* context) noexcept {
+    static_cast<misuse_log*>(context)->kinds.push_back(kind);
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
+  misuse_log log;
+  host_vmm v{{.granularity = 64_KiB}};
+  {
+    shared_arena a{vmm_ref<host_vmm>{v}, {.on_misuse = &misuse_log::record, .misuse_context = &log}};
+    constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+    for (std::size_t bytes : {max, max - 1, max - 255, max / 2 + 1, max / 2, std::size_t{1} << 44})
+      for (std::size_t alignment : {1, 256, 4096, 1 << 20}) BOOST_TEST(!a.allocate(bytes, alignment));
+    for (std::size_t alignment : {0, 3, 6, 12, 1000, 4097}) BOOST_TEST(!a.allocate(64, alignment));
+    BOOST_TEST(v.physical_bytes() == 0u, "nothing was created for impossible requests");
+    BOOST_TEST(a.check_invariants());
+
+    const block zero1 = a.allocate(0, 1);
+    const block zero2 = a.allocate(0, 1);
+    BOOST_REQUIRE(zero1);
+    BOOST_REQUIRE(zero2);
+    BOOST_TEST(zero1.size == 0u);
+    BOOST_TEST(zero1.ptr != zero2.ptr);
+    const block b = a.allocate(1000, 64);
+    BOOST_REQUIRE(b);
+    fill_pattern(b, 5);
+    const std::size_t mapped = a.reserved_bytes();
+
+    a.deallocate(block{static_cast<char*>(b.ptr) + 256, 100});  // interior
+    int on_stack = 0;
+    a.deallocate(block{&on_stack, sizeof on_stack});            // foreign
+    a.deallocate(block{b.ptr, 999});                            // wrong size: stays allocated
+    BOOST_TEST(has_pattern(b, 5));
+    a.deallocate(b);
+    a.deallocate(b);  // double
+    a.deallocate(block{});  // null: nothing
+    BOOST_TEST(log.kinds.size() == 4u);
+    BOOST_TEST(a.misuses().foreign_pointers == 2u);
+    BOOST_TEST(a.misuses().wrong_sizes == 1u);
+    BOOST_TEST(a.misuses().double_frees == 1u);
+    BOOST_TEST(a.reserved_bytes() <= mapped);
+    BOOST_TEST(a.check_invariants());
+    a.deallocate(zero1);
+    a.deallocate(zero2);
+    BOOST_TEST(a.bytes_in_use() == 0u);
+    BOOST_TEST(a.reserved_bytes() == 0u);
+    BOOST_TEST(a.check_invariants());
+  }
+  check_backend_clean(v);
+}
+
+BOOST_AUTO_TEST_CASE(moves_hand_over_everything) {
+  host_vmm v{{.granularity = 64_KiB}};
+  {
+    shared_arena a{vmm_ref<host_vmm>{v}};
+    const block b = a.allocate(300_KiB, 4096);
+    BOOST_REQUIRE(b);
+    fill_pattern(b, 3);
+    shared_arena moved = std::move(a);
+    BOOST_TEST(moved.owns(b));
+    BOOST_TEST(!a.owns(b));
+    BOOST_TEST(a.reserved_bytes() == 0u);
+    BOOST_TEST(has_pattern(b, 3));
+    shared_arena other{vmm_ref<host_vmm>{v}};
+    const block c = other.allocate(10, 1);
+    BOOST_REQUIRE(c);
+    other = std::move(moved);  // `other`'s own block and range go back
+    BOOST_TEST(other.owns(b));
+    BOOST_TEST(has_pattern(b, 3));
+    BOOST_TEST(other.check_invariants());
+    other.deallocate(b);
+    BOOST_TEST(other.reserved_bytes() == 0u);
+  }
+  check_backend_clean(v);
+}
+
+// ---- the model-based randomized test ------------------------------------------------------------------
+
+namespace {
+
+/// What the arena must hold, kept independently: live blocks by address, and for each granule
+/// how many live chunks touch it.
+struct model {
+  struct entry {
+    block b;
+    std::size_t chunk;  ///< rounded extent
+    std::uint64_t id;
+    bool filled;  ///< whole pattern written (else only the first and last word)
+  };
+  std::size_t rounding, g;
+  std::uintptr_t base = 0;
+  std::map<std::uintptr_t, entry> live;
+  std::unordered_map<std::size_t, std::uint32_t> touched;  ///< granule -> live chunks touching it
+  std::vector<std::uintptr_t> addresses;                   ///< for picking a victim at random
+
+  std::size_t chunk_of(std::size_t bytes) const { return alloy::detail::round_up(bytes == 0 ? 1 : bytes, rounding); }
+  void touch(std::uintptr_t at, std::size_t chunk, int by) {
+    for (std::size_t k = (at - base) / g; k <= (at + chunk - 1 - base) / g; ++k) {
+      std::uint32_t& n = touched[k];
+      n = static_cast<std::uint32_t>(static_cast<int>(n) + by);
+      if (n == 0) touched.erase(k);
+    }
+  }
+  bool overlaps(std::uintptr_t at, std::size_t chunk) const {
+    auto after = live.lower_bound(at);
+    if (after != live.end() && after->first < at + chunk) return true;
+    if (after != live.begin()) {
+      auto before = std::prev(after);
+      if (before->first + before->second.chunk > at) return true;
+    }
+    return false;
+  }
+};
+
+void write_marks(const model::entry& e) {
+  if (e.filled) {
+    fill_pattern(e.b, e.id);
+  } else if (e.b.size >= 16) {
+    const std::uint64_t head = alloy::testing::pattern_word(e.id, 0), tail = alloy::testing::pattern_word(e.id, 1);
+    std::memcpy(e.b.ptr, &head, 8);
+    std::memcpy(static_cast<char*>(e.b.ptr) + e.b.size - 8, &tail, 8);
+  }
+}
+bool marks_hold(const model::entry& e) {
+  if (e.filled) return has_pattern(e.b, e.id);
+  if (e.b.size < 16) return true;
+  const std::uint64_t head = alloy::testing::pattern_word(e.id, 0), tail = alloy::testing::pattern_word(e.id, 1);
+  return std::memcmp(e.b.ptr, &head, 8) == 0 && std::memcmp(static_cast<char*>(e.b.ptr) + e.b.size - 8, &tail, 8) == 0;
+}
+
+void run_model(std::uint64_t seed, std::size_t operations) {
+  constexpr std::size_t g = 64_KiB;
+  constexpr std::size_t capacity = 32_MiB;
+  constexpr std::size_t threshold = 4_MiB;
+  host_vmm v{{.capacity = capacity, .granularity = g}};
+  {
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = threshold}};
+    model m{.rounding = 256, .g = g, .base = 0, .live = {}, .touched = {}, .addresses = {}};
+    m.base = reinterpret_cast<std::uintptr_t>(
+        [&] {
+          const void* seg = nullptr;
+          a.for_each_block([&](const alloy::block_info& i) { seg = i.segment; });
+          return seg;
+        }());
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> log_size(0.0, 18.0);  // 1 B .. 256 KiB, log-uniform
+    std::uint64_t next_id = 1;
+    std::size_t failures = 0, served = 0, checks = 0;
+    std::size_t target_live = 300;
+    auto check_accounting = [&] {
+      // Mapped bytes == the granules live chunks touch + the free mapped granules kept.
+      BOOST_REQUIRE(a.mapped_bytes() == (m.touched.size() * g) + a.free_mapped_bytes());
+      BOOST_REQUIRE(a.free_mapped_bytes() <= threshold);
+      BOOST_REQUIRE(v.physical_bytes() == a.mapped_bytes());
+      BOOST_REQUIRE(a.allocated_chunk_count() == m.live.size());
+    };
+    for (std::size_t op = 0; op < operations; ++op) {
+      if (op % 100'000 == 0) target_live = 50 + rng() % 800;  // phases of growing and shrinking
+      const bool grow = m.live.empty() || (m.live.size() < target_live ? rng() % 8 != 0 : rng() % 8 == 0);
+      if (grow) {
+        const std::size_t bytes = static_cast<std::size_t>(std::exp2(log_size(rng))) - 1 + (rng() % 32 == 0 ? 1_MiB : 0);
+        const std::size_t alignment = rng() % 16 == 0 ? std::size_t{1} << (rng() % 18) : 256;
+        const block b = a.allocate(bytes, alignment);
+        const std::size_t chunk = m.chunk_of(bytes);
+        if (!b) {
+          ++failures;
+          // Only when the granules of live chunks plus those this request needs (at most its
+          // span plus two partial granules) exceed the capacity.
+          BOOST_REQUIRE(m.touched.size() * g + chunk + 2 * g > capacity);
+          continue;
+        }
+        ++served;
+        const auto at = reinterpret_cast<std::uintptr_t>(b.ptr);
+        BOOST_REQUIRE(b.size == bytes);
+        BOOST_REQUIRE(at % alignment == 0);
+        BOOST_REQUIRE(!m.overlaps(at, chunk));
+        model::entry e{b, chunk, next_id++, rng() % 16 == 0};
+        write_marks(e);
+        m.live.emplace(at, e);
+        m.addresses.push_back(at);
+        m.touch(at, chunk, +1);
+      } else {
+        const std::size_t pick = rng() % m.addresses.size();
+        const std::uintptr_t at = m.addresses[pick];
+        m.addresses[pick] = m.addresses.back();
+        m.addresses.pop_back();
+        const auto found = m.live.find(at);
+        BOOST_REQUIRE(marks_hold(found->second));
+        a.deallocate(found->second.b);
+        m.touch(at, found->second.chunk, -1);
+        m.live.erase(found);
+      }
+      check_accounting();
+      if (op % 50'000 == 0) {
+        ++checks;
+        BOOST_REQUIRE(a.check_invariants());
+        for (const auto& [at, e] : m.live) BOOST_REQUIRE(marks_hold(e));
+      }
+      if (op % 250'000 == 249'999) {
+        a.release();
+        BOOST_REQUIRE(a.free_mapped_bytes() == 0u);
+        check_accounting();
+      }
+    }
+    BOOST_TEST(a.check_invariants());
+    BOOST_TEST(served > operations / 3);
+    BOOST_TEST(failures > 0u, "the run is meant to reach the capacity sometimes");
+    BOOST_TEST(a.counters().num_alloc_retries > 0u, "... and to stitch under pressure");
+    BOOST_TEST_MESSAGE("seed " << seed << ": " << served << " served, " << failures << " refused, "
+                               << a.counters().num_maps << " maps, " << a.counters().num_unmaps << " unmaps, "
+                               << a.counters().num_alloc_retries << " retries, " << checks << " full checks");
+    for (const auto& [at, e] : m.live) BOOST_TEST(marks_hold(e));
+  }
+  check_backend_clean(v);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(model_based_randomized) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) run_model(seed, 1'000'000);
+}
+
+// ---- statistics ---------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(stats_report_mapped_bytes_and_driver_calls) {
+  alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 64_KiB}}};
+  const block a = s.allocate(100_KiB, 256);      // granules 0, 1
+  const block b = s.allocate(50_KiB, 256);       // granules 1, 2
+  const block c = s.allocate(200_KiB, 64_KiB);   // granules 3 .. 6 (aligned: 4 whole granules at 192 KiB)
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(b);
+  BOOST_REQUIRE(c);
+  alloy::statistics st = s.statistics();
+  BOOST_TEST(st.bytes_reserved == 7 * 64_KiB);
+  BOOST_TEST(st.num_device_alloc == 7u);
+  BOOST_TEST(st.num_device_free == 0u);
+  s.deallocate(c);  // four granules free: one kept (threshold 64 KiB), three go
+  st = s.statistics();
+  BOOST_TEST(st.bytes_reserved == 4 * 64_KiB);
+  BOOST_TEST(st.num_device_free == 3u);
+  BOOST_TEST(st.peak_bytes_reserved == 7 * 64_KiB);
+  BOOST_TEST(st.bytes_in_use == 150_KiB);
+  const alloy::allocator_counters k = s.inner().counters();
+  BOOST_TEST(k.num_maps == 7u);
+  BOOST_TEST(k.num_unmaps == 3u);
+  s.deallocate(a);  // granule 0 free: kept, the older kept one goes
+  st = s.statistics();
+  BOOST_TEST(st.bytes_reserved == 3 * 64_KiB);
+  BOOST_TEST(s.inner().counters().num_unmaps == 4u);
+  // Free bytes the introspection sees are mapped ones only: unmapped ranges are not free memory.
+  BOOST_TEST(st.largest_free_block == 100_KiB);  // granules 0-1 mapped and free; past b only 42 KiB are mapped
+  const alloy::memory_snapshot snap = alloy::snapshot(s);
+  BOOST_TEST(snap.reserved_bytes() == 3 * 64_KiB);
+  BOOST_TEST(snap.used_bytes() == alloy::detail::round_up(50_KiB, 256));
+  BOOST_TEST(snap.to_svg().find("unmapped") != std::string::npos);
+  s.deallocate(b);
+  s.inner().release();
+  st = s.statistics();
+  BOOST_TEST(st.bytes_reserved == 0u);
+  BOOST_TEST(st.num_device_alloc == st.num_device_free);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
