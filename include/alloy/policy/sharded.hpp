@@ -17,6 +17,7 @@
 
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 
 namespace alloy {
@@ -69,18 +70,28 @@ struct alignas(64) thread_slot {
 ///   the shard's lock: other threads' shards are not held up, and a slab serves many requests.
 ///   The table and the caches take no lock; a thread's first call claims its entry with one
 ///   compare-exchange.
-/// - Capabilities: `owns`, `release`, `reserved_bytes`, `counters`, `for_each_block` and
-///   `statistics` (when `Inner` has them): every shard's, each read under its lock, added up
-///   (peaks as the sum of the shards' peaks, an upper bound). `Inner` must have `owns` when
-///   there is more than one shard. Blocks in a thread's cache count as in use; `release()`
-///   first gives back the calling thread's cache, `flush_thread_caches()` every thread's (only
-///   while no other thread uses the object; the destructor does it too).
-/// - Failure: an empty block when every shard fails. Checked builds (`ALLOY_CHECKED`) refuse and
-///   report a small free that no shard owns or that is already in the freeing thread's cache
-///   (`refused_frees()`); unchecked builds trust the caller, as every policy does.
-/// - Not movable or copyable.
+/// - Capabilities, each when `Inner` has it: the queries (`owns`, `release`, `reserved_bytes`,
+///   `counters`, `for_each_block`, `bytes_in_use`, `requested_bytes`, limits) through
+///   `detail::forwards_queries`, whose guard hook runs them on every shard under its lock and adds
+///   the answers up (owns: any shard); `record_use` on the owning shard; `try_deallocate`;
+///   `allocate_keeping_cache` (past the thread cache); `statistics()` (the shards' added up;
+///   peaks as the sum of the shards' peaks, an upper bound). Not passed on: stream-ordered calls
+///   and movable handles. `Inner` must have `owns`. Blocks in a thread's cache are in use as far
+///   as the shards (and their `bytes_in_use`) can tell; `release()` first gives back the calling
+///   thread's cache, `flush_thread_caches()` every thread's (only while no other thread uses the
+///   object; the destructor does it). Exact statistics: `stats<sharded<...>>` (counts what
+///   callers see; serialise it, e.g. `synchronized<stats<sharded<...>>>`, or read it from one
+///   thread), or `sharded<stats<...>>` (the cache is off by default there).
+/// - Failure: an empty block when every shard fails. A free no shard owns, or that its owner
+///   refuses, is refused and counted (`refused_frees()`; printed in checked builds). Checked
+///   builds (`ALLOY_CHECKED`) also refuse a small free that no shard owns or that is already in
+///   the freeing thread's cache; a double free of a block already handed out again from a cache
+///   cannot be seen.
+/// - Movable (not while in use), not copyable; the shards stay where they are (one allocation).
 template <allocator Inner, class Mutex = std::mutex>
-class sharded {
+class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
+  using queries = detail::forwards_queries<sharded<Inner, Mutex>, Inner>;
+
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
   static constexpr bool device_accessible = Inner::device_accessible;
@@ -119,9 +130,26 @@ class sharded {
     }
     caching_ = opts.thread_cache != 0;
   }
+  /// Takes the shards, the thread table and the caches; `other` is left with no shard and must
+  /// only be destroyed. Neither object may be in use by another thread meanwhile.
+  sharded(sharded&& other) noexcept
+      : shards_(std::exchange(other.shards_, nullptr)),
+        count_(std::exchange(other.count_, 0)),
+        caching_(other.caching_),
+        next_shard_(other.next_shard_.load(std::memory_order_relaxed)),
+        refused_(other.refused_.load(std::memory_order_relaxed)) {
+    std::copy(std::begin(other.capacity_), std::end(other.capacity_), capacity_);
+    for (std::size_t i = 0; i < thread_slots; ++i) {
+      slots_[i].thread.store(other.slots_[i].thread.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      slots_[i].shard = other.slots_[i].shard;
+      slots_[i].cache = std::exchange(other.slots_[i].cache, nullptr);
+    }
+  }
   sharded(const sharded&) = delete;
   sharded& operator=(const sharded&) = delete;
+  sharded& operator=(sharded&&) = delete;
   ~sharded() {
+    if (shards_ == nullptr) return;
     flush_thread_caches();
     for (auto& s : slots_) delete s.cache;
     destroy_shards(count_);
@@ -129,7 +157,7 @@ class sharded {
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     slot* me = my_slot();
-    if (caching_ && bytes <= cached_size_limit && std::has_single_bit(alignment)) {
+    if (is_cached_size(bytes) && std::has_single_bit(alignment)) {
       const std::size_t c = classes::index(bytes);
       if (me != nullptr && me->cache != nullptr && alignment <= cache_alignment && capacity_[c] != 0) {
         cache& k = *me->cache;
@@ -137,82 +165,55 @@ class sharded {
         if (k.count[c] == 0) return {};
         return block{k.blocks[c][--k.count[c]], bytes};
       }
-      const block b = allocate_direct(shard_of(me), classes::size(c), std::max(alignment, cache_alignment));
-      return b ? block{b.ptr, bytes} : b;
     }
-    return allocate_direct(shard_of(me), bytes, alignment);
+    return allocate_direct(shard_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
+      return in.allocate(n, a);
+    });
   }
-
-  void deallocate(block b) noexcept {
-    if (!b.ptr && b.size == 0) return;
-    slot* me = my_slot();
-    if (caching_ && b.size <= cached_size_limit) {
-      const std::size_t c = classes::index(b.size);
-      if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) {
-        cache& k = *me->cache;
-        if constexpr (ALLOY_CHECKED) {
-          if (!check_small_free(k, c, b.ptr)) return;
-        }
-        if (k.count[c] == capacity_[c]) flush(me->shard, k, c, capacity_[c] / 2);
-        k.blocks[c][k.count[c]++] = b.ptr;
-        return;
-      }
-      void* p = b.ptr;
-      if (give_back(shard_of(me), classes::size(c), &p, 1) != 0) refuse(b);
-      return;
-    }
-    void* p = b.ptr;
-    if (give_back(shard_of(me), b.size, &p, 1) != 0) refuse(b);
+  void deallocate(block b) noexcept { (void)free_block(b); }
+  /// As `deallocate`; false when the free was refused (no shard owns the block, or the owner
+  /// refused it; in checked builds also a small block already in the thread's cache).
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<Inner>
+  {
+    return free_block(b);
+  }
+  /// As `allocate`, through `Inner::allocate_keeping_cache`, past the thread cache.
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_keeping_allocator<Inner>
+  {
+    return allocate_direct(shard_of(my_slot()), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
+      return in.allocate_keeping_cache(n, a);
+    });
   }
 
   // ---- capabilities of Inner, over every shard -------------------------------------------------
+  // The queries of `Inner` (owns, release, reserved_bytes, counters, for_each_block, bytes_in_use,
+  // requested_bytes, limits) come from `detail::forwards_queries`, whose guard hook (`guarded`,
+  // below) runs the query on every shard under its lock and adds the answers up. The ones here
+  // change it: a block's shard is found first, or the thread's cache is given back first.
 
+  /// Whether a shard owns the block (small blocks are asked at their class size).
   bool owns(block b) const noexcept
     requires owning_allocator<Inner>
   {
-    for (std::size_t i = 0; i < count_; ++i) {
-      std::lock_guard lock(shards_[i].mutex);
-      if (shards_[i].inner.owns(b)) return true;
-    }
-    return false;
+    return queries::owns(inner_block(b));
   }
   /// Gives the calling thread's cache back to the shards, then releases every shard.
   void release() noexcept
     requires releasing_allocator<Inner>
   {
-    if (slot* me = my_slot(); me != nullptr && me->cache != nullptr) flush_all(me->shard, *me->cache);
-    for (std::size_t i = 0; i < count_; ++i) {
-      std::lock_guard lock(shards_[i].mutex);
-      shards_[i].inner.release();
-    }
+    flush_thread_cache();
+    queries::release();
   }
-  std::size_t reserved_bytes() const noexcept
-    requires reserving_allocator<Inner>
-  {
-    std::size_t sum = 0;
+  /// `Inner::record_use` on the shard that owns the block.
+  template <class Stream>
+    requires use_recording_allocator<Inner, Stream>
+  void record_use(block b, Stream stream) {
+    const block inner = inner_block(b);
     for (std::size_t i = 0; i < count_; ++i) {
       std::lock_guard lock(shards_[i].mutex);
-      sum += shards_[i].inner.reserved_bytes();
-    }
-    return sum;
-  }
-  allocator_counters counters() const noexcept
-    requires counting_allocator<Inner>
-  {
-    allocator_counters sum{};
-    for (std::size_t i = 0; i < count_; ++i) {
-      std::lock_guard lock(shards_[i].mutex);
-      sum += shards_[i].inner.counters();
-    }
-    return sum;
-  }
-  /// Every shard's blocks, one shard at a time under its lock (cached blocks read as allocated).
-  template <class F>
-    requires introspectable_allocator<Inner>
-  void for_each_block(F&& visit) const {
-    for (std::size_t i = 0; i < count_; ++i) {
-      std::lock_guard lock(shards_[i].mutex);
-      shards_[i].inner.for_each_block(visit);
+      if (shards_[i].inner.owns(inner)) return shards_[i].inner.record_use(inner, stream);
     }
   }
   /// The shards' statistics added up: counts and current values exactly; peaks as the sum of the
@@ -332,37 +333,118 @@ class sharded {
     return bits * 0x9E3779B97F4A7C15ull;
   }
 
-  /// One block from shard `first`, or from the others in turn.
-  block allocate_direct(std::size_t first, std::size_t bytes, std::size_t alignment) noexcept {
+  friend class detail::forwards_queries<sharded, Inner>;
+
+  // The guard hook of the forwarded queries: `f` runs on every shard under its lock; answers are
+  // combined as "any" (owns), added up (sizes, counters), or not at all (release, visits).
+  template <class F>
+  decltype(auto) guarded(F&& f) {
+    return over_shards(*this, f);
+  }
+  template <class F>
+  decltype(auto) guarded(F&& f) const {
+    return over_shards(*this, f);
+  }
+  template <class Self, class F>
+  static auto over_shards(Self& self, F& f) {
+    using result = decltype(f(self.shards_[0].inner));
+    if constexpr (std::is_void_v<result>) {
+      for (std::size_t i = 0; i < self.count_; ++i) {
+        std::lock_guard lock(self.shards_[i].mutex);
+        f(self.shards_[i].inner);
+      }
+    } else if constexpr (std::same_as<result, bool>) {
+      for (std::size_t i = 0; i < self.count_; ++i) {
+        std::lock_guard lock(self.shards_[i].mutex);
+        if (f(self.shards_[i].inner)) return true;
+      }
+      return false;
+    } else {
+      result sum{};
+      for (std::size_t i = 0; i < self.count_; ++i) {
+        std::lock_guard lock(self.shards_[i].mutex);
+        sum += f(self.shards_[i].inner);
+      }
+      return sum;
+    }
+  }
+
+  bool is_cached_size(std::size_t bytes) const noexcept { return caching_ && bytes <= cached_size_limit; }
+  /// The block as the shard knows it: small blocks (when caching) at their class size.
+  block inner_block(block b) const noexcept {
+    return is_cached_size(b.size) ? block{b.ptr, classes::size(classes::index(b.size))} : b;
+  }
+
+  /// One block from shard `first`, or from the others in turn, through `call(inner, bytes,
+  /// alignment)`; small requests (when caching) at their class size and alignment 256 or more,
+  /// as the caches hold them, so that any thread's cache may take the block back.
+  template <class Call>
+  block allocate_direct(std::size_t first, std::size_t bytes, std::size_t alignment, Call call) noexcept {
+    std::size_t inner_bytes = bytes, inner_alignment = alignment;
+    if (is_cached_size(bytes) && std::has_single_bit(alignment)) {
+      inner_bytes = classes::size(classes::index(bytes));
+      inner_alignment = std::max(alignment, cache_alignment);
+    }
     for (std::size_t n = 0; n < count_; ++n) {
       shard& s = shards_[(first + n) % count_];
       std::lock_guard lock(s.mutex);
-      const block b = s.inner.allocate(bytes, alignment);
-      if (b) return b;
+      const block b = call(s.inner, inner_bytes, inner_alignment);
+      if (b) return block{b.ptr, bytes};
     }
     return {};
   }
 
+  /// A free from any thread: small blocks to the thread's cache, others to their shard.
+  bool free_block(block b) noexcept {
+    if (b.ptr == nullptr) return b.size == 0;
+    slot* me = my_slot();
+    if (is_cached_size(b.size)) {
+      const std::size_t c = classes::index(b.size);
+      if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) {
+        cache& k = *me->cache;
+        if constexpr (ALLOY_CHECKED) {
+          if (!check_small_free(k, c, b.ptr)) return false;
+        }
+        if (k.count[c] == capacity_[c]) flush(me->shard, k, c, capacity_[c] / 2);
+        k.blocks[c][k.count[c]++] = b.ptr;
+        return true;
+      }
+    }
+    const block inner = inner_block(b);
+    void* p = inner.ptr;
+    return give_back(shard_of(me), inner.size, &p, 1) == 0;
+  }
+
   /// Gives back `n` blocks of `bytes` each to the shards that own them, the shard `first` asked
-  /// first, one lock per shard; returns how many no shard owns (left at the front of `ptrs`).
+  /// first, one lock per shard (`ptrs` is reordered); returns how many were not taken (no shard
+  /// owns them, or the owner refused them), each reported.
   std::size_t give_back(std::size_t first, std::size_t bytes, void** ptrs, std::size_t n) noexcept {
+    std::size_t lost = 0;
     if (count_ == 1 && !ALLOY_CHECKED) {
       std::lock_guard lock(shards_[0].mutex);
-      for (std::size_t i = 0; i < n; ++i) shards_[0].inner.deallocate(block{ptrs[i], bytes});
-      return 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (detail::free_in(shards_[0].inner, block{ptrs[i], bytes}) == detail::free_outcome::refused) {
+          refuse(block{ptrs[i], bytes});
+          ++lost;
+        }
+      }
+      return lost;
     }
     for (std::size_t k = 0; k < count_ && n != 0; ++k) {
       shard& s = shards_[(first + k) % count_];
       std::lock_guard lock(s.mutex);
       for (std::size_t i = n; i-- > 0;) {
         const block b{ptrs[i], bytes};
-        if (s.inner.owns(b)) {
-          s.inner.deallocate(b);
-          ptrs[i] = ptrs[--n];
+        if (!s.inner.owns(b)) continue;
+        ptrs[i] = ptrs[--n];
+        if (detail::free_in(s.inner, b) == detail::free_outcome::refused) {
+          refuse(b);
+          ++lost;
         }
       }
     }
-    return n;
+    for (std::size_t i = 0; i < n; ++i) refuse(block{ptrs[i], bytes});
+    return lost + n;
   }
 
   /// Fills half of class `c`'s capacity from shard `first` (or one block from any shard).
@@ -379,7 +461,8 @@ class sharded {
       }
     }
     if (k.count[c] == 0 && count_ > 1) {
-      const block b = allocate_direct((first + 1) % count_, size, cache_alignment);
+      const block b = allocate_direct((first + 1) % count_, size, cache_alignment,
+                                      [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
       if (b) k.blocks[c][k.count[c]++] = b.ptr;
     }
   }
@@ -390,8 +473,7 @@ class sharded {
     std::copy(k.blocks[c], k.blocks[c] + n, out);
     std::copy(k.blocks[c] + n, k.blocks[c] + k.count[c], k.blocks[c]);
     k.count[c] -= n;
-    const std::size_t lost = give_back(first, classes::size(c), out, n);
-    for (std::size_t i = 0; i < lost; ++i) refuse(block{out[i], classes::size(c)});
+    (void)give_back(first, classes::size(c), out, n);
   }
   void flush_all(std::size_t first, cache& k) noexcept {
     for (std::size_t c = 0; c < classes::count; ++c) {

@@ -1,0 +1,491 @@
+// sharded: the conformance routine (with and without thread caches), the failure matrix, and a
+// multi-threaded randomized test: 4 threads, 10^6 operations in all (fewer under ThreadSanitizer,
+// see `total_operations`), a quarter of the blocks freed by another thread than the one that
+// allocated them (handed over through a locked queue), a fill pattern on every block checked when
+// it is freed, and exact statistics at the end, through `sharded<stats<...>>`,
+// `synchronized<stats<sharded<...>>>` and the shards' own counters.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/policy/sharded.hpp>
+#include <alloy/policy/stats.hpp>
+#include <alloy/policy/synchronized.hpp>
+#include <alloy/showcase.hpp>
+
+#include "support/conformance.hpp"
+
+using namespace alloy::literals;
+using alloy::testing::checking_upstream;
+using alloy::testing::failing_upstream;
+using alloy::testing::ledger;
+
+namespace {
+
+#if defined(__SANITIZE_THREAD__)
+constexpr bool under_tsan = true;
+#elif defined(__has_feature)
+#  if __has_feature(thread_sanitizer)
+constexpr bool under_tsan = true;
+#  else
+constexpr bool under_tsan = false;
+#  endif
+#else
+constexpr bool under_tsan = false;
+#endif
+
+/// 10^6 operations over 4 threads; under ThreadSanitizer (every access checked, 5-15x slower)
+/// 2 * 10^5, so that the TSan stage stays near a minute.
+constexpr std::size_t total_operations = under_tsan ? 200'000 : 1'000'000;
+constexpr int worker_threads = 4;
+
+/// `checking_upstream` with a lock: shards call their upstreams from several threads at once.
+class locked_checking_upstream {
+ public:
+  static constexpr bool host_accessible = true;
+  static constexpr bool device_accessible = false;
+  alloy::block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    std::lock_guard lock(*mutex_);
+    return inner_.allocate(bytes, alignment);
+  }
+  void deallocate(alloy::block b) noexcept {
+    std::lock_guard lock(*mutex_);
+    inner_.deallocate(b);
+  }
+  const std::shared_ptr<ledger>& records() const noexcept { return inner_.records(); }
+
+ private:
+  checking_upstream inner_{};
+  std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
+};
+
+template <class U>
+using dflt = alloy::default_allocator<U>;
+
+void check_ledger(const ledger& records) {
+  BOOST_TEST(records.live_count() == 0u, "the composition leaked " << records.live_count() << " upstream blocks");
+  BOOST_TEST(records.errors.empty(), "upstream saw misuse: " << (records.errors.empty() ? "" : records.errors[0]));
+  BOOST_TEST(records.allocations == records.deallocations);
+}
+
+// ---- fill patterns that ThreadSanitizer checks as ranges (memset / memcmp) ----------------------
+
+struct item {
+  alloy::block b;
+  std::uint64_t id = 0;
+};
+
+unsigned char body_byte(std::uint64_t id) noexcept { return static_cast<unsigned char>(id * 131 % 251 + 1); }
+
+/// The id in the first and the last 8 bytes (the last inverted), a byte of the id in between.
+void fill(const item& it) noexcept {
+  auto* p = static_cast<unsigned char*>(it.b.ptr);
+  const std::size_t n = it.b.size;
+  if (n < 16) {
+    std::memset(p, body_byte(it.id), n);
+    return;
+  }
+  const std::uint64_t head = it.id, tail = ~it.id;
+  std::memcpy(p, &head, 8);
+  std::memset(p + 8, body_byte(it.id), n - 16);
+  std::memcpy(p + n - 8, &tail, 8);
+}
+bool intact(const item& it) noexcept {
+  const auto* p = static_cast<const unsigned char*>(it.b.ptr);
+  const std::size_t n = it.b.size;
+  auto uniform = [&](const unsigned char* from, std::size_t len) {
+    return len == 0 || (from[0] == body_byte(it.id) && std::memcmp(from, from + 1, len - 1) == 0);
+  };
+  if (n < 16) return uniform(p, n);
+  std::uint64_t head = 0, tail = 0;
+  std::memcpy(&head, p, 8);
+  std::memcpy(&tail, p + n - 8, 8);
+  return head == it.id && tail == ~it.id && uniform(p + 8, n - 16);
+}
+
+// ---- the multi-threaded workload -----------------------------------------------------------------
+
+struct thread_totals {
+  std::size_t allocations = 0;     // successful
+  std::size_t failures = 0;        // empty blocks
+  std::size_t handed_over = 0;     // blocks put in the queue
+  std::size_t freed_foreign = 0;   // blocks taken from the queue and freed
+  std::size_t largest = 0;         // largest successful request
+  std::size_t bad_patterns = 0;    // blocks whose pattern was damaged when freed
+  std::size_t misaligned = 0;
+};
+
+struct handover_queue {
+  std::mutex mutex;
+  std::deque<item> blocks;
+};
+
+std::size_t draw_size(std::mt19937_64& rng) {
+  const auto r = rng() % 100;
+  const double top = r < 80 ? 14 : r < 95 ? 18 : 21;  // to 16 KiB, 256 KiB, 2 MiB
+  std::uniform_real_distribution<double> log_size(0, top);
+  return static_cast<std::size_t>(std::exp2(log_size(rng))) - 1;
+}
+
+/// One worker: allocations, frees of its own blocks, blocks handed to the queue, blocks taken
+/// from the queue and freed (most of them allocated by another thread).
+template <class A>
+thread_totals work(A& a, handover_queue& queue, int t, std::size_t operations) {
+  std::mt19937_64 rng(20261124 + static_cast<std::uint64_t>(t));
+  std::vector<item> live;
+  thread_totals out;
+  std::uint64_t next_id = (static_cast<std::uint64_t>(t) + 1) << 40;
+  auto free_checked = [&](const item& it) {
+    if (!intact(it)) ++out.bad_patterns;
+    a.deallocate(it.b);
+  };
+  for (std::size_t op = 0; op < operations; ++op) {
+    const auto r = rng() % 100;
+    if (live.size() < 32 || (r < 46 && live.size() < 400)) {
+      const std::size_t bytes = draw_size(rng);
+      const std::size_t alignment = rng() % 4 == 0 ? std::size_t{1} << (rng() % 13) : 256;
+      const alloy::block b = a.allocate(bytes, alignment);
+      if (!b) {
+        ++out.failures;
+        continue;
+      }
+      if (b.size != bytes || !alloy::detail::is_aligned(b.ptr, alignment)) ++out.misaligned;
+      ++out.allocations;
+      out.largest = std::max(out.largest, bytes);
+      const item it{b, next_id++};
+      fill(it);
+      live.push_back(it);
+    } else if (r < 76) {
+      const std::size_t v = rng() % live.size();
+      free_checked(live[v]);
+      live[v] = live.back();
+      live.pop_back();
+    } else if (r < 88) {
+      const std::size_t v = rng() % live.size();
+      {
+        std::lock_guard lock(queue.mutex);
+        queue.blocks.push_back(live[v]);
+      }
+      ++out.handed_over;
+      live[v] = live.back();
+      live.pop_back();
+    } else {
+      item it;
+      {
+        std::lock_guard lock(queue.mutex);
+        if (queue.blocks.empty()) continue;
+        it = queue.blocks.front();
+        queue.blocks.pop_front();
+      }
+      free_checked(it);
+      ++out.freed_foreign;
+    }
+  }
+  for (const item& it : live) free_checked(it);
+  return out;
+}
+
+/// Runs the workload on `worker_threads` threads, then frees what is left in the queue from this
+/// thread; returns the totals added up.
+template <class A>
+thread_totals run_workers(A& a) {
+  handover_queue queue;
+  std::vector<thread_totals> totals(worker_threads);
+  {
+    std::vector<std::jthread> threads;
+    for (int t = 0; t < worker_threads; ++t) {
+      threads.emplace_back([&, t] { totals[static_cast<std::size_t>(t)] = work(a, queue, t, total_operations / worker_threads); });
+    }
+  }
+  thread_totals sum;
+  for (const thread_totals& t : totals) {
+    sum.allocations += t.allocations;
+    sum.failures += t.failures;
+    sum.handed_over += t.handed_over;
+    sum.freed_foreign += t.freed_foreign;
+    sum.largest = std::max(sum.largest, t.largest);
+    sum.bad_patterns += t.bad_patterns;
+    sum.misaligned += t.misaligned;
+  }
+  for (const item& it : queue.blocks) {
+    if (!intact(it)) ++sum.bad_patterns;
+    a.deallocate(it.b);
+  }
+  BOOST_TEST_MESSAGE("  " << sum.allocations << " allocations, " << sum.handed_over << " handed over, "
+                          << sum.freed_foreign << " freed by the thread that took them, " << queue.blocks.size()
+                          << " left in the queue");
+  BOOST_TEST(sum.failures == 0u);
+  BOOST_TEST(sum.bad_patterns == 0u, "blocks overlapped or were written by someone else");
+  BOOST_TEST(sum.misaligned == 0u);
+  BOOST_TEST(sum.handed_over > total_operations / 20, "too few blocks crossed threads");
+  return sum;
+}
+
+}  // namespace
+
+// ---- conformance ---------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(conformance_without_thread_cache) {
+  std::shared_ptr<ledger> records;
+  {
+    checking_upstream up;
+    records = up.records();
+    alloy::sharded<dflt<checking_upstream>> a{[&](std::size_t) { return dflt<checking_upstream>{up}; },
+                                             {.shards = 3, .thread_cache = 0}};
+    alloy::testing::check_conformance(a);
+    BOOST_TEST(a.refused_frees() == 0u);
+  }
+  check_ledger(*records);
+  {
+    checking_upstream up;
+    records = up.records();
+    using arena = alloy::best_fit_arena<checking_upstream>;
+    alloy::sharded<arena> a{[&](std::size_t) { return arena{up}; }, {.shards = 2, .thread_cache = 0}};
+    alloy::testing::check_conformance(a);
+  }
+  check_ledger(*records);
+}
+
+BOOST_AUTO_TEST_CASE(conformance_with_thread_cache) {
+  std::shared_ptr<ledger> records;
+  {
+    checking_upstream up;
+    records = up.records();
+    alloy::sharded<dflt<checking_upstream>> a{[&](std::size_t) { return dflt<checking_upstream>{up}; }, {.shards = 2}};
+    const alloy::testing::conformance_options opts;
+    alloy::testing::check_sizes_and_alignments(a, opts);
+    alloy::testing::check_zero_size(a);
+    alloy::testing::check_bad_arguments(a, opts);
+    alloy::testing::check_owns(a);
+    alloy::testing::check_random_workload(a, opts);
+    // Cached blocks are in use as far as the shards can tell: give the cache back first.
+    std::size_t in_use = 0;
+    a.for_each_block([&](const alloy::block_info& info) { in_use += info.state != alloy::block_state::free; });
+    BOOST_TEST(in_use > 0u, "the thread cache keeps blocks");
+    a.flush_thread_cache();
+    alloy::testing::check_after_everything_freed(a, opts);
+    BOOST_TEST(a.refused_frees() == 0u);
+  }
+  check_ledger(*records);
+}
+
+BOOST_AUTO_TEST_CASE(failure_matrix) {
+  using alloc = alloy::sharded<dflt<failing_upstream>>;
+  std::size_t total_calls = 0;
+  {
+    failing_upstream up;
+    alloc a{[&](std::size_t) { return dflt<failing_upstream>{up}; }, {.shards = 2}};
+    BOOST_TEST(alloy::testing::failure_workload(a) == 0u);
+    total_calls = up.calls();
+  }
+  BOOST_TEST(total_calls > 0u);
+  for (std::size_t k = 0; k <= total_calls; ++k) {
+    for (bool from_k_on : {false, true}) {
+      failing_upstream::options fail;
+      if (from_k_on) {
+        fail.fail_from = k;
+      } else {
+        fail.fail_at = {k};
+      }
+      failing_upstream up{fail};
+      const std::shared_ptr<ledger> records = up.records();
+      {
+        alloc a{[&](std::size_t) { return dflt<failing_upstream>{up}; }, {.shards = 2}};
+        alloy::testing::failure_workload(a);
+        a.flush_thread_cache();
+        a.release();
+        BOOST_TEST(a.reserved_bytes() == 0u);
+      }
+      BOOST_TEST(records->live_count() == 0u, "leak with upstream failing at call " << k << (from_k_on ? " on" : ""));
+      BOOST_TEST(records->errors.empty());
+    }
+  }
+}
+
+// ---- threads -------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(threads_with_thread_caches) {
+  locked_checking_upstream up;
+  using inner = dflt<locked_checking_upstream>;
+  {
+    // Three shards for four threads: two threads share one.
+    alloy::sharded<inner> a{[&](std::size_t) { return inner{up}; }, {.shards = 3}};
+    run_workers(a);
+    a.flush_thread_caches();
+    std::size_t in_use = 0;
+    a.for_each_block([&](const alloy::block_info& info) { in_use += info.state != alloy::block_state::free; });
+    BOOST_TEST(in_use == 0u);
+    BOOST_TEST(a.bytes_in_use() == 0u);
+    BOOST_TEST(a.refused_frees() == 0u);
+    a.release();
+    BOOST_TEST(a.reserved_bytes() == 0u);
+    const alloy::allocator_counters c = a.counters();
+    BOOST_TEST(c.num_device_alloc > 0u);
+    BOOST_TEST(c.num_device_alloc == c.num_device_free);
+    BOOST_TEST(c.num_ooms == 0u);
+  }
+  check_ledger(*up.records());
+}
+
+BOOST_AUTO_TEST_CASE(threads_sharded_over_stats) {
+  locked_checking_upstream up;
+  using inner = alloy::stats<dflt<locked_checking_upstream>>;
+  {
+    alloy::sharded<inner> a{[&](std::size_t) { return inner{dflt<locked_checking_upstream>{up}}; }, {.shards = 4}};
+    const thread_totals t = run_workers(a);
+    const alloy::statistics s = a.statistics();
+    BOOST_TEST(s.num_allocs == t.allocations);
+    BOOST_TEST(s.bytes_in_use == 0u);
+    BOOST_TEST(s.requested_bytes == 0u);
+    BOOST_TEST(s.largest_alloc_size == t.largest);
+    BOOST_TEST(s.num_ooms == 0u);
+    BOOST_TEST(s.bytes_reserved > 0u);
+    BOOST_TEST(s.peak_bytes_in_use > 0u);
+    a.release();
+    const alloy::statistics after = a.statistics();
+    BOOST_TEST(after.bytes_reserved == 0u);
+    BOOST_TEST(after.num_device_alloc == after.num_device_free);
+    BOOST_TEST(a.refused_frees() == 0u);
+  }
+  check_ledger(*up.records());
+}
+
+BOOST_AUTO_TEST_CASE(threads_stats_over_sharded) {
+  locked_checking_upstream up;
+  using inner = dflt<locked_checking_upstream>;
+  using shards = alloy::sharded<inner>;
+  {
+    // stats<> is not synchronized: the lock around it serialises the counting, while the shards
+    // below still see four threads (and their caches).
+    alloy::synchronized<alloy::stats<shards>> a{
+        alloy::stats<shards>{shards{[&](std::size_t) { return inner{up}; }, {.shards = 2}}}};
+    const thread_totals t = run_workers(a);
+    a.with_lock([&](alloy::stats<shards>& st) {
+      const alloy::statistics s = st.statistics();
+      BOOST_TEST(s.num_allocs == t.allocations);
+      BOOST_TEST(s.bytes_in_use == 0u);
+      BOOST_TEST(s.requested_bytes == 0u);
+      BOOST_TEST(s.largest_alloc_size == t.largest);
+      BOOST_TEST(s.num_ooms == 0u);
+      st.inner().flush_thread_caches();
+      st.release();
+      const alloy::statistics after = st.statistics();
+      BOOST_TEST(after.bytes_reserved == 0u);
+      BOOST_TEST(after.peak_bytes_reserved >= s.bytes_reserved);
+      BOOST_TEST(after.num_device_alloc == after.num_device_free);
+    });
+  }
+  check_ledger(*up.records());
+}
+
+// stats<sharded<...>> on one thread, against a model: every figure exact, peaks included.
+BOOST_AUTO_TEST_CASE(stats_over_sharded_model) {
+  checking_upstream up;
+  using inner = dflt<checking_upstream>;
+  using shards = alloy::sharded<inner>;
+  alloy::stats<shards> a{shards{[&](std::size_t) { return inner{up}; }, {.shards = 3}}};
+  std::mt19937_64 rng(7);
+  std::vector<alloy::block> live;
+  std::size_t in_use = 0, peak = 0, allocs = 0, largest = 0;
+  for (int op = 0; op < 20'000; ++op) {
+    if (live.empty() || rng() % 2 == 0) {
+      const std::size_t bytes = draw_size(rng);
+      const alloy::block b = a.allocate(bytes, 256);
+      BOOST_REQUIRE(b);
+      live.push_back(b);
+      in_use += bytes;
+      peak = std::max(peak, in_use);
+      largest = std::max(largest, bytes);
+      ++allocs;
+    } else {
+      const std::size_t v = rng() % live.size();
+      a.deallocate(live[v]);
+      in_use -= live[v].size;
+      live[v] = live.back();
+      live.pop_back();
+    }
+  }
+  alloy::statistics s = a.statistics();
+  BOOST_TEST(s.num_allocs == allocs);
+  BOOST_TEST(s.bytes_in_use == in_use);
+  BOOST_TEST(s.requested_bytes == in_use);
+  BOOST_TEST(s.peak_bytes_in_use == peak);
+  BOOST_TEST(s.largest_alloc_size == largest);
+  BOOST_TEST(s.bytes_reserved == a.inner().reserved_bytes());
+  for (const alloy::block& b : live) a.deallocate(b);
+  a.inner().flush_thread_cache();
+  a.release();
+  s = a.statistics();
+  BOOST_TEST(s.bytes_in_use == 0u);
+  BOOST_TEST(s.bytes_reserved == 0u);
+  BOOST_TEST(s.peak_bytes_reserved > 0u);
+  BOOST_TEST(s.num_device_alloc == s.num_device_free);
+}
+
+// More threads than the table has entries: the later ones share shards by a hash of their id and
+// have no cache; everything still works.
+BOOST_AUTO_TEST_CASE(more_threads_than_table_entries) {
+  locked_checking_upstream up;
+  using inner = dflt<locked_checking_upstream>;
+  using shards = alloy::sharded<inner>;
+  {
+    shards a{[&](std::size_t) { return inner{up}; }, {.shards = 2}};
+    constexpr int n = static_cast<int>(shards::thread_slots) + 8;
+    std::latch all_started(n);
+    std::vector<std::size_t> bad(n, 0);
+    {
+      std::vector<std::jthread> threads;
+      for (int t = 0; t < n; ++t) {
+        threads.emplace_back([&, t] {
+          all_started.arrive_and_wait();  // every thread alive at once: n distinct ids
+          std::vector<item> mine;
+          for (std::uint64_t i = 0; i < 50; ++i) {
+            const alloy::block b = a.allocate(100 + i * 997 % 70'000, 256);
+            if (!b) {
+              ++bad[static_cast<std::size_t>(t)];
+              continue;
+            }
+            mine.push_back({b, (static_cast<std::uint64_t>(t) << 32) + i});
+            fill(mine.back());
+          }
+          for (const item& it : mine) {
+            if (!intact(it)) ++bad[static_cast<std::size_t>(t)];
+            a.deallocate(it.b);
+          }
+        });
+      }
+    }
+    BOOST_TEST(std::count(bad.begin(), bad.end(), 0u) == n);
+    a.flush_thread_caches();
+    a.release();
+    BOOST_TEST(a.reserved_bytes() == 0u);
+    BOOST_TEST(a.refused_frees() == 0u);
+  }
+  check_ledger(*up.records());
+}
+
+// A free nobody owns is refused, counted, and changes nothing.
+BOOST_AUTO_TEST_CASE(foreign_free_is_refused) {
+  checking_upstream up;
+  using inner = dflt<checking_upstream>;
+  alloy::sharded<inner> a{[&](std::size_t) { return inner{up}; }, {.shards = 2, .thread_cache = 0}};
+  alignas(256) static unsigned char elsewhere[1 << 20];
+  const alloy::block kept = a.allocate(5000, 256);
+  BOOST_REQUIRE(kept);
+  a.deallocate(alloy::block{elsewhere, 300});
+  a.deallocate(alloy::block{elsewhere, 500'000});
+  BOOST_TEST(a.refused_frees() == 2u);
+  a.deallocate(kept);
+  a.release();
+  BOOST_TEST(a.reserved_bytes() == 0u);
+}
