@@ -123,11 +123,13 @@ BOOST_AUTO_TEST_CASE(conformance_over_host_vmm) {
 BOOST_AUTO_TEST_CASE(address_space_defaults_and_options) {
   host_arena unlimited{host_vmm{{.granularity = 64_KiB}}};
   BOOST_TEST(unlimited.address_space() == 1_GiB * 1024, "no capacity: 1 TiB of addresses");
+  BOOST_TEST(unlimited.get_options().release_threshold == 32_MiB);
+  BOOST_TEST(unlimited.get_options().rounding == 256u);
   host_arena small{host_vmm{{.capacity = 16_MiB, .granularity = 64_KiB}}};
   BOOST_TEST(small.address_space() == 1_GiB, "at least 1 GiB");
   host_arena sized{host_vmm{{.capacity = 1_GiB, .granularity = 64_KiB}}};
   BOOST_TEST(sized.address_space() == 4_GiB, "four times the capacity");
-  host_arena coarse{host_vmm{{.granularity = 64_KiB}}, {.address_space = 100_MiB + 1, .granularity = 100_KiB}};
+  host_arena coarse{host_vmm{{.granularity = 64_KiB}}, {.address_space = 100_MiB + 1, .granularity = 100_KiB, .release_threshold = 0}};
   BOOST_TEST(coarse.granularity() == 128_KiB, "a power of two, a multiple of the backend's");
   BOOST_TEST(coarse.address_space() == 100_MiB + 128_KiB);
   const block b = coarse.allocate(1, 1);
@@ -143,7 +145,7 @@ BOOST_AUTO_TEST_CASE(address_space_defaults_and_options) {
 BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
   host_vmm v{{.granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}};  // threshold 0: every wholly free granule is unmapped at once
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};  // every wholly free granule is unmapped at once
     std::mt19937_64 rng(17);
     std::vector<alloy::testing::live_block> live;
     std::uint64_t next_id = 1;
@@ -189,7 +191,7 @@ BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
 }
 
 BOOST_AUTO_TEST_CASE(granules_are_shared_and_counted) {
-  host_arena a{host_vmm{{.granularity = 64_KiB}}};
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0}};
   const block x = a.allocate(40_KiB, 256);  // granule 0
   const block y = a.allocate(40_KiB, 256);  // granules 0 and 1
   const block z = a.allocate(40_KiB, 256);  // granule 1
@@ -254,7 +256,7 @@ BOOST_AUTO_TEST_CASE(release_threshold_keeps_the_most_recently_freed) {
 BOOST_AUTO_TEST_CASE(capacity_exhausted_freed_and_served_again) {
   host_vmm v{{.capacity = 1_MiB, .granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};
     std::vector<block> blocks;
     for (int i = 0; i < 16; ++i) {
       blocks.push_back(a.allocate(64_KiB, 1));
@@ -529,7 +531,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
   misuse_log log;
   host_vmm v{{.granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.on_misuse = &misuse_log::record, .misuse_context = &log}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .on_misuse = &misuse_log::record, .misuse_context = &log}};
     constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
     for (std::size_t bytes : {max, max - 1, max - 255, max / 2 + 1, max / 2, std::size_t{1} << 44})
       for (std::size_t alignment : {1, 256, 4096, 1 << 20}) BOOST_TEST(!a.allocate(bytes, alignment));
@@ -574,7 +576,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
 BOOST_AUTO_TEST_CASE(moves_hand_over_everything) {
   host_vmm v{{.granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};
     const block b = a.allocate(300_KiB, 4096);
     BOOST_REQUIRE(b);
     fill_pattern(b, 3);
@@ -583,7 +585,7 @@ BOOST_AUTO_TEST_CASE(moves_hand_over_everything) {
     BOOST_TEST(!a.owns(b));
     BOOST_TEST(a.reserved_bytes() == 0u);
     BOOST_TEST(has_pattern(b, 3));
-    shared_arena other{vmm_ref<host_vmm>{v}};
+    shared_arena other{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};
     const block c = other.allocate(10, 1);
     BOOST_REQUIRE(c);
     other = std::move(moved);  // `other`'s own block and range go back

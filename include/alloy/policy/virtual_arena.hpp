@@ -38,7 +38,7 @@ namespace alloy {
 ///   goes is *free mapped*: kept (ready for the next chunk there, no driver call) while free
 ///   mapped granules total at most `release_threshold` bytes; beyond that the one freed longest
 ///   ago is unmapped and released (least recently freed first; a hot granule stays).
-///   Default threshold 0 (see `options::release_threshold` and the measured figure below).
+///   Default threshold 32 MiB (see `options::release_threshold` and the measured figures below).
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
 ///   not mapped (a `create` and a `map` each; none when its granules are mapped already); a
 ///   deallocate unmaps and releases the granules trimmed beyond `release_threshold` (an `unmap`
@@ -82,9 +82,15 @@ namespace alloy {
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
 ///   through `vmm_ref`.
-/// - Measured (host_vmm, 2 MiB granules, W1-like pairs over 1,000 live blocks of 256 B-4 MiB on
-///   this project's 2-core VM): see the report in bench/README.md when it lands; at the default
-///   threshold peak mapped ÷ peak live 1.02, ~0.5 map + unmap calls per pair.
+/// - Measured 2026-11-24 (host_vmm, 2 MiB granules, W1-like free + allocate pairs over 1,000 live
+///   blocks of 256 B-4 MiB, 200,000 pairs, seeds 1 and 2, busy 2-core VM; best_fit_arena over
+///   host_upstream beside it at 118 ns/pair, peak reserved ÷ peak live 1.17-1.20):
+///   threshold 0: 760-830 ns/pair, peak mapped ÷ peak live 1.14-1.15, 47 map + unmap calls per
+///   1,000 operations; 8 MiB: 490-530 ns, 1.14-1.16, 27; 32 MiB (default): 220-250 ns, 1.15-1.16,
+///   7; 128 MiB: 127-138 ns, 1.16, 0.8. Each map or unmap is a system call here (a driver call on
+///   a GPU), which is what the time follows. What the threshold cannot remove is the free bytes
+///   in granules that a live chunk also touches (holes smaller than a granule between live
+///   blocks): on W1 that is most of the 14 % above live.
 template <virtual_memory Vmm>
 class virtual_arena {
  public:
@@ -100,7 +106,9 @@ class virtual_arena {
     /// multiple of the backend's.
     std::size_t granularity = 0;
     /// Free mapped bytes kept for reuse before the least recently freed granule is unmapped.
-    std::size_t release_threshold = 0;
+    /// 32 MiB: on W1 it cuts map + unmap calls 6.7x against 0 (47 -> 7 per 1,000 operations) for
+    /// 1 % more peak mapped memory; on traces whose peak live is GiBs it is under 1 % of it.
+    std::size_t release_threshold = std::size_t{32} << 20;
     std::size_t rounding = 256;  ///< a power of two (others round up to one)
     arena_misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;            ///< passed to `on_misuse`
