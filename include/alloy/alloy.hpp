@@ -14,12 +14,15 @@
 
 #include <alloy/upstream/host_upstream.hpp>
 #include <alloy/upstream/null_upstream.hpp>
+#include <alloy/vmm/host_vmm.hpp>
+#include <alloy/vmm/virtual_memory.hpp>
 #if ALLOY_HAS_CUDA
 #  include <alloy/upstream/cuda_async_upstream.hpp>
 #  include <alloy/upstream/cuda_malloc_upstream.hpp>
 #  include <alloy/upstream/managed_upstream.hpp>
 #  include <alloy/upstream/pinned_host_upstream.hpp>
 #  include <alloy/cuda_info.hpp>
+#  include <alloy/vmm/cuda_vmm.hpp>
 #endif
 
 #include <alloy/policy/best_fit_arena.hpp>
@@ -34,6 +37,7 @@
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/policy/tracked.hpp>
+#include <alloy/policy/virtual_arena.hpp>
 
 #include <alloy/memory_stats.hpp>
 #include <alloy/snapshot.hpp>

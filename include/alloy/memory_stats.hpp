@@ -186,8 +186,37 @@ inline std::string summary_count(std::int64_t n) {
   return text;
 }
 
+/// What a summary says about virtual memory (alloy::virtual_arena and the like): map and unmap
+/// calls, and reserved addresses with no memory behind them. Empty for other compositions.
+struct virtual_memory_summary {
+  std::size_t maps = 0;
+  std::size_t unmaps = 0;
+  std::size_t unmapped_bytes = 0;
+  bool any = false;
+};
+
+template <class S>
+virtual_memory_summary virtual_memory_of(S& s) {
+  virtual_memory_summary v;
+  if constexpr (requires { s.inner().counters(); }) {  // composites add up their parts' counters
+    const allocator_counters k = s.inner().counters();
+    v.maps = k.num_maps;
+    v.unmaps = k.num_unmaps;
+  }
+  if constexpr (introspectable_allocator<S>) {
+    s.for_each_block([&](const block_info& info) {
+      if (info.state == block_state::unmapped) {
+        v.unmapped_bytes += info.size;
+        v.any = true;
+      }
+    });
+  }
+  v.any = v.any || v.maps != 0 || v.unmaps != 0;
+  return v;
+}
+
 inline std::string make_memory_summary(const std::map<std::string, std::int64_t>& m, const alloy::statistics& s,
-                                       bool pools) {
+                                       bool pools, const virtual_memory_summary& vm = {}) {
   constexpr int width = 79;
   const std::string rule_double = "|" + std::string(width - 2, '=') + "|\n";
   const std::string rule_single = "|" + std::string(width - 2, '-') + "|\n";
@@ -256,6 +285,10 @@ inline std::string make_memory_summary(const std::map<std::string, std::int64_t>
   two("Largest allocation: " + format_bytes(s.largest_alloc_size),
       "Max split size: " + (m.at("max_split_size") < 0 ? std::string("none")
                                                         : format_bytes(static_cast<std::size_t>(m.at("max_split_size")))));
+  if (vm.any) {
+    two("Map calls: " + std::to_string(vm.maps), "Unmap calls: " + std::to_string(vm.unmaps));
+    two("Mapped memory: " + format_bytes(s.bytes_reserved), "Unmapped addresses: " + format_bytes(vm.unmapped_bytes));
+  }
   if (s.bytes_active || s.bytes_inactive || s.peak_bytes_active || s.bytes_reclaimed || s.num_defragmentations) {
     two("Active (locked): " + format_bytes(s.bytes_active), "Inactive (unlocked): " + format_bytes(s.bytes_inactive));
     two("Peak active: " + format_bytes(s.peak_bytes_active), "Reclaimed: " + format_bytes(s.bytes_reclaimed));
@@ -276,7 +309,8 @@ template <class A>
 std::string memory_summary(A& a) {
   return detail::with_stats(a, [](auto& s) {
     using S = std::remove_cvref_t<decltype(s)>;
-    return detail::make_memory_summary(detail::memory_stats_of(s), s.statistics(), S::has_pools);
+    return detail::make_memory_summary(detail::memory_stats_of(s), s.statistics(), S::has_pools,
+                                       detail::virtual_memory_of(s));
   });
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <alloy/literals.hpp>
+#include <alloy/memory_stats.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/snapshot.hpp>
@@ -777,6 +778,11 @@ BOOST_AUTO_TEST_CASE(stats_report_mapped_bytes_and_driver_calls) {
   BOOST_TEST(snap.reserved_bytes() == 3 * 64_KiB);
   BOOST_TEST(snap.used_bytes() == alloy::detail::round_up(50_KiB, 256));
   BOOST_TEST(snap.to_svg().find("unmapped") != std::string::npos);
+  const std::string summary = alloy::memory_summary(s);
+  BOOST_TEST(summary.find("Map calls: 7") != std::string::npos, summary);
+  BOOST_TEST(summary.find("Unmap calls: 4") != std::string::npos, summary);
+  BOOST_TEST(summary.find("Mapped memory: 192") != std::string::npos, summary);
+  BOOST_TEST(summary.find("Unmapped addresses: ") != std::string::npos, summary);
   s.deallocate(b);
   s.inner().release();
   st = s.statistics();
