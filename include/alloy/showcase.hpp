@@ -11,10 +11,13 @@
 // must stay in one place.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <alloy/concepts.hpp>
 #include <alloy/detail/forwarding.hpp>
@@ -23,6 +26,8 @@
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/size_class_pool.hpp>
+#include <alloy/policy/virtual_arena.hpp>
+#include <alloy/ref.hpp>
 
 namespace alloy {
 
@@ -201,6 +206,140 @@ class default_allocator : public detail::default_base_t<Upstream> {
   explicit default_allocator(Upstream upstream) : default_allocator(std::move(upstream), options{}) {}
   default_allocator(Upstream upstream, options opts)
       : base(small_t{upstream, opts.small}, arena_t{upstream, opts.large}) {}
+};
+
+// ---- virtual_allocator ------------------------------------------------------------------------
+
+namespace detail {
+template <class Vmm>
+using virtual_small_t = size_class_pool<ref<virtual_arena<Vmm>>, power2_classes<4, 256, (std::size_t{128} << 10)>>;
+template <class Vmm>
+using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>, ref<virtual_arena<Vmm>>>;
+}  // namespace detail
+
+/// `virtual_allocator<Vmm>`: the composition we recommend on virtual memory (DESIGN §12), for
+/// programs that must fit a device: small requests from a size-class pool whose slabs come from
+/// the same virtual arena, the rest from the arena.
+///
+///   virtual_arena<Vmm> (owned, one) <- ref <- segregator<64 KiB,
+///                                               size_class_pool<ref, power2_classes<4, 256, 128 KiB>>
+///                                               (slabs of 64 KiB first, doubling to 256 KiB),
+///                                               ref (requests above 64 KiB)>
+///
+/// - The arena is owned through a stable pointer, so both sides refer to the same one and the
+///   allocator can move (construct); not assignable (neither is the pool).
+/// - Statistics count the arena once: `reserved_bytes()` = the arena's mapped bytes (the pool's
+///   slabs are chunks of it); `counters()` = the arena's physical calls (creates, releases, maps,
+///   unmaps, its retries under pressure) plus the pool's retries, with `num_ooms` the requests
+///   this allocator could not serve; `bytes_in_use()` = the pool's blocks (class sizes) plus the
+///   arena's chunks that are not slabs; `for_each_block` = the arena's picture with each slab
+///   shown as the pool's blocks in it. `small()` and `arena()` give the parts; there is no `parts()`, so that no
+///   statistics walker adds the arena to the slabs it holds.
+/// - Capabilities: `owns`, `release` (wholly free slabs to the arena, then every free mapped
+///   granule to the backend), `reserved_bytes`, `mapped_bytes`, `counters`, `bytes_in_use`,
+///   `requested_bytes`, `for_each_block`. Memory kind: the backend's.
+/// - Chosen by measurement (alloy-replay --min-capacity over every trace in ../shared/traces on
+///   the simulated virtual-memory device, 2 MiB granules; bench/README.md, "Virtual memory"):
+///   the smallest device ÷ peak live is the arena's on every trace (the pool's partly filled slabs
+///   share granules with the arena's chunks, and free granules go back anywhere), while the pool
+///   takes the many small requests off the arena's index.
+/// - Failure: an empty block (the arena has unmapped every free granule first). Thread safety:
+///   none (wrap in `synchronized`).
+template <virtual_memory Vmm>
+class virtual_allocator {
+ public:
+  using arena_type = virtual_arena<Vmm>;
+  using small_type = detail::virtual_small_t<Vmm>;
+  using heap_type = detail::virtual_heap_t<Vmm>;
+  static constexpr std::size_t threshold = heap_type::threshold;
+  static constexpr bool host_accessible = Vmm::host_accessible;
+  static constexpr bool device_accessible = Vmm::device_accessible;
+
+  struct options {
+    typename arena_type::options arena{.release_threshold = std::size_t{64} << 20};
+    typename small_type::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
+  };
+
+  virtual_allocator() : virtual_allocator(Vmm{}) {}
+  explicit virtual_allocator(Vmm vmm) : virtual_allocator(std::move(vmm), options{}) {}
+  virtual_allocator(Vmm vmm, options opts)
+      : arena_(std::make_unique<arena_type>(std::move(vmm), opts.arena)),
+        heap_(small_type{ref<arena_type>{*arena_}, opts.small}, ref<arena_type>{*arena_}) {}
+  virtual_allocator(virtual_allocator&&) noexcept = default;  // the arena stays where it is
+  virtual_allocator& operator=(virtual_allocator&&) = delete;
+  // The pool (a member of heap_, declared after arena_) gives its slabs back before the arena goes.
+  ~virtual_allocator() = default;
+
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    const block b = heap_.allocate(bytes, alignment);
+    if (!b) ++ooms_;
+    return b;
+  }
+  void deallocate(block b) noexcept { heap_.deallocate(b); }
+
+  bool owns(block b) const noexcept { return arena_->owns(b); }
+  /// Gives the pool's wholly free slabs to the arena, then every free mapped granule back.
+  void release() noexcept {
+    heap_.small().release();
+    arena_->release();
+  }
+
+  std::size_t reserved_bytes() const noexcept { return arena_->reserved_bytes(); }
+  std::size_t mapped_bytes() const noexcept { return arena_->mapped_bytes(); }
+  allocator_counters counters() const noexcept {
+    allocator_counters c = arena_->counters();
+    c.num_alloc_retries += heap_.small().counters().num_alloc_retries;
+    c.num_ooms = ooms_;
+    return c;
+  }
+  std::size_t bytes_in_use() const noexcept {
+    const small_type& s = heap_.small();
+    return arena_->bytes_in_use() - s.reserved_bytes() + s.bytes_in_use();
+  }
+  std::size_t requested_bytes() const noexcept {
+    const small_type& s = heap_.small();
+    return arena_->requested_bytes() - s.reserved_bytes() + s.requested_bytes();
+  }
+  /// The arena's range, its slabs shown as the pool's blocks (a slab with no live block is free
+  /// memory to the caller, not an allocation). Allocates host memory for the pool's picture.
+  template <class F>
+  void for_each_block(F&& visit) const {
+    std::vector<block_info> pool;
+    heap_.small().for_each_block([&](const block_info& info) { pool.push_back(info); });
+    std::sort(pool.begin(), pool.end(), [](const block_info& l, const block_info& r) { return l.ptr < r.ptr; });
+    auto next = pool.begin();
+    arena_->for_each_block([&](const block_info& piece) {
+      const auto* start = static_cast<const std::byte*>(piece.ptr);
+      if (piece.state != block_state::allocated || !heap_.small().owns(block{const_cast<std::byte*>(start), 1})) {
+        visit(piece);
+        return;
+      }
+      const std::byte* at = start;  // the slab's blocks, gaps between them free
+      while (next != pool.end() && static_cast<const std::byte*>(next->ptr) < start + piece.size) {
+        block_info info = *next++;
+        if (static_cast<const std::byte*>(info.ptr) < start) continue;
+        if (static_cast<const std::byte*>(info.ptr) > at)
+          visit(block_info{piece.segment, piece.segment_size, at, static_cast<std::size_t>(static_cast<const std::byte*>(info.ptr) - at), 0,
+                           block_state::free});
+        info.segment = piece.segment;
+        info.segment_size = piece.segment_size;
+        visit(info);
+        at = static_cast<const std::byte*>(info.ptr) + info.size;
+      }
+      if (at < start + piece.size)
+        visit(block_info{piece.segment, piece.segment_size, at, static_cast<std::size_t>(start + piece.size - at), 0, block_state::free});
+    });
+  }
+
+  small_type& small() noexcept { return heap_.small(); }
+  const small_type& small() const noexcept { return heap_.small(); }
+  arena_type& arena() noexcept { return *arena_; }
+  const arena_type& arena() const noexcept { return *arena_; }
+
+ private:
+  std::unique_ptr<arena_type> arena_;
+  heap_type heap_;
+  std::size_t ooms_ = 0;
 };
 
 }  // namespace alloy

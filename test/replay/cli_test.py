@@ -102,6 +102,13 @@ def main():
             md = f.read()
         check("Smallest device capacity" in md and "| geometric mean |" in md and "| good |" in md and "per 1,000 operations" in md,
               "Markdown: the minimum-capacity tables", md[:400])
+        virtual = {x["composition"]: x for x in trace["results"] if x["virtual_memory"]}
+        check(set(virtual) == {"virtual_arena", "virtual_allocator"} and all(
+                  x["faults"] == 0 and x["map_calls"] > 0 and x["peak_mapped"] >= trace["peak_live_bytes"]
+                  and x["peak_reserved"] % (2 << 20) == 0 for x in virtual.values()),
+              "JSON: the virtual compositions on 2 MiB granules, their map calls counted", json.dumps(list(virtual.values()))[:600])
+        check(all(not x["virtual_memory"] and x["map_calls"] == 0 for x in trace["results"] if x["composition"] not in virtual),
+              "JSON: no map calls for the others")
         r = run("--min-capacity", "--svg", out_svg, good)
         check(r.returncode == 2 and "--min-capacity" in r.stderr, "usage error: --svg with --min-capacity", r.stderr)
 

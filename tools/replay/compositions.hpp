@@ -15,6 +15,9 @@
 //                            start (initial_size = maximum_size = capacity; only with a capacity,
 //                            and only when named: it reserves the whole device by design)
 //   whole_device_arena+defrag the same under compacting_defragmenter, every request movable
+//   virtual_arena            alloy::virtual_arena, default options, over the simulated device with
+//                            virtual memory (2 MiB granules; simulated_vm.hpp)
+//   virtual_allocator        alloy::virtual_allocator (showcase.hpp), over the same
 //   std_pmr_pool             std::pmr::unsynchronized_pool_resource, largest_required_pool_block
 //                            1 MiB, other options default
 //   thrust_pool              thrust::mr::unsynchronized_pool_resource, alignment 256,
@@ -49,6 +52,7 @@
 #include <alloy/policy/compacting_defragmenter.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/size_class_pool.hpp>
+#include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
 
 #if defined(THRUST_DEVICE_SYSTEM)  // the project's Thrust host-backend target is linked
@@ -76,6 +80,9 @@ using pool1m_arena_t = segregator<(std::size_t{1} << 20), size_class_pool<upstre
 using default_t = default_allocator<upstream_t>;
 using caching_t = caching_allocator<upstream_t>;
 using default_small_t = std::remove_cvref_t<decltype(std::declval<default_t&>().small())>;
+using vm_t = simulated_vm_device::backend;
+using virtual_arena_t = virtual_arena<vm_t>;
+using virtual_allocator_t = virtual_allocator<vm_t>;
 
 inline arena_t make_arena(upstream_t u) { return arena_t{u}; }
 inline arena_defrag_t make_arena_defrag(upstream_t u) { return arena_defrag_t{arena_t{u}}; }
@@ -342,6 +349,16 @@ inline std::vector<composition> compositions() {
         return movable_target<arena_defrag_t>{arena_defrag_t{make_whole_device_arena(upstream_t{d}, o.capacity)}};
       },
       true));
+  all.push_back(detail::vm_entry("virtual_arena", "alloy::virtual_arena (default options) on virtual memory, 2 MiB granules",
+                                 [](simulated_vm_device& d, const replay_options& o) {
+                                   return raw_target<virtual_arena_t>{virtual_arena_t{vm_t{d}}, o.alignment};
+                                 }));
+  all.push_back(detail::vm_entry("virtual_allocator",
+                                 "alloy::virtual_allocator (pool up to 64 KiB with slabs from the virtual arena, the arena "
+                                 "above) on virtual memory, 2 MiB granules",
+                                 [](simulated_vm_device& d, const replay_options& o) {
+                                   return raw_target<virtual_allocator_t>{virtual_allocator_t{vm_t{d}}, o.alignment};
+                                 }));
   all.push_back(entry("std_pmr_pool", "std::pmr::unsynchronized_pool_resource, largest_required_pool_block 1 MiB", true,
                       [](simulated_device& d, const replay_options& o) {
                         return pmr_pool_target{d, {.max_blocks_per_chunk = 0, .largest_required_pool_block = std::size_t{1} << 20},

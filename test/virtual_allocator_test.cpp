@@ -1,0 +1,267 @@
+// virtual_allocator (showcase.hpp): the pool and the arena share one owned virtual_arena; the
+// statistics count it once; capacity runs out, frees, and serves again; a randomized run against
+// a model of what is in use; the conformance routine on real memory (host_vmm); and its replay
+// in alloy-replay matching a direct run.
+#include <boost/test/unit_test.hpp>
+
+#include <alloy/literals.hpp>
+#include <alloy/showcase.hpp>
+#include <alloy/vmm/host_vmm.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "replay/compositions.hpp"
+#include "replay/simulated_vm.hpp"
+#include "support/conformance.hpp"
+
+namespace {
+
+using namespace alloy::literals;
+using alloy::replay::simulated_vm_device;
+using sim_vm = simulated_vm_device::backend;
+using sim_allocator = alloy::virtual_allocator<sim_vm>;
+using host_allocator = alloy::virtual_allocator<alloy::host_vmm>;
+
+static_assert(alloy::allocator<sim_allocator>);
+static_assert(alloy::owning_allocator<sim_allocator>);
+static_assert(alloy::releasing_allocator<sim_allocator>);
+static_assert(alloy::reserving_allocator<sim_allocator>);
+static_assert(alloy::counting_allocator<sim_allocator>);
+static_assert(alloy::introspectable_allocator<sim_allocator>);
+static_assert(!alloy::composite<sim_allocator>, "no parts(): a walker would count the arena and its slabs twice");
+static_assert(sim_allocator::device_accessible && !sim_allocator::host_accessible);
+static_assert(host_allocator::host_accessible);
+
+/// What the allocator should count as in use for a request: the pool's class size up to the
+/// threshold (natural alignment), the arena's rounding (256) above.
+std::size_t occupied(std::size_t bytes) {
+  if (bytes <= sim_allocator::threshold)
+    return sim_allocator::small_type::class_size(sim_allocator::small_type::class_index(bytes));
+  return (bytes + 255) / 256 * 256;
+}
+
+/// Statistics against the device's own books: reserved = mapped = physical, calls = the device's.
+void check_books(const sim_allocator& a, const simulated_vm_device& d) {
+  BOOST_TEST(a.reserved_bytes() == d.physical_bytes());
+  BOOST_TEST(a.mapped_bytes() == d.mapped());
+  const alloy::allocator_counters c = a.counters();
+  BOOST_TEST(c.num_device_alloc == d.allocations());
+  BOOST_TEST(c.num_device_free == d.deallocations());
+  BOOST_TEST(c.num_maps == d.maps());
+  BOOST_TEST(c.num_unmaps == d.unmaps());
+  BOOST_TEST(d.faults() == 0u, d.first_fault());
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(virtual_allocator_suite)
+
+BOOST_AUTO_TEST_CASE(one_arena_counted_once) {
+  simulated_vm_device d;
+  sim_allocator a{sim_vm{d}};
+  const alloy::block small = a.allocate(100, 16);
+  const alloy::block large = a.allocate(1_MiB + 1, 256);
+  BOOST_TEST_REQUIRE((small && large));
+  BOOST_TEST(a.small().owns(small));
+  BOOST_TEST(!a.small().owns(large));
+  BOOST_TEST(a.owns(small));  // the slab is a chunk of the arena
+  BOOST_TEST(a.owns(large));
+  BOOST_TEST(a.bytes_in_use() == occupied(100) + occupied(1_MiB + 1));
+  BOOST_TEST(a.requested_bytes() == 100 + 1_MiB + 1);
+  BOOST_TEST(a.arena().bytes_in_use() == a.small().reserved_bytes() + occupied(1_MiB + 1), "the slab is in the arena");
+  BOOST_TEST(a.reserved_bytes() == 2_MiB, "64 KiB slab + 1 MiB chunk: one granule, mapped once");
+  check_books(a, d);
+  std::size_t chunks = 0, bytes = 0, total = 0;
+  const void* previous = nullptr;
+  bool in_order = true;
+  a.for_each_block([&](const alloy::block_info& info) {
+    if (info.state == alloy::block_state::allocated) ++chunks, bytes += info.size;
+    total += info.size;
+    in_order = in_order && info.ptr > previous;
+    previous = info.ptr;
+  });
+  BOOST_TEST(chunks == 2u, "the small block (in its slab) and the large one");
+  BOOST_TEST(bytes == a.bytes_in_use());
+  BOOST_TEST(in_order);
+  BOOST_TEST(total == a.arena().address_space(), "the pieces tile the reserved range");
+  a.deallocate(small);
+  a.deallocate(large);
+  BOOST_TEST(a.bytes_in_use() == 0u);
+  BOOST_TEST(a.requested_bytes() == 0u);
+  BOOST_TEST(a.reserved_bytes() == 2_MiB, "kept below the release threshold");
+  a.release();
+  BOOST_TEST(a.reserved_bytes() == 0u);
+  BOOST_TEST(a.small().reserved_bytes() == 0u);
+  check_books(a, d);
+  BOOST_TEST(a.counters().num_ooms == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(capacity_runs_out_then_serves_again) {
+  simulated_vm_device d(8_MiB);
+  sim_allocator a{sim_vm{d}};
+  std::vector<alloy::block> live;
+  for (int i = 0; i < 4; ++i) live.push_back(a.allocate(2_MiB, 256));
+  for (const auto& b : live) BOOST_TEST_REQUIRE(static_cast<bool>(b));
+  BOOST_TEST(!a.allocate(1, 256), "every granule holds a live block");
+  BOOST_TEST(!a.allocate(2_MiB, 256));
+  BOOST_TEST(a.counters().num_ooms == 2u);
+  a.deallocate(live[1]);
+  a.deallocate(live[2]);  // kept mapped (below the threshold) ...
+  const alloy::block big = a.allocate(4_MiB, 256);  // ... and a hole of two granules serves this
+  BOOST_TEST_REQUIRE(static_cast<bool>(big));
+  a.deallocate(big);
+  a.deallocate(live[0]);
+  a.deallocate(live[3]);
+  // Free granules anywhere give their pages to a request elsewhere (stitching): 8 MiB in one piece.
+  const alloy::block all = a.allocate(8_MiB, 256);
+  BOOST_TEST(static_cast<bool>(all));
+  a.deallocate(all);
+  std::vector<alloy::block> small;
+  for (int i = 0; i < 1000; ++i) small.push_back(a.allocate(4_KiB, 256));  // small requests use slabs of the arena
+  for (const auto& b : small) BOOST_TEST_REQUIRE(static_cast<bool>(b));
+  for (const auto& b : small) a.deallocate(b);
+  BOOST_TEST(a.bytes_in_use() == 0u);
+  check_books(a, d);
+  BOOST_TEST(a.counters().num_ooms == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(moving_keeps_the_arena_in_place) {
+  simulated_vm_device d;
+  sim_allocator a{sim_vm{d}};
+  const alloy::block s = a.allocate(512, 256), l = a.allocate(3_MiB, 256);
+  const auto* arena = &a.arena();
+  sim_allocator b{std::move(a)};
+  BOOST_TEST(&b.arena() == arena);
+  BOOST_TEST(b.small().owns(s));
+  b.deallocate(s);
+  b.deallocate(l);
+  BOOST_TEST(b.bytes_in_use() == 0u);
+  const alloy::block again = b.allocate(512, 256);
+  BOOST_TEST(static_cast<bool>(again));
+  b.deallocate(again);
+  check_books(b, d);
+}
+
+BOOST_AUTO_TEST_CASE(randomized_against_a_model) {
+  for (const unsigned seed : {1u, 2u, 3u}) {
+    BOOST_TEST_CONTEXT("seed " << seed) {
+      simulated_vm_device d(256_MiB);
+      sim_allocator a{sim_vm{d}};
+      std::mt19937_64 rng(seed);
+      std::uniform_real_distribution<double> log_size(0.0, 24.0);
+      struct live_block {
+        alloy::block b;
+        std::size_t occupied;
+      };
+      std::vector<live_block> live;
+      std::size_t in_use = 0, requested = 0, ooms = 0;
+      bool books_ok = true;
+      for (int i = 0; i < 200'000; ++i) {
+        if (!live.empty() && (rng() % 2 == 0 || live.size() > 400)) {
+          const std::size_t k = rng() % live.size();
+          a.deallocate(live[k].b);
+          in_use -= live[k].occupied;
+          requested -= live[k].b.size;
+          live[k] = live.back();
+          live.pop_back();
+        } else {
+          const auto bytes = static_cast<std::size_t>(std::exp2(log_size(rng)));
+          const alloy::block b = a.allocate(bytes, 256);
+          if (!b) {
+            ++ooms;
+          } else {
+            books_ok = books_ok && reinterpret_cast<std::uintptr_t>(b.ptr) % 256 == 0 && d.holds(b.ptr, bytes);
+            live.push_back({b, occupied(bytes)});
+            in_use += occupied(bytes);
+            requested += bytes;
+          }
+        }
+        if (i % 997 == 0) {
+          BOOST_TEST_REQUIRE(a.bytes_in_use() == in_use);
+          BOOST_TEST_REQUIRE(a.requested_bytes() == requested);
+          BOOST_TEST_REQUIRE(a.reserved_bytes() == d.physical_bytes());
+          BOOST_TEST_REQUIRE(a.reserved_bytes() <= 256_MiB);
+        }
+      }
+      BOOST_TEST(books_ok, "every block aligned and mapped");
+      BOOST_TEST(a.counters().num_ooms == ooms);
+      BOOST_TEST(ooms > 0u, "the workload should meet the capacity");
+      for (const auto& l : live) a.deallocate(l.b);
+      BOOST_TEST(a.bytes_in_use() == 0u);
+      a.release();
+      BOOST_TEST(a.reserved_bytes() == 0u);
+      check_books(a, d);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(conformance_on_real_memory) {
+  for (const std::size_t granularity : {64_KiB, 2_MiB}) {
+    BOOST_TEST_CONTEXT("granularity " << granularity) {
+      host_allocator a{alloy::host_vmm{{.granularity = granularity}}};
+      alloy::testing::check_conformance(
+          a, {.max_size = 64_MiB, .random_ops = 10'000, .random_max_size = 4_MiB, .random_max_live = 128});
+      BOOST_TEST(a.bytes_in_use() == 0u);
+      BOOST_TEST(a.arena().check_invariants());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(replay_matches_a_direct_run) {
+  // alloy-replay's virtual_allocator entry against the same requests made directly.
+  std::string csv = "Thread,Time,Action,Pointer,Size,Stream\n";
+  std::mt19937_64 rng(11);
+  std::vector<std::pair<int, std::size_t>> live;
+  std::vector<std::pair<bool, std::size_t>> ops;  // (allocate, size) / (free, index of allocation)
+  int next = 0;
+  for (int i = 0; i < 3000; ++i) {
+    if (!live.empty() && rng() % 2) {
+      const std::size_t k = rng() % live.size();
+      csv += "1,0,free," + std::to_string(0x1000 + live[k].first) + "," + std::to_string(live[k].second) + ",0\n";
+      ops.push_back({false, static_cast<std::size_t>(live[k].first)});
+      live[k] = live.back();
+      live.pop_back();
+    } else {
+      const auto bytes = static_cast<std::size_t>(std::exp2(8 + static_cast<double>(rng() % 1500) / 100));
+      csv += "1,0,allocate," + std::to_string(0x1000 + next) + "," + std::to_string(bytes) + ",0\n";
+      ops.push_back({true, bytes});
+      live.push_back({next++, bytes});
+    }
+  }
+  const auto trace = alloy::bench::parse_rmm_trace(csv, "direct");
+  std::size_t peak_physical = 0, maps = 0;
+  {
+    simulated_vm_device d;
+    sim_allocator a{sim_vm{d}};
+    std::vector<alloy::block> blocks;
+    for (const auto& [alloc, n] : ops) {
+      if (alloc) {
+        blocks.push_back(a.allocate(n, 256));
+      } else {
+        a.deallocate(blocks[n]);
+      }
+    }
+    peak_physical = d.peak_reserved();
+    maps = d.map_calls();
+  }
+  const auto all = alloy::replay::compositions();
+  const auto entry = std::find_if(all.begin(), all.end(), [](const auto& c) { return c.name == "virtual_allocator"; });
+  BOOST_TEST_REQUIRE((entry != all.end()));
+  BOOST_TEST(entry->virtual_memory);
+  alloy::replay::devices devices;
+  const auto r = entry->run(trace, devices, {.repetitions = 1});
+  BOOST_TEST(r.faults == 0u, r.first_fault);
+  BOOST_TEST(r.virtual_memory);
+  BOOST_TEST(r.failed == 0u);
+  BOOST_TEST(r.peak_reserved == peak_physical);
+  BOOST_TEST(r.map_calls == maps);
+  BOOST_TEST(r.peak_in_use == trace.peak_live_bytes);
+  BOOST_TEST(r.leaked == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
