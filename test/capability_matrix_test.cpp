@@ -142,6 +142,11 @@ struct toy {
   {
     return false;
   }
+  bool serves(std::size_t, std::size_t) const noexcept
+    requires(on(capability::serves))
+  {
+    return true;
+  }
 };
 
 /// The capabilities of `A`, as a mask.

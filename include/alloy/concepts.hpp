@@ -52,6 +52,16 @@ concept checked_stream_deallocating_allocator = allocator<A> && requires(A& a, b
   { a.try_deallocate(b, stream) } noexcept -> std::same_as<bool>;
 };
 
+/// `serves(bytes, alignment) noexcept -> bool`: whether the allocator takes a request of that size
+/// and alignment at all, by its contract (a size or alignment it never serves), before any memory
+/// is sought; false means `allocate` would return an empty block without side effects. A
+/// `segregator` sends a small request its small part does not serve to its large part (a
+/// `size_class_pool` cannot align 1 MiB at 512 inside its largest class).
+template <class A>
+concept request_screening_allocator = allocator<A> && requires(const A& a, std::size_t bytes, std::size_t alignment) {
+  { a.serves(bytes, alignment) } noexcept -> std::convertible_to<bool>;
+};
+
 /// `owns(block)`: whether a block came from this allocator (needed to route frees in `fallback`).
 template <class A>
 concept owning_allocator = allocator<A> && requires(const A& a, block b) {

@@ -82,6 +82,38 @@ BOOST_AUTO_TEST_CASE(the_issue_reproduction_is_served_by_the_large_part) {
   BOOST_TEST(h.small().requested_bytes() == 0u);
 }
 
+namespace {
+/// A small part that says what it serves (`serves`): nothing aligned above 256.
+struct aligned_to_256_only {
+  static constexpr bool host_accessible = true;
+  static constexpr bool device_accessible = false;
+  arena inner;
+  bool serves(std::size_t, std::size_t alignment) const noexcept { return alignment <= 256; }
+  alloy::block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return serves(bytes, alignment) ? inner.allocate(bytes, alignment) : alloy::block{};
+  }
+  void deallocate(alloy::block b) noexcept { inner.deallocate(b); }
+  bool try_deallocate(alloy::block b) noexcept { return inner.try_deallocate(b); }
+};
+static_assert(alloy::request_screening_allocator<alloy::synchronized<alloy::limited<aligned_to_256_only>>>);
+}  // namespace
+
+// A part's own `serves` decides, and it is passed on by the wrappers around it.
+BOOST_AUTO_TEST_CASE(a_part_that_screens_its_requests_through_wrappers) {
+  alloy::segregator<64_KiB, alloy::synchronized<alloy::limited<aligned_to_256_only>>, arena> h;
+  const alloy::block a = h.allocate(100, 256);
+  const alloy::block b = h.allocate(100, 512);
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(b);
+  BOOST_TEST(h.small().inner().bytes_in_use() == 100u);
+  BOOST_TEST(h.large().requested_bytes() == 100u);
+  BOOST_TEST(h.redirected_blocks() == 1u);
+  BOOST_TEST(h.try_deallocate(b));
+  BOOST_TEST(h.try_deallocate(a));
+  BOOST_TEST(h.large().requested_bytes() == 0u);
+  BOOST_TEST(h.small().inner().bytes_in_use() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(without_owns_on_the_large_part_nothing_is_redirected) {
   // host_upstream cannot say which blocks are its own, so a redirected block's free could not be
   // routed: the request fails as before.

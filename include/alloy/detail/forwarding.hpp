@@ -6,7 +6,7 @@
 //
 // - `forwards_queries<Derived, Inner>`: the capabilities that do not allocate or free (owns,
 //   release, reserved bytes, counters, introspection, record_use, bytes in use, requested bytes,
-//   limits). Every call goes through `Derived::guarded(f)`, the guard hook, which runs `f(inner)`;
+//   limits, `serves`). Every call goes through `Derived::guarded(f)`, the guard hook, which runs `f(inner)`;
 //   by default it just calls `f(inner())`. `synchronized` takes its lock there, `ref` follows its
 //   pointer there: that is all either of them adds.
 // - `forwards_everything<Derived, Inner>`: the above plus every allocating call (plain,
@@ -89,13 +89,14 @@ enum class capability : unsigned {
   movable_statistics,
   reset_movable_peak,
   is_live,
+  serves,
   count_  ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 19;
+inline constexpr unsigned forwarded_capabilities = 20;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
@@ -124,6 +125,7 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::movable_statistics) return has_movable_statistics<A>;
   else if constexpr (C == capability::reset_movable_peak) return has_reset_movable_peak<A>;
   else if constexpr (C == capability::is_live) return has_is_live<A>;
+  else if constexpr (C == capability::serves) return request_screening_allocator<A>;
   else static_assert(no_such_capability<A>, "capability without a test in has_capability");
 }
 
@@ -213,6 +215,11 @@ class forwards_queries {
     requires reports_bytes_reservable_limit<Inner>
   {
     return call([](const auto& in) { return static_cast<std::size_t>(in.bytes_reservable_limit()); });
+  }
+  bool serves(std::size_t bytes, std::size_t alignment) const noexcept
+    requires request_screening_allocator<Inner>
+  {
+    return call([&](const auto& in) { return static_cast<bool>(in.serves(bytes, alignment)); });
   }
 
  protected:

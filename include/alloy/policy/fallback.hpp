@@ -17,7 +17,7 @@ namespace alloy {
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes`, `counters` (the sums), `bytes_in_use` and `requested_bytes`
 ///   (the sums), introspection, checked frees (`try_deallocate`), stream-ordered calls,
-///   `allocate_keeping_cache` and `record_use`. Not limits or movable handles. Memory kind: what
+///   `allocate_keeping_cache`, `record_use` and `serves`. Not limits or movable handles. Memory kind: what
 ///   both parts share.
 /// - Failure: an empty block when both fail; a failed `Primary` is not retried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: none of its own.
@@ -38,6 +38,13 @@ class fallback : public detail::two_parts<fallback<Primary, Secondary>, Primary,
   const Secondary& secondary() const noexcept { return secondary_; }
   auto parts() noexcept { return std::tie(primary_, secondary_); }
   auto parts() const noexcept { return std::tie(primary_, secondary_); }
+
+  /// Whether either part takes the request (`request_screening_allocator`, when both have it).
+  bool serves(std::size_t bytes, std::size_t alignment) const noexcept
+    requires request_screening_allocator<Primary> && request_screening_allocator<Secondary>
+  {
+    return primary_.serves(bytes, alignment) || secondary_.serves(bytes, alignment);
+  }
 
  private:
   friend base;

@@ -14,15 +14,14 @@ namespace alloy {
 namespace detail {
 
 /// Whether `part` takes a request of `bytes` at `alignment` at all, by its contract (before any
-/// memory is sought). A part may say so with `serves(bytes, alignment)`; a pool shaped as
+/// memory is sought). A part says so with `serves(bytes, alignment)`
+/// (`request_screening_allocator`); a pool shaped as
 /// `size_class_pool` (static `max_size()` and `natural_alignment`) follows that pool's documented
 /// rule (an alignment A above the natural one needs `bytes + A - natural` bytes of a class);
 /// any other part is assumed to take every request.
 template <class Part>
 constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t alignment) noexcept {
-  if constexpr (requires {
-                  { part.serves(bytes, alignment) } -> std::convertible_to<bool>;
-                }) {
+  if constexpr (request_screening_allocator<Part>) {
     return part.serves(bytes, alignment);
   } else if constexpr (requires {
                          { Part::max_size() } -> std::convertible_to<std::size_t>;
@@ -57,8 +56,8 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes` (the sum), `counters` (the sums), `bytes_in_use` and
 ///   `requested_bytes` (the sums), introspection (`Small`'s blocks, then `Large`'s), checked frees
-///   (`try_deallocate`), stream-ordered calls, `allocate_keeping_cache` and `record_use`. Not
-///   limits or movable handles. Memory kind: what both parts share.
+///   (`try_deallocate`), stream-ordered calls, `allocate_keeping_cache`, `record_use` and `serves`.
+///   Not limits or movable handles. Memory kind: what both parts share.
 /// - Failure: an empty block when the chosen part fails; the other part is not tried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: one counter; O(1) overhead.
 template <std::size_t Threshold, allocator Small, allocator Large>
@@ -75,6 +74,15 @@ class segregator : public detail::two_parts<segregator<Threshold, Small, Large>,
 
   /// Whether a request (or a block) of `bytes` goes to `Small` by its size.
   static constexpr bool is_small(std::size_t bytes) noexcept { return bytes <= Threshold; }
+
+  /// Whether a request goes to a part that takes it (`request_screening_allocator`, when both
+  /// parts have it).
+  bool serves(std::size_t bytes, std::size_t alignment) const noexcept
+    requires request_screening_allocator<Small> && request_screening_allocator<Large>
+  {
+    if (!is_small(bytes)) return large_.serves(bytes, alignment);
+    return small_.serves(bytes, alignment) || (can_redirect && large_.serves(bytes, alignment));
+  }
 
   /// Live blocks of at most `Threshold` bytes that `Large` serves because `Small` could not serve
   /// their alignment.
