@@ -784,6 +784,10 @@ BOOST_AUTO_TEST_CASE(stats_report_mapped_bytes_and_driver_calls) {
   BOOST_TEST(summary.find("Mapped memory: 192") != std::string::npos, summary);
   BOOST_TEST(summary.find("Unmapped addresses: ") != std::string::npos, summary);
   s.deallocate(b);
+  // Nothing allocated: the kept granule is free and releasable, not a split held by a block
+  // (the unmapped addresses beside it hold nothing).
+  BOOST_TEST(s.inner().free_mapped_bytes() == 64_KiB);
+  BOOST_TEST(alloy::memory_stats(s).at("inactive_split_bytes.all.current") == 0);
   s.inner().release();
   st = s.statistics();
   BOOST_TEST(st.bytes_reserved == 0u);

@@ -780,7 +780,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
       if (info.state == block_state::free) {
         ++seg_count;
         seg_bytes += static_cast<std::int64_t>(info.size);
-      } else {
+      } else if (info.state != block_state::unmapped) {  // addresses without memory hold nothing
         seg_used = true;
       }
     });
