@@ -1,0 +1,9 @@
+// The bad-input matrix (issue 18; test/support/bad_input.hpp) in a checked build
+// (ALLOY_CHECKED=1, as every test): every DESIGN §7 input through every composition and
+// decorator stack, statistics, limits and leak reports checked exactly after each.
+// bad_input_unchecked_test.cpp runs the same cases with ALLOY_CHECKED=0.
+#include "support/bad_input_cases.hpp"
+
+BOOST_AUTO_TEST_SUITE(bad_input_checked)
+ALLOY_BAD_INPUT_ALL_CASES
+BOOST_AUTO_TEST_SUITE_END()

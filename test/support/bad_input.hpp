@@ -1,0 +1,358 @@
+// test/support/bad_input.hpp: the bad-input matrix (issue 18): every DESIGN §7 input through a
+// composition, with everything the composition says about itself checked exactly after each.
+//
+// `bad_input_suite<Recipe>(name)` builds the recipe's composition over a `checking_upstream` and
+// runs, with live "witness" blocks holding fill patterns all along:
+//   zero bytes, sizes near SIZE_MAX, alignments that are not powers of two or are huge, a double
+//   free, foreign pointers (stack, heap, another allocator's block), interior pointers, wrong
+//   sizes (smaller, larger, 0, SIZE_MAX), each followed by a valid allocate and free;
+// then the same composition over a `failing_upstream` whose calls fail from some point on.
+//
+// After every step it compares what the composition reports — `bytes_in_use` and
+// `requested_bytes` of the outermost part, `statistics()` (`num_allocs`, `bytes_in_use`) and
+// PyTorch's `memory_stats` (`allocation.*.current`, `.allocated`, `.freed`,
+// `allocated_bytes.all.current`, `requested_bytes.all.current`) where a `stats<>` is inside,
+// `limited<>`'s count, `tracked<>`'s leak report (outstanding count and bytes, each witness
+// outstanding), and the allocated pieces introspection shows — against the value before the
+// step: unchanged after a refused call, accumulated counters up by exactly the valid calls made.
+// At the end the witnesses must hold their patterns, a `limited<>` must serve exactly up to its
+// limit, and the upstream must get every byte back when the composition is destroyed.
+//
+// Inputs the composition cannot tell apart from valid ones (a stale free of an address handed
+// out again with the same size) are not in the matrix; compositions whose bottom part cannot
+// check frees (a decorator straight over an upstream) are not either (DESIGN §7 asks the policy
+// that owns the memory to tell).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include <alloy/concepts.hpp>
+#include <alloy/find.hpp>
+#include <alloy/memory_stats.hpp>
+#include <alloy/policy/limited.hpp>
+#include <alloy/policy/tracked.hpp>
+
+#include "checking_upstream.hpp"
+#include "conformance.hpp"
+
+namespace alloy::testing {
+
+/// What a composition says about itself, by name. Names in `accumulated_keys` only grow.
+using observation = std::map<std::string, long long>;
+
+inline bool is_accumulated_allocs(const std::string& key) {
+  return key == "stats.num_allocs" || key == "allocation.all.allocated";
+}
+inline bool is_accumulated_frees(const std::string& key) { return key == "allocation.all.freed"; }
+
+template <class A>
+observation observe(A& a) {
+  observation o;
+  if constexpr (requires { { a.bytes_in_use() } -> std::convertible_to<std::size_t>; })
+    o["bytes_in_use"] = static_cast<long long>(a.bytes_in_use());
+  if constexpr (requires { { a.requested_bytes() } -> std::convertible_to<std::size_t>; })
+    o["requested_bytes"] = static_cast<long long>(a.requested_bytes());
+  if constexpr (detail::contains_stats<A>) {
+    const statistics s = statistics_of(a);
+    o["stats.num_allocs"] = static_cast<long long>(s.num_allocs);
+    o["stats.bytes_in_use"] = static_cast<long long>(s.bytes_in_use);
+    o["stats.requested_bytes"] = static_cast<long long>(s.requested_bytes);
+    auto m = memory_stats(a);
+    for (const char* key : {"allocation.all.current", "allocation.all.allocated", "allocation.all.freed",
+                            "allocation.small_pool.current", "allocation.large_pool.current", "active.all.current",
+                            "allocated_bytes.all.current", "requested_bytes.all.current", "active_bytes.all.current"}) {
+      o[key] = m[key];
+    }
+  }
+  if constexpr (detail::contains_part<A, detail::specialization_of<alloy::limited>>()) {
+    o["limited.bytes_in_use"] = static_cast<long long>(find<alloy::limited>(a).bytes_in_use());
+  }
+  if constexpr (detail::contains_part<A, detail::specialization_of<alloy::tracked>>()) {
+    auto& t = find<alloy::tracked>(a);
+    o["tracked.outstanding_count"] = static_cast<long long>(t.outstanding_count());
+    o["tracked.outstanding_bytes"] = static_cast<long long>(t.outstanding_bytes());
+  }
+  if constexpr (introspectable_allocator<A>) {
+    long long allocated = 0;
+    a.for_each_block([&](const block_info& info) {
+      if (info.state != block_state::free) ++allocated;
+    });
+    o["introspection.allocated_pieces"] = allocated;
+  }
+  return o;
+}
+
+/// Checks `after` against `before`: every value equal, except the accumulated counters, which
+/// must have grown by exactly `allocs` (allocations) and `frees` (accepted frees).
+inline void expect_observation(const observation& before, const observation& after, long long allocs, long long frees,
+                               const std::string& what) {
+  for (const auto& [key, value] : before) {
+    const auto found = after.find(key);
+    if (found == after.end()) continue;
+    long long expected = value;
+    if (is_accumulated_allocs(key)) expected += allocs;
+    if (is_accumulated_frees(key)) expected += frees;
+    BOOST_TEST(found->second == expected, what << ": " << key << " is " << found->second << ", expected " << expected);
+  }
+}
+
+/// Whether a `limited<>` is on the path of every request: `A` is one, or wraps one part that is.
+template <class A>
+constexpr bool limited_on_every_path() {
+  if constexpr (detail::is_specialization_of<A, alloy::limited>) {
+    return true;
+  } else if constexpr (composite<A>) {
+    using parts = detail::parts_t<A>;
+    if constexpr (std::tuple_size_v<parts> == 1) {
+      return limited_on_every_path<std::remove_cvref_t<std::tuple_element_t<0, parts>>>();
+    } else {
+      return false;
+    }
+  } else {
+    return false;
+  }
+}
+
+/// The matrix over one composition `a` (its upstream host memory). `name` goes in messages;
+/// requests above `largest` (a pool alone serves up to its largest class) are left out.
+template <allocator A>
+void check_bad_input_matrix(A& a, const std::string& name, std::size_t largest) {
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  std::vector<live_block> witnesses;
+  std::uint64_t next_id = 1000;
+  for (std::size_t bytes : {std::size_t{100}, std::size_t{1000}, std::size_t{5000}, 70_KiB, 3_MiB}) {
+    if (bytes > largest) continue;
+    const block b = a.allocate(bytes, 256);
+    BOOST_REQUIRE_MESSAGE(b, name << ": witness of " << bytes << " bytes");
+    fill_pattern(b, next_id);
+    witnesses.push_back({b, next_id++, 256});
+  }
+  const auto no_overlap_with_witnesses = [&](block b, const std::string& what) {
+    std::vector<live_block> all = witnesses;
+    all.push_back({b, 0, 1});
+    BOOST_TEST(!any_overlap(all), name << ": " << what << ": a new block overlaps a live one");
+  };
+  // A valid allocate and free after each step: it must work and count exactly one pair.
+  const auto valid_pair_still_works = [&](const std::string& after) {
+    const observation before = observe(a);
+    const block b = a.allocate(4096, 256);
+    BOOST_TEST(static_cast<bool>(b), name << ": a valid allocate after " << after);
+    if (!b) return;
+    fill_pattern(b, 1);
+    no_overlap_with_witnesses(b, after);
+    a.deallocate(b);
+    expect_observation(before, observe(a), 1, 1, name + ": valid pair after " + after);
+  };
+  const auto refused_free = [&](block bad, const observation& expected, const std::string& what) {
+    a.deallocate(bad);
+    expect_observation(expected, observe(a), 0, 0, name + ": " + what);
+  };
+
+  // Zero bytes: a valid block of size 0, counted as one allocation, freed as one.
+  for (std::size_t alignment : {std::size_t{1}, std::size_t{256}}) {
+    const observation before = observe(a);
+    const block z = a.allocate(0, alignment);
+    BOOST_TEST(static_cast<bool>(z), name << ": zero bytes yield a block");
+    BOOST_TEST(z.size == 0u);
+    if (z) {
+      no_overlap_with_witnesses(z, "zero bytes");
+      a.deallocate(z);
+    }
+    expect_observation(before, observe(a), z ? 1 : 0, z ? 1 : 0, name + ": zero bytes, freed");
+    valid_pair_still_works("zero bytes");
+  }
+
+  // Sizes near SIZE_MAX and bad alignments: an empty block, nothing counted.
+  for (std::size_t bytes : {max, max - 1, max - 255, max - 4095, max / 2 + 1}) {
+    for (std::size_t alignment : {std::size_t{1}, std::size_t{256}, std::size_t{4096}}) {
+      const observation before = observe(a);
+      const block b = a.allocate(bytes, alignment);
+      BOOST_TEST(!b, name << ": allocate(" << bytes << ", " << alignment << ") cannot succeed");
+      if (b) a.deallocate(b);
+      expect_observation(before, observe(a), 0, 0, name + ": huge size " + std::to_string(bytes));
+    }
+  }
+  valid_pair_still_works("huge sizes");
+  for (std::size_t alignment : {std::size_t{0}, std::size_t{3}, std::size_t{6}, std::size_t{1000}, std::size_t{4097}, max}) {
+    const observation before = observe(a);
+    const block b = a.allocate(64, alignment);
+    BOOST_TEST(!b, name << ": alignment " << alignment << " is not a power of two");
+    if (b) a.deallocate(b);
+    expect_observation(before, observe(a), 0, 0, name + ": bad alignment " + std::to_string(alignment));
+  }
+  {
+    const observation before = observe(a);
+    const block b = a.allocate(64, std::size_t{1} << 40);  // a power of two no composition here can serve
+    if (b) {
+      BOOST_TEST(detail::is_aligned(b.ptr, std::size_t{1} << 40));
+      a.deallocate(b);
+    }
+    expect_observation(before, observe(a), b ? 1 : 0, b ? 1 : 0, name + ": alignment 2^40");
+  }
+  valid_pair_still_works("bad alignments");
+
+  // Double free, for a small and a large block.
+  for (std::size_t bytes : {std::size_t{777}, 2_MiB + 5}) {
+    if (bytes > largest) continue;
+    const observation before = observe(a);
+    const block b = a.allocate(bytes, 16);
+    BOOST_REQUIRE(b);
+    fill_pattern(b, 2);
+    a.deallocate(b);
+    expect_observation(before, observe(a), 1, 1, name + ": allocate and free");
+    const observation freed = observe(a);
+    refused_free(b, freed, "double free of " + std::to_string(bytes) + " bytes");
+    valid_pair_still_works("a double free");
+  }
+
+  // Foreign pointers: the stack, the heap, another allocator's block.
+  {
+    int on_stack = 0;
+    void* on_heap = std::malloc(256);
+    checking_upstream other;
+    const block elsewhere = other.allocate(4096, 256);
+    const observation before = observe(a);
+    refused_free({&on_stack, sizeof on_stack}, before, "free of a stack pointer");
+    refused_free({on_heap, 256}, before, "free of a malloc'd pointer");
+    refused_free(elsewhere, before, "free of another allocator's block");
+    std::free(on_heap);
+    other.deallocate(elsewhere);
+    valid_pair_still_works("foreign frees");
+  }
+
+  // Interior pointers and wrong sizes of a live block: refused, the block stays live and is not
+  // handed out again; then its valid free is accepted.
+  for (std::size_t bytes : {std::size_t{1000}, 3_MiB + 7}) {
+    if (bytes > largest) continue;
+    const observation before = observe(a);
+    const block b = a.allocate(bytes, 16);
+    BOOST_REQUIRE(b);
+    fill_pattern(b, 3);
+    const observation live = observe(a);
+    auto* p = static_cast<char*>(b.ptr);
+    refused_free({p + 16, bytes}, live, "interior pointer +16");
+    refused_free({p + 256, bytes - 256}, live, "interior pointer +256");
+    refused_free({p + 1, bytes - 1}, live, "interior pointer +1");
+    refused_free({p, bytes - 1}, live, "wrong size (one less)");
+    refused_free({p, bytes + 1}, live, "wrong size (one more)");
+    refused_free({p, bytes * 4}, live, "wrong size (four times)");
+    refused_free({p, 0}, live, "wrong size (0)");
+    refused_free({p, max}, live, "wrong size (SIZE_MAX)");
+    const block again = a.allocate(bytes, 16);
+    BOOST_REQUIRE(again);
+    std::vector<live_block> pair{{b, 3, 16}, {again, 4, 16}};
+    BOOST_TEST(!any_overlap(pair), name << ": the block a bad free named was handed out again");
+    a.deallocate(again);
+    BOOST_TEST(has_pattern(b, 3), name << ": the live block lost its content");
+    a.deallocate(b);
+    expect_observation(before, observe(a), 2, 2, name + ": after the bad frees of a live block");
+    valid_pair_still_works("interior and wrong-size frees");
+  }
+
+  // The witnesses kept their content through all of it, and are freed exactly.
+  if constexpr (detail::contains_part<A, detail::specialization_of<alloy::tracked>>()) {
+    auto& t = find<alloy::tracked>(a);
+    for (const live_block& w : witnesses) BOOST_TEST(t.is_outstanding(w.b.ptr), name << ": a witness left the leak report");
+  }
+  give_back(a, witnesses);
+  const observation end = observe(a);
+  for (const char* key : {"bytes_in_use", "requested_bytes", "stats.bytes_in_use", "stats.requested_bytes",
+                          "allocation.all.current", "allocated_bytes.all.current", "requested_bytes.all.current",
+                          "limited.bytes_in_use", "tracked.outstanding_count", "tracked.outstanding_bytes",
+                          "introspection.allocated_pieces", "allocation.small_pool.current",
+                          "allocation.large_pool.current", "active.all.current", "active_bytes.all.current"}) {
+    if (const auto found = end.find(key); found != end.end())
+      BOOST_TEST(found->second == 0, name << ": " << key << " is " << found->second << " with nothing allocated");
+  }
+  if (const auto found = end.find("allocation.all.allocated"); found != end.end())
+    BOOST_TEST(found->second == end.at("allocation.all.freed"), name << ": allocations and frees differ");
+
+  // A limit on the way of every request still holds exactly: what is left up to it is served,
+  // one byte more is not.
+  if constexpr (limited_on_every_path<A>()) {
+    auto& l = find<alloy::limited>(a);
+    if (l.bytes_limit() - l.bytes_in_use() <= std::min(largest, 256_MiB)) {
+      const std::size_t room = l.bytes_limit() - l.bytes_in_use();
+      const block all = a.allocate(room, 256);
+      BOOST_TEST(static_cast<bool>(all), name << ": the limit's last " << room << " bytes are refused");
+      const block more = a.allocate(1, 1);
+      BOOST_TEST(!more, name << ": one byte past the limit is served");
+      if (more) a.deallocate(more);
+      if (all) a.deallocate(all);
+      BOOST_TEST(l.bytes_in_use() == 0u);
+    }
+  }
+}
+
+/// Over a failing upstream: a request that fails changes nothing, one that succeeds from cached
+/// memory counts normally; once the upstream works again so does the composition; nothing leaks.
+template <class Recipe>
+void check_bad_input_failing_upstream(const std::string& name, std::size_t largest) {
+  std::shared_ptr<ledger> records;
+  {
+    failing_upstream up;
+    auto a = Recipe::make(up);
+    records = find<failing_upstream>(a).records();
+    std::vector<live_block> live;
+    std::uint64_t id = 1;
+    for (std::size_t bytes : {std::size_t{100}, 70_KiB, 3_MiB}) {
+      if (bytes > largest) continue;
+      const block b = a.allocate(bytes, 256);
+      BOOST_REQUIRE(b);
+      fill_pattern(b, id);
+      live.push_back({b, id++, 256});
+    }
+    up.set_options({.fail_from = 0});  // every upstream call fails from now on
+    for (std::size_t bytes : {std::size_t{100}, std::size_t{5000}, 70_KiB, 3_MiB, 64_MiB, 300_MiB}) {
+      const observation before = observe(a);
+      const block b = a.allocate(bytes, 256);
+      if (!b) {
+        expect_observation(before, observe(a), 0, 0, name + ": failed allocate of " + std::to_string(bytes));
+        continue;
+      }
+      fill_pattern(b, id);
+      live.push_back({b, id++, 256});
+      BOOST_TEST(!any_overlap(live));
+    }
+    up.set_options({});
+    const observation before = observe(a);
+    const block b = a.allocate(std::min(16_MiB, largest / 2), 256);
+    BOOST_TEST(static_cast<bool>(b), name << ": the upstream works again, the composition must too");
+    if (b) a.deallocate(b);
+    expect_observation(before, observe(a), b ? 1 : 0, b ? 1 : 0, name + ": after the upstream recovered");
+    give_back(a, live);
+  }
+  BOOST_TEST(records->live_count() == 0u, name << ": leaked " << records->live_count() << " upstream blocks");
+  BOOST_TEST(records->errors.empty(), name << ": upstream saw misuse: " << (records->errors.empty() ? "" : records->errors[0]));
+}
+
+/// The whole matrix for one recipe: over a checking upstream (then the leak check), and over a
+/// failing one.
+template <class Recipe>
+void bad_input_suite(const std::string& name) {
+  std::size_t largest = std::numeric_limits<std::size_t>::max();
+  if constexpr (requires { Recipe::largest; }) largest = Recipe::largest;
+  std::shared_ptr<ledger> records;
+  {
+    auto a = Recipe::make(checking_upstream{});
+    records = find<checking_upstream>(a).records();
+    check_bad_input_matrix(a, name, largest);
+  }
+  BOOST_TEST(records->live_count() == 0u, name << ": leaked " << records->live_count() << " upstream blocks");
+  BOOST_TEST(records->errors.empty(), name << ": upstream saw misuse: " << (records->errors.empty() ? "" : records->errors[0]));
+  check_bad_input_failing_upstream<Recipe>(name, largest);
+}
+
+}  // namespace alloy::testing

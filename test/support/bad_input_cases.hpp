@@ -1,0 +1,217 @@
+// test/support/bad_input_cases.hpp: the bad-input matrix (support/bad_input.hpp) over every
+// composition and decorator stack the tests know, and through the std::pmr edge. Included by
+// test/bad_input_test.cpp (ALLOY_CHECKED=1, as every test) and test/bad_input_unchecked_test.cpp
+// (ALLOY_CHECKED=0): the answers must be the same in both builds.
+#pragma once
+
+#include <fstream>
+#include <limits>
+#include <memory_resource>
+#include <string>
+#include <vector>
+
+#include <boost/test/unit_test.hpp>
+
+#include <alloy/adaptor/pmr.hpp>
+#include <alloy/alloy.hpp>
+#include <alloy/host_stream.hpp>
+#include <alloy/policy/compacting_defragmenter.hpp>
+#include <alloy/policy/host_spill_reclaimer.hpp>
+#include <alloy/policy/stream_ordered.hpp>
+#include <alloy/showcase.hpp>
+
+#include "support/bad_input.hpp"
+
+namespace bad_input_recipes {
+
+using namespace alloy::literals;
+template <class U>
+using arena = alloy::best_fit_arena<U>;
+template <class U>
+using pool = alloy::size_class_pool<U>;
+template <class U>
+using heap = alloy::segregator<1_MiB, pool<U>, arena<U>>;
+template <class U>
+using reclaimer_t = alloy::host_spill_reclaimer<arena<U>, U>;
+template <class U>
+using fallback_t = alloy::fallback<alloy::limited<arena<U>>, arena<U>>;
+template <class U>
+using ordered_arena_t = alloy::stream_ordered<arena<U>, alloy::host_stream*>;
+template <class U>
+using ordered_heap_t = alloy::stream_ordered<heap<U>, alloy::host_stream*>;
+
+inline std::ostream& null_sink() {
+  static std::ofstream sink("/dev/null");  // test code: a static is fine here
+  return sink;
+}
+
+#define ALLOY_BAD_INPUT_RECIPE(NAME, TYPE, ...)  \
+  struct NAME {                                  \
+    template <class U>                           \
+    using type = TYPE;                           \
+    template <class U>                           \
+    static type<U> make(U up) {                  \
+      return __VA_ARGS__;                        \
+    }
+#define ALLOY_BAD_INPUT_RECIPE_END };
+
+// The engines and the compositions made of them.
+ALLOY_BAD_INPUT_RECIPE(best_fit_arena, arena<U>, type<U>{up})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(size_class_pool, pool<U>, type<U>{up})
+  static constexpr std::size_t largest = 1_MiB;
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(segregator, heap<U>, type<U>{pool<U>{up}, arena<U>{up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(default_allocator, alloy::default_allocator<U>, type<U>{up})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(caching_allocator, alloy::caching_allocator<U>, type<U>{up})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(compacting_defragmenter, alloy::compacting_defragmenter<arena<U>>, type<U>{arena<U>{up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(host_spill_reclaimer, reclaimer_t<U>, type<U>{arena<U>{up}, up})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(fallback, fallback_t<U>,
+                       type<U>{alloy::limited<arena<U>>{arena<U>{up}, {.bytes_limit = 4_MiB}}, arena<U>{up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stream_ordered, ordered_arena_t<U>, type<U>{arena<U>{up}})
+ALLOY_BAD_INPUT_RECIPE_END
+
+// The decorators, over each engine and in stacks.
+ALLOY_BAD_INPUT_RECIPE(stats_arena, alloy::stats<arena<U>>, type<U>{arena<U>{up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stats_pool, alloy::stats<pool<U>>, type<U>{pool<U>{up}})
+  static constexpr std::size_t largest = 1_MiB;
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stats_default_allocator, alloy::stats<alloy::default_allocator<U>>,
+                       type<U>{alloy::default_allocator<U>{up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(limited_arena, alloy::limited<arena<U>>, type<U>{arena<U>{up}, {.bytes_limit = 64_MiB}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(limited_pool, alloy::limited<pool<U>>, type<U>{pool<U>{up}, {.bytes_limit = 1_MiB}})
+  static constexpr std::size_t largest = 1_MiB;
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(tracked_arena, alloy::tracked<arena<U>>, type<U>{arena<U>{up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(tracked_pool, alloy::tracked<pool<U>>, type<U>{pool<U>{up}})
+  static constexpr std::size_t largest = 1_MiB;
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(logged_arena, alloy::logged<arena<U>>, type<U>{arena<U>{up}, null_sink()})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(synchronized_stats_default, alloy::synchronized<alloy::stats<alloy::default_allocator<U>>>,
+                       type<U>{alloy::stats<alloy::default_allocator<U>>{alloy::default_allocator<U>{up}}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stats_limited_arena, alloy::stats<alloy::limited<arena<U>>>,
+                       type<U>{alloy::limited<arena<U>>{arena<U>{up}, {.bytes_limit = 64_MiB}}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(limited_stats_caching, alloy::limited<alloy::stats<alloy::caching_allocator<U>>>,
+                       type<U>{alloy::stats<alloy::caching_allocator<U>>{alloy::caching_allocator<U>{up}},
+                               {.bytes_limit = 128_MiB}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stats_stream_ordered_heap, alloy::stats<ordered_heap_t<U>>,
+                       type<U>{ordered_heap_t<U>{heap<U>{pool<U>{up}, arena<U>{up}}}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(synchronized_tracked_stats_heap, alloy::synchronized<alloy::tracked<alloy::stats<heap<U>>>>,
+                       type<U>{alloy::tracked<alloy::stats<heap<U>>>{alloy::stats<heap<U>>{heap<U>{pool<U>{up}, arena<U>{up}}}}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(logged_tracked_limited_stats_default,
+                       alloy::logged<alloy::tracked<alloy::limited<alloy::stats<alloy::default_allocator<U>>>>>,
+                       type<U>{alloy::tracked<alloy::limited<alloy::stats<alloy::default_allocator<U>>>>{
+                                   alloy::limited<alloy::stats<alloy::default_allocator<U>>>{
+                                       alloy::stats<alloy::default_allocator<U>>{alloy::default_allocator<U>{up}},
+                                       {.bytes_limit = 64_MiB}}},
+                               null_sink()})
+ALLOY_BAD_INPUT_RECIPE_END
+
+#undef ALLOY_BAD_INPUT_RECIPE
+#undef ALLOY_BAD_INPUT_RECIPE_END
+
+}  // namespace bad_input_recipes
+
+namespace alloy::testing {
+
+/// The std::pmr edge: bad arguments throw and change nothing; bad frees through `deallocate`
+/// (which cannot report) are refused below and change nothing; a container still works.
+template <class A>
+void check_bad_input_through_pmr(A& a, const std::string& name) {
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  alloy::pmr_resource resource{a};
+  void* witness = resource.allocate(1000, 64);
+  fill_pattern({witness, 1000}, 9);
+  const observation base = observe(a);
+  BOOST_CHECK_THROW((void)resource.allocate(64, 3), alloy::logic_error);
+  expect_observation(base, observe(a), 0, 0, name + ": pmr allocate(64, 3)");
+  BOOST_CHECK_THROW((void)resource.allocate(max - 8, 8), std::bad_alloc);
+  expect_observation(base, observe(a), 0, 0, name + ": pmr allocate(SIZE_MAX - 8, 8)");
+  void* p = resource.allocate(5000, 64);
+  const observation live = observe(a);
+  resource.deallocate(static_cast<char*>(p) + 16, 5000, 64);
+  expect_observation(live, observe(a), 0, 0, name + ": pmr interior free");
+  resource.deallocate(p, 4999, 64);
+  expect_observation(live, observe(a), 0, 0, name + ": pmr wrong-size free");
+  int on_stack = 0;
+  resource.deallocate(&on_stack, sizeof on_stack, alignof(int));
+  expect_observation(live, observe(a), 0, 0, name + ": pmr foreign free");
+  resource.deallocate(p, 5000, 64);
+  expect_observation(base, observe(a), 1, 1, name + ": pmr valid free");
+  resource.deallocate(p, 5000, 64);
+  expect_observation(base, observe(a), 1, 1, name + ": pmr double free");
+  {
+    std::pmr::vector<int> v{&resource};
+    for (int i = 0; i < 1000; ++i) v.push_back(i);
+    BOOST_TEST(v[999] == 999);
+  }
+  BOOST_TEST(has_pattern({witness, 1000}, 9), name << ": the witness lost its content");
+  resource.deallocate(witness, 1000, 64);
+  const observation end = observe(a);
+  for (const char* key : {"bytes_in_use", "stats.bytes_in_use", "allocation.all.current", "limited.bytes_in_use",
+                          "tracked.outstanding_count"}) {
+    if (const auto found = end.find(key); found != end.end()) BOOST_TEST(found->second == 0, name << ": " << key);
+  }
+}
+
+}  // namespace alloy::testing
+
+#define ALLOY_BAD_INPUT_CASE(R) \
+  BOOST_AUTO_TEST_CASE(R) { alloy::testing::bad_input_suite<bad_input_recipes::R>(#R); }
+
+#define ALLOY_BAD_INPUT_PMR_CASE(R)                                                  \
+  BOOST_AUTO_TEST_CASE(pmr_##R) {                                                    \
+    std::shared_ptr<alloy::testing::ledger> records;                                 \
+    {                                                                                \
+      auto a = bad_input_recipes::R::make(alloy::testing::checking_upstream{});      \
+      records = alloy::find<alloy::testing::checking_upstream>(a).records();         \
+      alloy::testing::check_bad_input_through_pmr(a, "pmr over " #R);                \
+    }                                                                                \
+    BOOST_TEST(records->live_count() == 0u);                                         \
+    BOOST_TEST(records->errors.empty());                                             \
+  }
+
+// Every case, in the suite the including file opens.
+#define ALLOY_BAD_INPUT_ALL_CASES                      \
+  ALLOY_BAD_INPUT_CASE(best_fit_arena)                 \
+  ALLOY_BAD_INPUT_CASE(size_class_pool)                \
+  ALLOY_BAD_INPUT_CASE(segregator)                     \
+  ALLOY_BAD_INPUT_CASE(default_allocator)              \
+  ALLOY_BAD_INPUT_CASE(caching_allocator)              \
+  ALLOY_BAD_INPUT_CASE(compacting_defragmenter)        \
+  ALLOY_BAD_INPUT_CASE(host_spill_reclaimer)           \
+  ALLOY_BAD_INPUT_CASE(fallback)                       \
+  ALLOY_BAD_INPUT_CASE(stream_ordered)                 \
+  ALLOY_BAD_INPUT_CASE(stats_arena)                    \
+  ALLOY_BAD_INPUT_CASE(stats_pool)                     \
+  ALLOY_BAD_INPUT_CASE(stats_default_allocator)        \
+  ALLOY_BAD_INPUT_CASE(limited_arena)                  \
+  ALLOY_BAD_INPUT_CASE(limited_pool)                   \
+  ALLOY_BAD_INPUT_CASE(tracked_arena)                  \
+  ALLOY_BAD_INPUT_CASE(tracked_pool)                   \
+  ALLOY_BAD_INPUT_CASE(logged_arena)                   \
+  ALLOY_BAD_INPUT_CASE(synchronized_stats_default)     \
+  ALLOY_BAD_INPUT_CASE(stats_limited_arena)            \
+  ALLOY_BAD_INPUT_CASE(limited_stats_caching)          \
+  ALLOY_BAD_INPUT_CASE(stats_stream_ordered_heap)      \
+  ALLOY_BAD_INPUT_CASE(synchronized_tracked_stats_heap) \
+  ALLOY_BAD_INPUT_CASE(logged_tracked_limited_stats_default) \
+  ALLOY_BAD_INPUT_PMR_CASE(stats_default_allocator)    \
+  ALLOY_BAD_INPUT_PMR_CASE(limited_arena)              \
+  ALLOY_BAD_INPUT_PMR_CASE(synchronized_tracked_stats_heap)
