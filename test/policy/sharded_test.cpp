@@ -3,7 +3,8 @@
 // see `total_operations`), a quarter of the blocks freed by another thread than the one that
 // allocated them (handed over through a locked queue), a fill pattern on every block checked when
 // it is freed, and exact statistics at the end, through `sharded<stats<...>>`,
-// `synchronized<stats<sharded<...>>>` and the shards' own counters.
+// `synchronized<stats<sharded<...>>>` and the shards' own counters; and shards of virtual_arena
+// over one host_vmm sharing its physical capacity.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -21,7 +22,9 @@
 #include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/synchronized.hpp>
+#include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
+#include <alloy/vmm/host_vmm.hpp>
 
 #include "support/conformance.hpp"
 
@@ -488,4 +491,109 @@ BOOST_AUTO_TEST_CASE(foreign_free_is_refused) {
   a.deallocate(kept);
   a.release();
   BOOST_TEST(a.reserved_bytes() == 0u);
+}
+
+// ---- one physical pool -----------------------------------------------------------------------------
+
+namespace {
+
+/// `vmm_ref` with a lock: shards call the one backend from their threads at once (backends are
+/// not synchronized; their calls are system or driver calls, so one lock costs little).
+template <alloy::virtual_memory V>
+class locked_vmm_ref {
+ public:
+  static constexpr bool host_accessible = V::host_accessible;
+  static constexpr bool device_accessible = V::device_accessible;
+  locked_vmm_ref(V& target, std::mutex& m) noexcept : target_(&target), mutex_(&m) {}
+
+  std::size_t granularity() const noexcept { return locked([&] { return target_->granularity(); }); }
+  alloy::address_range reserve(std::size_t bytes) noexcept { return locked([&] { return target_->reserve(bytes); }); }
+  void unreserve(alloy::address_range range) noexcept { locked([&] { target_->unreserve(range); }); }
+  alloy::physical_memory create(std::size_t bytes) noexcept { return locked([&] { return target_->create(bytes); }); }
+  void release(alloy::physical_memory piece) noexcept { locked([&] { target_->release(piece); }); }
+  bool map(void* at, alloy::physical_memory piece) noexcept { return locked([&] { return target_->map(at, piece); }); }
+  void unmap(void* at, std::size_t bytes) noexcept { locked([&] { target_->unmap(at, bytes); }); }
+  std::size_t capacity() const noexcept { return locked([&] { return target_->capacity(); }); }
+  std::size_t physical_bytes() const noexcept { return locked([&] { return target_->physical_bytes(); }); }
+
+ private:
+  template <class F>
+  decltype(auto) locked(F f) const {
+    std::lock_guard lock(*mutex_);
+    return f();
+  }
+  V* target_;
+  std::mutex* mutex_;
+};
+
+using shared_arena = alloy::virtual_arena<locked_vmm_ref<alloy::host_vmm>>;
+
+/// Runs `f` on a thread of its own and waits for it.
+template <class F>
+void on_new_thread(F f) {
+  std::jthread t(f);
+}
+
+}  // namespace
+
+// Two shards over one 64 MiB backend: memory one shard's thread has freed serves the other's.
+BOOST_AUTO_TEST_CASE(shards_share_one_physical_pool) {
+  for (const std::size_t threshold : {std::size_t{0}, std::size_t{32} << 20}) {
+    BOOST_TEST_CONTEXT("release_threshold " << threshold) {
+      alloy::host_vmm backend{{.capacity = 64_MiB}};
+      std::mutex backend_lock;
+      alloy::sharded<shared_arena> a{
+          [&](std::size_t) {
+            return shared_arena{locked_vmm_ref<alloy::host_vmm>{backend, backend_lock}, {.release_threshold = threshold}};
+          },
+          {.shards = 2, .thread_cache = 0}};
+      auto take = [&](std::size_t pieces, std::vector<item>& out, std::uint64_t first_id) {
+        for (std::size_t i = 0; i < pieces; ++i) {
+          const alloy::block b = a.allocate(8_MiB, 256);
+          if (!b) return false;
+          out.push_back({b, first_id + i});
+          fill(out.back());
+        }
+        return true;
+      };
+      std::vector<item> first, second;
+      std::size_t first_shard = 9, second_shard = 9;
+      // The first thread to call gets shard 0; it takes 48 MiB, frees them, and stays alive
+      // (parked) so that the second thread cannot get its id, and with it its shard.
+      std::latch first_done(1), second_done(1);
+      std::jthread first_thread([&] {
+        first_shard = a.my_shard();
+        BOOST_TEST(take(6, first, 100));
+        for (const item& it : first) BOOST_TEST(intact(it));
+        for (const item& it : first) a.deallocate(it.b);
+        first.clear();
+        first_done.count_down();
+        second_done.wait();
+      });
+      first_done.wait();
+      BOOST_TEST(backend.physical_bytes() == std::min<std::size_t>(threshold, 48_MiB));
+      on_new_thread([&] {  // the second: shard 1; its 48 MiB fit, from its shard or the other's
+        second_shard = a.my_shard();
+        BOOST_TEST(take(6, second, 200));
+      });
+      second_done.count_down();
+      first_thread.join();
+      BOOST_TEST(first_shard == 0u);
+      BOOST_TEST(second_shard == 1u);
+      BOOST_TEST(backend.physical_bytes() <= 64_MiB);
+      // With 48 MiB live, 24 MiB more cannot fit in 64 MiB, whichever shard is asked.
+      on_new_thread([&] {
+        std::vector<item> more;
+        BOOST_TEST(!take(3, more, 300));
+        BOOST_TEST(more.size() == 2u);
+        for (const item& it : more) a.deallocate(it.b);
+      });
+      for (const item& it : second) BOOST_TEST(intact(it));
+      for (const item& it : second) a.deallocate(it.b);
+      a.release();
+      BOOST_TEST(backend.physical_bytes() == 0u);
+      BOOST_TEST(a.reserved_bytes() == 0u);
+      BOOST_TEST(a.refused_frees() == 0u);
+    }
+  }
 }
