@@ -1,10 +1,16 @@
 // libFuzzer target (DESIGN §8): the input drives one of several compositions through allocations,
-// frees, stream-ordered calls and releases, checked against a model of the live blocks: sizes,
-// alignment, no overlap, fill patterns (at each block's ends) intact until freed, and, at the end, nothing leaked, every
-// upstream free sized right, the arena's own invariants. Any violation traps.
+// frees, bad frees (double, foreign, interior, wrong size: DESIGN §7), stream-ordered calls and
+// releases, checked against a model of the live blocks: sizes, alignment, no overlap, fill
+// patterns (at each block's ends) intact until freed, the statistics exact after every operation
+// (bytes asked for in use, from the outermost part that counts them; `stats<>`'s num_allocs and
+// PyTorch allocation count every 64 operations) — a bad free must change nothing — and, at the
+// end, nothing leaked, every upstream free sized right, the arena's own invariants. Any violation
+// traps.
 //
 // Input: byte 0 picks the composition; then 4 bytes per operation:
 //   [op] [size exponent] [size mantissa] [alignment exponent / victim]
+// op % 4 == 3 is a check (and sometimes a release) when op & 0x10 is clear, else a bad free whose
+// kind is arg % 4.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +19,7 @@
 #include <vector>
 
 #include <alloy/alloy.hpp>
+#include <alloy/memory_stats.hpp>
 
 #include "support/checking_upstream.hpp"
 
@@ -80,11 +87,45 @@ bool intact(const live_block& l) {
   return all_equal(p, edge, l.pattern) && all_equal(p + l.b.size - edge, edge, l.pattern);
 }
 
+/// What the model says the composition holds: blocks and bytes asked for, allocations so far.
+struct model_counts {
+  std::size_t bytes = 0;
+  std::size_t blocks = 0;
+  std::size_t allocations = 0;
+};
+
+/// The composition's own counts against the model: the bytes asked for in use from the outermost
+/// part that counts them (stats<> and limited<> count sizes asked; the engines' requested_bytes()),
+/// and, when `full`, stats<>'s num_allocs and PyTorch allocation count.
+template <class A>
+void check_counts(A& alloc, const model_counts& model, bool full) {
+  if constexpr (alloy::detail::is_specialization_of<A, alloy::stats> ||
+                alloy::detail::is_specialization_of<A, alloy::limited>) {
+    ALLOY_FUZZ_CHECK(alloc.bytes_in_use() == model.bytes);
+  } else if constexpr (requires { alloc.requested_bytes(); }) {
+    ALLOY_FUZZ_CHECK(alloc.requested_bytes() == model.bytes);
+  }
+  if constexpr (alloy::detail::contains_stats<A>) {
+    if (full) {
+      const alloy::statistics s = alloy::statistics_of(alloc);
+      ALLOY_FUZZ_CHECK(s.bytes_in_use == model.bytes);
+      ALLOY_FUZZ_CHECK(s.num_allocs == model.allocations);
+      auto pytorch = alloy::memory_stats(alloc);
+      ALLOY_FUZZ_CHECK(pytorch["allocation.all.current"] == static_cast<std::int64_t>(model.blocks));
+      ALLOY_FUZZ_CHECK(pytorch["allocated_bytes.all.current"] == static_cast<std::int64_t>(model.bytes));
+    }
+  }
+}
+
 template <class A>
 void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
   constexpr bool streams = alloy::stream_ordered_allocator<A, inline_stream>;
   std::vector<live_block> live;
   std::map<std::uintptr_t, std::uintptr_t> ranges;  // start -> end of every live non-empty block
+  std::vector<block> freed;  // recently freed blocks, for double frees (most recent last)
+  model_counts model;
+  checking_upstream elsewhere;  // another allocator, whose block is foreign to `alloc`
+  const block foreign = elsewhere.allocate(4096, 256);
   std::uint8_t next_pattern = 1;
   for (std::size_t at = 0; at + 4 <= size && live.size() < 512; at += 4) {
     const std::uint8_t op = data[at];
@@ -116,6 +157,9 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
         live.push_back({b, next_pattern++, stream});
         if (next_pattern == 0) next_pattern = 1;
         fill(live.back());
+        model.bytes += b.size;
+        ++model.blocks;
+        ++model.allocations;
         break;
       }
       case 2: {  // free
@@ -126,6 +170,10 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
         if (l.b.size != 0) ranges.erase(reinterpret_cast<std::uintptr_t>(l.b.ptr));
         live[victim] = live.back();
         live.pop_back();
+        model.bytes -= l.b.size;
+        --model.blocks;
+        freed.push_back(l.b);
+        if (freed.size() > 16) freed.erase(freed.begin());
         if constexpr (streams) {
           if (op & 0x20) {
             alloy::record_use(alloc, l.b, inline_stream{(l.stream + 1) % 4});
@@ -136,18 +184,63 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
         }
         break;
       }
-      default:  // every live block still holds its pattern; sometimes release the cache
+      default:
+        if (op & 0x10) {  // a bad free: refused, it must change nothing
+          block bad{};
+          switch (arg % 4) {
+            case 0: {  // double free of a recently freed block, unless its address is a live block's again
+              if (freed.empty()) break;
+              const block old = freed[(arg >> 2) % freed.size()];
+              bool reused_same = false;
+              for (const live_block& l : live) reused_same = reused_same || (l.b.ptr == old.ptr && l.b.size == old.size);
+              if (!reused_same) bad = old;  // (a live block at that address with another size: a wrong size)
+              break;
+            }
+            case 1:  // foreign: another allocator's block, or a stack address
+              bad = (arg & 4) ? foreign : block{&model, sizeof model};
+              break;
+            case 2: {  // interior pointer of a live block of at least 2 bytes
+              if (live.empty()) break;
+              const live_block& l = live[(arg >> 2) % live.size()];
+              if (l.b.size < 2) break;
+              const std::size_t offset = 1 + (bytes % (l.b.size - 1));
+              bad = {static_cast<std::uint8_t*>(l.b.ptr) + offset, l.b.size - offset};
+              break;
+            }
+            default: {  // wrong size of a live block
+              if (live.empty()) break;
+              const live_block& l = live[(arg >> 2) % live.size()];
+              static constexpr std::size_t deltas[] = {1, 255, 4096};
+              const std::size_t delta = deltas[bytes % 3];
+              bad = {l.b.ptr, (op & 0x20) && l.b.size >= delta ? l.b.size - delta : l.b.size + delta};
+              break;
+            }
+          }
+          if (!bad) break;
+          if constexpr (streams) {
+            alloc.deallocate(bad, inline_stream{stream});
+          } else {
+            alloc.deallocate(bad);
+          }
+          check_counts(alloc, model, true);
+          break;
+        }
+        // Every live block still holds its pattern; sometimes release the cache.
         for (const live_block& l : live) ALLOY_FUZZ_CHECK(intact(l));
         if constexpr (alloy::releasing_allocator<A>) {
           if (arg % 8 == 0) alloc.release();
         }
         break;
     }
+    check_counts(alloc, model, (at / 4) % 64 == 0);
   }
   for (const live_block& l : live) {
     ALLOY_FUZZ_CHECK(intact(l));
     alloc.deallocate(l.b);
   }
+  model = {0, 0, model.allocations};
+  check_counts(alloc, model, true);
+  elsewhere.deallocate(foreign);
 }
 
 template <class A, class Check>
