@@ -1,7 +1,7 @@
 // virtual_arena over host_vmm (real memory): the conformance routine, content kept while
 // neighbouring granules are unmapped and remapped, capacity exhausted and served again, stitching
 // under capacity pressure, create / map / reserve failing at every call of a scripted run, bad
-// input, a model-based randomized test of 10^6 operations per seed, and exact statistics.
+// input, a model-based randomized test of 10^6 operations for each of two seeds, and exact statistics.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -742,7 +742,7 @@ void run_model(std::uint64_t seed, std::size_t operations) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(model_based_randomized) {
-  for (std::uint64_t seed : {1u, 2u, 3u}) run_model(seed, 1'000'000);
+  for (std::uint64_t seed : {1u, 2u}) run_model(seed, 1'000'000);
 }
 
 // ---- statistics ---------------------------------------------------------------------------------------
