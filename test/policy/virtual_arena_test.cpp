@@ -259,6 +259,7 @@ BOOST_AUTO_TEST_CASE(capacity_exhausted_freed_and_served_again) {
   {
     shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};
     std::vector<block> blocks;
+    BOOST_TEST(a.bytes_reservable_limit() == 1_MiB);
     for (int i = 0; i < 16; ++i) {
       blocks.push_back(a.allocate(64_KiB, 1));
       BOOST_REQUIRE(blocks.back());
@@ -758,6 +759,7 @@ BOOST_AUTO_TEST_CASE(stats_report_mapped_bytes_and_driver_calls) {
   alloy::statistics st = s.statistics();
   BOOST_TEST(st.bytes_reserved == 7 * 64_KiB);
   BOOST_TEST(st.num_device_alloc == 7u);
+  BOOST_TEST(st.bytes_reservable_limit == 0u, "an unlimited backend: no limit");
   BOOST_TEST(st.num_device_free == 0u);
   s.deallocate(c);  // four granules free: one kept (threshold 64 KiB), three go
   st = s.statistics();

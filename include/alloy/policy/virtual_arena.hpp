@@ -73,8 +73,10 @@ namespace alloy {
 ///   (one segment, the reserved range; allocated chunks, free bytes in mapped granules as
 ///   `block_state::free`, free bytes in unmapped granules as `block_state::unmapped`), and
 ///   `bytes_in_use`, `requested_bytes`, `free_bytes` (mapped and not in use, so reserved = in
-///   use + free), `largest_free_block` (the largest free mapped run), `mapped_bytes`,
-///   `free_mapped_bytes`, `allocate_keeping_cache`, `check_invariants`.
+///   use + free), `largest_free_block` (the largest free mapped run), `bytes_reservable_limit`
+///   (the backend's capacity), `mapped_bytes`, `free_mapped_bytes`, `address_space`,
+///   `allocate_keeping_cache`, `check_invariants`. Not (yet) `allocate_at` / `chunk_size` for a
+///   compacting defragmenter.
 /// - Tags (DESIGN §12, later): a granule's record can carry the tag of the chunks that touch it
 ///   and the carve can round a chunk of another tag out to the next granule; nothing here
 ///   assumes chunks of any kind may share a granule.
@@ -240,6 +242,9 @@ class virtual_arena {
     });
     return largest;
   }
+  /// The backend's capacity: mapped bytes never exceed it (SIZE_MAX when unlimited; shared with
+  /// other users of the backend).
+  std::size_t bytes_reservable_limit() const noexcept { return vmm_.capacity(); }
   /// Bytes of addresses reserved.
   std::size_t address_space() const noexcept { return end_ - base_; }
   std::size_t granularity() const noexcept { return opts_.granularity; }
