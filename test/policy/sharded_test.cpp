@@ -1,10 +1,10 @@
 // sharded: the conformance routine (with and without thread caches), the failure matrix, and a
 // multi-threaded randomized test: 4 threads, 10^6 operations in all (fewer under ThreadSanitizer,
-// see `total_operations`), a quarter of the blocks freed by another thread than the one that
-// allocated them (handed over through a locked queue), a fill pattern on every block checked when
-// it is freed, and exact statistics at the end, through `sharded<stats<...>>`,
-// `synchronized<stats<sharded<...>>>` and the shards' own counters; and shards of virtual_arena
-// over one host_vmm sharing its physical capacity.
+// see `total_operations`; there the single-threaded cases are skipped), a quarter of the blocks
+// freed by another thread than the one that allocated them (handed over through a locked queue),
+// a fill pattern on every block checked when it is freed, and exact statistics at the end,
+// through `sharded<stats<...>>`, `synchronized<stats<sharded<...>>>` and the shards' own
+// counters; and shards of virtual_arena over one host_vmm sharing its physical capacity.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -51,6 +51,15 @@ constexpr bool under_tsan = false;
 /// 2 * 10^5, so that the TSan stage stays near a minute.
 constexpr std::size_t total_operations = under_tsan ? 200'000 : 1'000'000;
 constexpr int worker_threads = 4;
+
+/// The single-threaded cases (conformance, failure matrix) take two minutes under ThreadSanitizer
+/// and have no threads for it to look at: there they are skipped, saying so; the release and
+/// ASan/UBSan runs cover them.
+boost::test_tools::assertion_result not_under_tsan(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result result(!under_tsan);
+  result.message() << "single-threaded: left to the release and ASan/UBSan runs";
+  return result;
+}
 
 /// `checking_upstream` with a lock: shards call their upstreams from several threads at once.
 class locked_checking_upstream {
@@ -238,7 +247,7 @@ thread_totals run_workers(A& a) {
 
 // ---- conformance ---------------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(conformance_without_thread_cache) {
+BOOST_AUTO_TEST_CASE(conformance_without_thread_cache, *boost::unit_test::precondition(not_under_tsan)) {
   std::shared_ptr<ledger> records;
   {
     checking_upstream up;
@@ -259,7 +268,7 @@ BOOST_AUTO_TEST_CASE(conformance_without_thread_cache) {
   check_ledger(*records);
 }
 
-BOOST_AUTO_TEST_CASE(conformance_with_thread_cache) {
+BOOST_AUTO_TEST_CASE(conformance_with_thread_cache, *boost::unit_test::precondition(not_under_tsan)) {
   std::shared_ptr<ledger> records;
   {
     checking_upstream up;
@@ -282,7 +291,7 @@ BOOST_AUTO_TEST_CASE(conformance_with_thread_cache) {
   check_ledger(*records);
 }
 
-BOOST_AUTO_TEST_CASE(failure_matrix) {
+BOOST_AUTO_TEST_CASE(failure_matrix, *boost::unit_test::precondition(not_under_tsan)) {
   using alloc = alloy::sharded<dflt<failing_upstream>>;
   std::size_t total_calls = 0;
   {

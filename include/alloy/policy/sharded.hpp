@@ -260,7 +260,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   /// Gives the calling thread's cached blocks back to their shards.
   void flush_thread_cache() noexcept {
-    if (slot* me = my_slot(); me != nullptr && me->cache != nullptr) flush_all(me->shard, *me->cache);
+    if (slot* me = my_slot(false); me != nullptr && me->cache != nullptr) flush_all(me->shard, *me->cache);
   }
   /// Gives every thread's cached blocks back. Only while no other thread uses this object.
   void flush_thread_caches() noexcept {
@@ -300,14 +300,16 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     shards_ = nullptr;
   }
 
-  /// The calling thread's entry, claimed on its first call; null when the table is full.
-  slot* my_slot() noexcept {
+  /// The calling thread's entry, claimed on its first call (when `claim`); null when the table
+  /// is full (or the thread has none and `claim` is false).
+  slot* my_slot(bool claim = true) noexcept {
     const std::thread::id me = std::this_thread::get_id();
     const std::size_t h = mix(me) >> 58;  // 6 bits: 64 slots
     for (std::size_t probe = 0; probe < thread_slots; ++probe) {
       slot& s = slots_[(h + probe) % thread_slots];
       std::thread::id seen = s.thread.load(std::memory_order_acquire);
       if (seen == me) return &s;
+      if (seen == std::thread::id{} && !claim) return nullptr;
       if (seen == std::thread::id{} && s.thread.compare_exchange_strong(seen, me, std::memory_order_acq_rel)) {
         s.shard = next_shard_.fetch_add(1, std::memory_order_relaxed) % count_;
         if (caching_ && s.cache == nullptr) s.cache = new (std::nothrow) cache;
