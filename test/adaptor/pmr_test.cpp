@@ -84,6 +84,16 @@ BOOST_AUTO_TEST_CASE(an_unsupported_alignment_says_so_and_gives_the_maximum) {
     BOOST_TEST(what.find("alignment 2097152 is not supported") != std::string::npos, what);
     BOOST_TEST(what.find("at most 1048576") != std::string::npos, what);
   }
+  try {  // within the maximum, but not at this size: the largest class cannot hold 1000 + 1 MiB - 256
+    (void)resource.allocate(1000, 1_MiB);
+    BOOST_FAIL("expected alloy::logic_error");
+  } catch (const alloy::logic_error& e) {
+    const std::string what = e.what();
+    BOOST_TEST(what.find("alignment 1048576 is not supported by this composition for 1000 bytes") != std::string::npos,
+               what);
+    BOOST_TEST(what.find("at most 524288") != std::string::npos, what);
+  }
+  BOOST_CHECK_THROW((void)resource.allocate(2_MiB, 256), alloy::out_of_memory);  // too large: not the alignment
   void* p = resource.allocate(64, 1_MiB);  // the maximum itself is served
   BOOST_TEST(alloy::detail::is_aligned(p, 1_MiB));
   resource.deallocate(p, 64, 1_MiB);

@@ -220,6 +220,22 @@ void check_alignment(A& a, std::size_t alignment) {
   }
 }
 
+/// After a failed request: when the composition says (`serves`) it takes this size at a smaller
+/// alignment but not at this one, the alignment is the cause, a bad argument: `logic_error`
+/// naming the largest alignment it takes at this size.
+template <class A>
+void check_alignment_for_size(A& a, std::size_t bytes, std::size_t alignment) {
+  if constexpr (request_screening_allocator<A>) {
+    if (alignment <= 1 || a.serves(bytes, alignment) || !a.serves(bytes, 1)) return;
+    std::size_t most = alignment / 2;
+    while (most > 1 && !a.serves(bytes, most)) most /= 2;
+    throw alloy::logic_error("alignment " + std::to_string(alignment) + " is not supported by this composition for " +
+                             std::to_string(bytes) + " bytes (at most " + std::to_string(most) + ")");
+  } else {
+    (void)a, (void)bytes, (void)alignment;
+  }
+}
+
 /// The throwing allocate every edge uses: checks the arguments, allocates, and reports failure.
 template <class A>
 block allocate_or_throw(A& a, std::size_t bytes, std::size_t alignment) {
@@ -227,6 +243,7 @@ block allocate_or_throw(A& a, std::size_t bytes, std::size_t alignment) {
   const block b = a.allocate(bytes, alignment);
   if (!b) {
     throw_pending_cuda_error(a);
+    check_alignment_for_size(a, bytes, alignment);
     throw out_of_memory(make_oom_report(a, bytes, alignment));
   }
   return b;
@@ -238,6 +255,7 @@ block allocate_or_throw(A& a, std::size_t bytes, std::size_t alignment, Stream s
   const block b = a.allocate(bytes, alignment, stream);
   if (!b) {
     throw_pending_cuda_error(a);
+    check_alignment_for_size(a, bytes, alignment);
     throw out_of_memory(make_oom_report(a, bytes, alignment));
   }
   return b;
