@@ -1,13 +1,17 @@
-// alloy-demo: the main job of the Quick start. Composes alloy's recommended layout, replays a
-// real allocation trace through it (a PyTorch training step from ../shared/traces when present,
-// else a synthetic training loop), and prints what it did next to what the bare upstream would
-// have done: how many upstream calls were saved, the memory it held, its statistics table.
+// alloy-demo: the main job of the Quick start. Composes alloy's two recommended layouts,
+// replays a real allocation trace through each (a PyTorch training step from ../shared/traces
+// when present, else a synthetic training loop), and prints what they did side by side with
+// what the bare upstream would have done: `default_allocator` (the fastest, over cudaMalloc) and
+// `virtual_allocator` (the smallest device, over CUDA's virtual memory): upstream and map calls,
+// time, the memory each held, and the default one's statistics table.
 //
 //   alloy-demo [trace.rmm.csv[.gz]]
 //
-// On a machine with a CUDA device the memory is device memory (cudaMalloc); without one it is
-// host memory, and the demo says so. The replay never touches the memory, so a trace that peaks at
+// On a machine with a CUDA device the memory is device memory (cudaMalloc, and the driver's
+// virtual memory management for virtual_allocator); without one it is host memory (host_upstream
+// and host_vmm, memfd pages mapped 2 MiB at a time), and the demo says so. The replay never touches the memory, so a trace that peaks at
 // gigabytes runs anywhere (host pages that are never written are never committed).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +21,7 @@
 
 #include <alloy/alloy.hpp>
 #include <alloy/memory_stats.hpp>
+#include <alloy/showcase.hpp>
 
 #ifdef ALLOY_DEMO_HAS_ZLIB
 #  include <replay/rmm_trace.hpp>
@@ -142,35 +147,67 @@ struct counting {
   }
 };
 
-template <class Upstream>
-int run(const char* memory, const workload& w) {
-  using small = alloy::size_class_pool<Upstream>;
-  using large = alloy::best_fit_arena<Upstream>;
-  using heap = alloy::segregator<1_MiB, small, large>;
-  alloy::stats<heap> alloc;
+/// Peak bytes `a` holds from its upstream while `w` runs through it (a second, untimed replay).
+template <class A>
+std::size_t peak_reserved(A& a, const workload& w) {
+  std::vector<alloy::block> live(w.allocations);
+  std::size_t peak = 0;
+  for (const op& o : w.ops) {
+    if (o.allocate) {
+      live[o.index] = a.allocate(o.size, 256);
+    } else if (live[o.index]) {
+      a.deallocate(live[o.index]);
+      live[o.index] = {};
+    }
+    peak = std::max(peak, a.reserved_bytes());
+  }
+  for (alloy::block& b : live)
+    if (b) a.deallocate(b);
+  return peak;
+}
+
+template <class Upstream, class Vmm>
+int run(const char* memory, const workload& w, Upstream upstream, Vmm vmm) {
+  alloy::stats<alloy::default_allocator<Upstream>> alloc{alloy::default_allocator<Upstream>{upstream}};
+  alloy::virtual_allocator<Vmm> virt{std::move(vmm)};
 
   std::size_t bare_calls = 0;
-  counting<Upstream> bare{Upstream{}, &bare_calls};
+  counting<Upstream> bare{upstream, &bare_calls};
   const replay_result plain = replay(bare, w);
   const replay_result ours = replay(alloc, w);
+  const replay_result virtual_run = replay(virt, w);
   const alloy::statistics s = alloc.statistics();
+  const alloy::allocator_counters vc = virt.counters();
+  virt.release();  // the peak again, from nothing mapped
+  const std::size_t virt_peak = peak_reserved(virt, w);
+  const auto ratio = [](std::size_t reserved, std::size_t in_use) {
+    return in_use ? static_cast<double>(reserved) / static_cast<double>(in_use) : 0.0;
+  };
 
   std::printf("alloy demo\n");
   std::printf("  memory      : %s\n", memory);
-  std::printf("  composition : stats<segregator<1 MiB, size_class_pool, best_fit_arena>>\n");
+  std::printf("  default     : stats<default_allocator> (pool <= 64 KiB, best_fit_arena above)\n");
+  std::printf("  virtual     : virtual_allocator (pool <= 64 KiB on a virtual_arena, %s granules)\n",
+              alloy::detail::format_bytes(virt.arena().granularity()).c_str());
   std::printf("  workload    : %s, %zu operations\n\n", w.name.c_str(), w.ops.size());
-  std::printf("  %-28s %14s %14s\n", "", "bare upstream", "alloy");
-  std::printf("  %-28s %14zu %14zu\n", "upstream calls", bare_calls, s.num_device_alloc + s.num_device_free);
-  std::printf("  %-28s %14.0f %14.0f\n", "ns per operation", plain.ns_per_op, ours.ns_per_op);
-  std::printf("  %-28s %14zu %14zu\n", "failed requests", plain.failed, ours.failed);
-  std::printf("  %-28s %14s %14s\n", "peak in use", alloy::detail::format_bytes(plain.peak_live).c_str(),
-              alloy::detail::format_bytes(s.peak_bytes_in_use).c_str());
-  std::printf("  %-28s %14s %14s\n", "peak reserved", alloy::detail::format_bytes(plain.peak_live).c_str(),
-              alloy::detail::format_bytes(s.peak_bytes_reserved).c_str());
-  std::printf("  %-28s %14.3f %14.3f\n\n", "peak reserved / peak in use", 1.0,
-              s.peak_bytes_in_use ? static_cast<double>(s.peak_bytes_reserved) / static_cast<double>(s.peak_bytes_in_use) : 0.0);
+  std::printf("  %-28s %14s %14s %14s\n", "", "bare upstream", "default", "virtual");
+  std::printf("  %-28s %14zu %14zu %14zu\n", "upstream calls", bare_calls, s.num_device_alloc + s.num_device_free,
+              vc.num_device_alloc + vc.num_device_free);
+  std::printf("  %-28s %14s %14s %14zu\n", "map + unmap calls", "-", "-", vc.num_maps + vc.num_unmaps);
+  std::printf("  %-28s %14.0f %14.0f %14.0f\n", "ns per operation", plain.ns_per_op, ours.ns_per_op, virtual_run.ns_per_op);
+  std::printf("  %-28s %14zu %14zu %14zu\n", "failed requests", plain.failed, ours.failed, virtual_run.failed);
+  std::printf("  %-28s %14s %14s %14s\n", "peak in use", alloy::detail::format_bytes(plain.peak_live).c_str(),
+              alloy::detail::format_bytes(s.peak_bytes_in_use).c_str(),
+              alloy::detail::format_bytes(virtual_run.peak_live).c_str());
+  std::printf("  %-28s %14s %14s %14s\n", "peak reserved (mapped)", alloy::detail::format_bytes(plain.peak_live).c_str(),
+              alloy::detail::format_bytes(s.peak_bytes_reserved).c_str(), alloy::detail::format_bytes(virt_peak).c_str());
+  std::printf("  %-28s %14.3f %14.3f %14.3f\n\n", "peak reserved / peak in use", 1.0,
+              ratio(s.peak_bytes_reserved, s.peak_bytes_in_use), ratio(virt_peak, virtual_run.peak_live));
+  std::printf("  virtual_allocator maps 2 MiB granules where it needs memory and, when the device runs short,\n"
+              "  unmaps free granules anywhere: the smallest device that serves a trace is near its peak in use\n"
+              "  (alloy-replay --min-capacity; bench/README.md). default_allocator is the faster of the two.\n\n");
   std::printf("%s\n", alloy::memory_summary(alloc).c_str());
-  return ours.failed <= plain.failed ? 0 : 1;
+  return ours.failed <= plain.failed && virtual_run.failed <= plain.failed ? 0 : 1;
 }
 
 }  // namespace
@@ -187,10 +224,11 @@ int main(int argc, char** argv) {
   int devices = 0;
   const cudaError_t status = cudaGetDeviceCount(&devices);
   cudaGetLastError();
-  if (status == cudaSuccess && devices > 0) return run<alloy::cuda_malloc_upstream>("CUDA device 0 (cudaMalloc)", w);
+  if (status == cudaSuccess && devices > 0)
+    return run("CUDA device 0 (cudaMalloc; the driver's virtual memory)", w, alloy::cuda_malloc_upstream{}, alloy::cuda_vmm{});
   const std::string why = std::string("host memory: no CUDA device here (") + cudaGetErrorName(status) + ")";
-  return run<alloy::host_upstream>(why.c_str(), w);
+  return run(why.c_str(), w, alloy::host_upstream{}, alloy::host_vmm{});
 #else
-  return run<alloy::host_upstream>("host memory: built without the CUDA toolkit", w);
+  return run("host memory: built without the CUDA toolkit", w, alloy::host_upstream{}, alloy::host_vmm{});
 #endif
 }

@@ -238,11 +238,25 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 /// - Capabilities: `owns`, `release` (wholly free slabs to the arena, then every free mapped
 ///   granule to the backend), `reserved_bytes`, `mapped_bytes`, `counters`, `bytes_in_use`,
 ///   `requested_bytes`, `for_each_block`. Memory kind: the backend's.
-/// - Chosen by measurement (alloy-replay --min-capacity over every trace in ../shared/traces on
-///   the simulated virtual-memory device, 2 MiB granules; bench/README.md, "Virtual memory"):
-///   the smallest device ÷ peak live is the arena's on every trace (the pool's partly filled slabs
-///   share granules with the arena's chunks, and free granules go back anywhere), while the pool
-///   takes the many small requests off the arena's index.
+/// - Chosen by measurement (`bench/virtual_memory candidates`, tables in bench/README.md,
+///   "Virtual memory"): the arena alone and pools up to 16 KiB / 64 KiB / 256 KiB / 1 MiB with
+///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,
+///   over every shipped trace (smallest device ÷ peak live, 2 MiB granules) and W1 over five
+///   seeds. The pool up to 64 KiB with slabs of 64 KiB doubling to 256 KiB needs the smallest
+///   devices of the pooled layouts (geometric mean 1.038, the arena alone 1.037; worst PyTorch
+///   trace 1.180, the arena alone 1.207; slabs of 2 MiB: 1.081 and 1.594) and takes the many small
+///   requests off the arena's index (W1: 1.04-1.18x default_allocator's time, the arena alone
+///   about 1.4x). The release threshold does not change the smallest device (under pressure the
+///   arena unmaps free granules anyway) but sets the driver calls and the memory held when there
+///   is room: none (free granules stay mapped until the device runs short or `release()`) makes
+///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
+///   makes 290-51,000; it holds 1.00-1.24x peak live on the PyTorch traces without a limit (0:
+///   1.00-1.18x), less than default_allocator's 1.02-2.10x. Set `options::arena.release_threshold`
+///   to give memory back to other processes sooner.
+/// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
+///   device ÷ peak live 1.004-1.180 (geometric mean 1.038; default_allocator 1.004-1.742, 1.305);
+///   replay time 0.86-2.17x default_allocator's on the PyTorch traces, 3-6x on the MiniMalloc
+///   instances (first mappings: 1 GiB in 2 MiB granules over about 600 operations).
 /// - Failure: an empty block (the arena has unmapped every free granule first). Thread safety:
 ///   none (wrap in `synchronized`).
 template <virtual_memory Vmm>
@@ -256,7 +270,9 @@ class virtual_allocator {
   static constexpr bool device_accessible = Vmm::device_accessible;
 
   struct options {
-    typename arena_type::options arena{.release_threshold = std::size_t{64} << 20};
+    /// Free granules stay mapped until the device runs short (the arena then unmaps them anywhere)
+    /// or `release()`: measured, the fewest driver calls for the same smallest device.
+    typename arena_type::options arena{.release_threshold = std::numeric_limits<std::size_t>::max()};
     typename small_type::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
   };
 

@@ -1,0 +1,213 @@
+// Virtual memory (issue 17): how virtual_allocator was chosen, and W1 on it.
+//
+//   virtual_memory candidates [TRACE...]   # default: every trace in ../shared/traces
+//   virtual_memory w1 [SEEDS]              # default: 5 seeds
+//
+// Everything runs on alloy-replay's simulated devices (tools/replay): the virtual compositions on
+// the device with virtual memory (2 MiB granules, physical memory counted, addresses never
+// touched), default_allocator on the device of segments. Their calls cost host bookkeeping, not a
+// driver's microseconds: the times compare the allocators' own work; the map calls are printed.
+//
+// candidates: for each candidate layout — the arena alone; a pool up to 16 KiB / 64 KiB / 256 KiB
+// / 1 MiB with various slabs beside it, slabs from the same arena — and each release threshold,
+// over every trace: the smallest device capacity ÷ peak live (alloy-replay --min-capacity's
+// search; geometric mean, worst PyTorch trace, worst MiniMalloc instance), peak mapped ÷ peak live
+// without a limit (geometric mean), map + unmap calls per 1,000 operations (arithmetic mean) and
+// ns per operation (geometric mean of the medians of 3 replays).
+//
+// w1: workload W1 (1,000 live blocks, 256 B-4 MiB log-uniform, a million free+allocate pairs,
+// alignment 256) with several seeds: ns per pair (this thread's CPU time, median of 3),
+// peak reserved (mapped) ÷ peak live, map calls per pair, for default_allocator, virtual_arena
+// (default options) and virtual_allocator, and virtual_allocator's time ÷ default_allocator's.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <alloy/showcase.hpp>
+
+#include "replay/compositions.hpp"
+#include "replay/min_capacity.hpp"
+#include "replay/trace_reader.hpp"
+#include "support/pairs_workload.hpp"
+
+namespace {
+
+using namespace alloy;
+using namespace alloy::literals;
+using replay::simulated_vm_device;
+using vm = simulated_vm_device::backend;
+using arena_t = virtual_arena<vm>;
+
+/// A pool up to `T` (classes to 2T) whose slabs come from the owned arena, the arena above: the
+/// shape of virtual_allocator with its threshold as a parameter.
+template <std::size_t T>
+class candidate {
+ public:
+  using small_t = size_class_pool<ref<arena_t>, power2_classes<4, 256, 2 * T>>;
+  static constexpr bool host_accessible = false, device_accessible = true;
+  candidate(vm v, arena_t::options ao, typename small_t::options so)
+      : arena_(std::make_unique<arena_t>(v, ao)), heap_(small_t{ref<arena_t>{*arena_}, so}, ref<arena_t>{*arena_}) {}
+  candidate(candidate&&) noexcept = default;
+  block allocate(std::size_t n, std::size_t a) noexcept { return heap_.allocate(n, a); }
+  void deallocate(block b) noexcept { heap_.deallocate(b); }
+
+ private:
+  std::unique_ptr<arena_t> arena_;
+  segregator<T, small_t, ref<arena_t>> heap_;
+};
+
+/// The arena alone, by value.
+class arena_alone {
+ public:
+  static constexpr bool host_accessible = false, device_accessible = true;
+  arena_alone(vm v, arena_t::options ao) : arena_(v, ao) {}
+  block allocate(std::size_t n, std::size_t a) noexcept { return arena_.allocate(n, a); }
+  void deallocate(block b) noexcept { arena_.deallocate(b); }
+
+ private:
+  arena_t arena_;
+};
+
+struct variant {
+  std::string name;
+  std::function<replay::replay_result(const bench::rmm_trace&, simulated_vm_device&, const replay::replay_options&)> run;
+};
+
+template <class Make>
+variant make_variant(std::string name, Make make) {
+  return {name, [make, name](const bench::rmm_trace& t, simulated_vm_device& d, const replay::replay_options& o) {
+            return replay::replay(t, d, [&] { return replay::raw_target<decltype(make(d))>{make(d), o.alignment}; }, o, name);
+          }};
+}
+
+std::string mib(std::size_t bytes) { return bytes == ~std::size_t{0} ? "none" : std::to_string(bytes >> 20) + " MiB"; }
+
+int candidates(std::vector<std::string> paths) {
+  if (paths.empty()) {
+    const std::filesystem::path dir = ALLOY_TRACE_DIR;
+    for (const char* sub : {"pytorch", "minimalloc"})
+      if (std::filesystem::exists(dir / sub))
+        for (const auto& e : std::filesystem::directory_iterator(dir / sub)) {
+          const std::string p = e.path().string();
+          if (p.ends_with(".rmm.csv.gz") || p.ends_with(".events.rmm.csv")) paths.push_back(p);
+        }
+    std::sort(paths.begin(), paths.end());
+  }
+  if (paths.empty()) {
+    std::fprintf(stderr, "virtual_memory: no traces under %s\n", ALLOY_TRACE_DIR);
+    return 1;
+  }
+  std::vector<bench::rmm_trace> traces;
+  for (const auto& p : paths) traces.push_back(bench::read_trace(p));
+  std::vector<variant> vs;
+  auto add_layouts = [&](std::size_t rt) {
+    const arena_t::options ao{.release_threshold = rt};
+    const std::string r = ", threshold " + mib(rt);
+    vs.push_back(make_variant("arena alone" + r, [ao](simulated_vm_device& d) { return arena_alone{vm{d}, ao}; }));
+    vs.push_back(make_variant("pool<=16K, slabs 64K-256K" + r, [ao](simulated_vm_device& d) {
+      return candidate<16_KiB>{vm{d}, ao, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
+    }));
+    vs.push_back(make_variant("pool<=64K, slabs 64K-256K" + r, [ao](simulated_vm_device& d) {
+      return candidate<64_KiB>{vm{d}, ao, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
+    }));
+    vs.push_back(make_variant("pool<=64K, slabs 2M" + r,
+                              [ao](simulated_vm_device& d) { return candidate<64_KiB>{vm{d}, ao, {.slab_size = 2_MiB}}; }));
+    vs.push_back(make_variant("pool<=256K, slabs 256K-2M" + r, [ao](simulated_vm_device& d) {
+      return candidate<256_KiB>{vm{d}, ao, {.slab_size = 2_MiB, .initial_slab_size = 256_KiB}};
+    }));
+    vs.push_back(make_variant("pool<=1M, slabs 2M" + r,
+                              [ao](simulated_vm_device& d) { return candidate<1_MiB>{vm{d}, ao, {.slab_size = 2_MiB}}; }));
+  };
+  add_layouts(0);
+  add_layouts(64_MiB);
+  for (const std::size_t rt : {std::size_t{16} << 20, std::size_t{256} << 20, std::size_t{1} << 30, ~std::size_t{0}}) {
+    const arena_t::options ao{.release_threshold = rt};
+    vs.push_back(make_variant("pool<=64K, slabs 64K-256K, threshold " + mib(rt), [ao](simulated_vm_device& d) {
+      return candidate<64_KiB>{vm{d}, ao, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
+    }));
+  }
+  std::printf("%zu traces, 2 MiB granules, alignment 256; min capacity to 0.5 %%\n\n", traces.size());
+  std::printf("| candidate | min capacity ÷ live, geo. mean | worst PyTorch | worst MiniMalloc | peak mapped ÷ live, no limit | "
+              "map calls / 1k ops | ns/op |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const variant& v : vs) {
+    double log_min = 0, log_unlimited = 0, log_ns = 0, maps = 0, worst_pytorch = 0, worst_minimalloc = 0;
+    for (std::size_t i = 0; i < traces.size(); ++i) {
+      simulated_vm_device device;
+      const replay::replay_result base = v.run(traces[i], device, {.repetitions = 3});
+      const replay::min_capacity_result m = replay::find_min_capacity(traces[i], [&](std::size_t c) {
+        device.set_capacity(c);
+        return v.run(traces[i], device, {.capacity = c, .repetitions = 0});
+      });
+      log_min += std::log(m.over_live);
+      log_unlimited += std::log(base.reserved_over_live);
+      log_ns += std::log(base.ns_per_op);
+      maps += 1000.0 * static_cast<double>(base.map_calls) / static_cast<double>(base.operations);
+      double& worst = paths[i].find("minimalloc") != std::string::npos ? worst_minimalloc : worst_pytorch;
+      worst = std::max(worst, m.over_live);
+    }
+    const double n = static_cast<double>(traces.size());
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f |\n", v.name.c_str(), std::exp(log_min / n), worst_pytorch,
+                worst_minimalloc, std::exp(log_unlimited / n), maps / n, std::exp(log_ns / n));
+  }
+  return 0;
+}
+
+int w1(int seeds) {
+  using clock = bench::thread_cpu_clock;
+  std::printf("W1: 1,000 live, 256 B-4 MiB log-uniform, 1,000,000 pairs, alignment 256; ns/pair = this thread's CPU time, "
+              "median of 3\n\n");
+  std::printf("| seed | default_allocator ns | reserved ÷ live | virtual_arena ns | map calls / pair | mapped ÷ live | "
+              "virtual_allocator ns | map calls / pair | mapped ÷ live | virtual_allocator ÷ default |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<double> ratios;
+  for (int s = 0; s < seeds; ++s) {
+    bench::workload_params p = bench::w1_params();
+    p.seed += 1000 * static_cast<std::uint64_t>(s);
+    const bench::workload w = bench::make_workload(p);
+    const double live = static_cast<double>(w.peak_live);
+    std::vector<double> td, ta, tv;
+    double rd = 0, ra = 0, rv = 0, ma = 0, mv = 0;
+    for (int r = 0; r < 3; ++r) {
+      {
+        replay::simulated_device d;
+        default_allocator<replay::device_upstream> a{replay::device_upstream{d}};
+        td.push_back(bench::run_pairs_on<clock>(w, a, 256));
+        rd = static_cast<double>(d.peak_reserved()) / live;
+      }
+      {
+        simulated_vm_device d;
+        arena_t a{vm{d}};
+        ta.push_back(bench::run_pairs_on<clock>(w, a, 256));
+        ra = static_cast<double>(d.peak_mapped()) / live;
+        ma = static_cast<double>(d.map_calls()) / static_cast<double>(w.pairs());
+      }
+      {
+        simulated_vm_device d;
+        virtual_allocator<vm> a{vm{d}};
+        tv.push_back(bench::run_pairs_on<clock>(w, a, 256));
+        rv = static_cast<double>(d.peak_mapped()) / live;
+        mv = static_cast<double>(d.map_calls()) / static_cast<double>(w.pairs());
+      }
+    }
+    const double nd = bench::median(td), na = bench::median(ta), nv = bench::median(tv);
+    ratios.push_back(nv / nd);
+    std::printf("| %llu | %.1f | %.3f | %.1f | %.3f | %.3f | %.1f | %.3f | %.3f | %.2f |\n",
+                static_cast<unsigned long long>(p.seed), nd, rd, na, ma, ra, nv, mv, rv, nv / nd);
+  }
+  std::printf("\nvirtual_allocator ÷ default_allocator, median over the seeds: %.2f\n", bench::median(ratios));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "";
+  if (what == "candidates") return candidates(std::vector<std::string>(argv + 2, argv + argc));
+  if (what == "w1") return w1(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
+  std::fprintf(stderr, "usage: virtual_memory candidates [TRACE...] | virtual_memory w1 [SEEDS]\n");
+  return 2;
+}
