@@ -1,0 +1,119 @@
+// The bad-input matrix (issue 18; test/support/bad_input.hpp) through the Thrust edges, on
+// Thrust's host backend: thrust_resource and thrust_allocator throw for bad arguments and
+// out-of-memory without changing anything, and bad frees handed to them are refused below and
+// change no statistic, limit or leak report.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include <thrust/device_vector.h>
+#include <thrust/sort.h>
+
+#include <alloy/adaptor/thrust.hpp>
+#include <alloy/alloy.hpp>
+#include <alloy/showcase.hpp>
+
+#include "support/bad_input.hpp"
+
+using namespace alloy::literals;
+using alloy::testing::checking_upstream;
+using alloy::testing::expect_observation;
+using alloy::testing::observation;
+using alloy::testing::observe;
+
+namespace {
+
+template <class A>
+void check_bad_input_through_thrust(A& a, const std::string& name) {
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  alloy::thrust_resource resource{a};
+  void* witness = resource.allocate(1000, 64);
+  alloy::testing::fill_pattern({witness, 1000}, 11);
+  const observation base = observe(a);
+  BOOST_CHECK_THROW((void)resource.allocate(64, 3), alloy::logic_error);
+  expect_observation(base, observe(a), 0, 0, name + ": thrust_resource allocate(64, 3)");
+  BOOST_CHECK_THROW((void)resource.allocate(max - 8, 8), std::bad_alloc);
+  expect_observation(base, observe(a), 0, 0, name + ": thrust_resource allocate(SIZE_MAX - 8, 8)");
+  void* p = resource.allocate(5000, 64);
+  const observation live = observe(a);
+  resource.deallocate(static_cast<char*>(p) + 16, 5000, 64);
+  expect_observation(live, observe(a), 0, 0, name + ": thrust_resource interior free");
+  resource.deallocate(p, 4999, 64);
+  expect_observation(live, observe(a), 0, 0, name + ": thrust_resource wrong-size free");
+  int on_stack = 0;
+  resource.deallocate(&on_stack, sizeof on_stack, alignof(int));
+  expect_observation(live, observe(a), 0, 0, name + ": thrust_resource foreign free");
+  resource.deallocate(p, 5000, 64);
+  expect_observation(base, observe(a), 1, 1, name + ": thrust_resource valid free");
+  resource.deallocate(p, 5000, 64);
+  expect_observation(base, observe(a), 1, 1, name + ": thrust_resource double free");
+
+  alloy::thrust_allocator<int, A> ints{a};
+  BOOST_CHECK_THROW((void)ints.allocate(max / 2), alloy::out_of_memory);  // n * sizeof(int) overflows
+  expect_observation(base, observe(a), 1, 1, name + ": thrust_allocator overflow");
+  auto q = ints.allocate(100);
+  const observation held = observe(a);
+  ints.deallocate(q, 99);  // wrong size
+  expect_observation(held, observe(a), 0, 0, name + ": thrust_allocator wrong-size free");
+  ints.deallocate(q + 1, 99);  // interior
+  expect_observation(held, observe(a), 0, 0, name + ": thrust_allocator interior free");
+  ints.deallocate(q, 100);
+  expect_observation(base, observe(a), 2, 2, name + ": thrust_allocator valid free");
+  {
+    thrust::device_vector<int, alloy::thrust_allocator<int, A>> keys(10'000, 0, ints);
+    for (int i = 0; i < 10'000; ++i) keys[i] = 10'000 - i;
+    thrust::sort(alloy::thrust_policy(a), keys.begin(), keys.end());
+    BOOST_TEST(keys[0] == 1);
+  }
+  BOOST_TEST(alloy::testing::has_pattern({witness, 1000}, 11), name << ": the witness lost its content");
+  resource.deallocate(witness, 1000, 64);
+  const observation end = observe(a);
+  for (const char* key : {"bytes_in_use", "stats.bytes_in_use", "allocation.all.current", "limited.bytes_in_use",
+                          "tracked.outstanding_count"}) {
+    if (const auto found = end.find(key); found != end.end()) BOOST_TEST(found->second == 0, name << ": " << key);
+  }
+}
+
+template <class A>
+void run(A&& a, const std::shared_ptr<alloy::testing::ledger>& records, const std::string& name) {
+  check_bad_input_through_thrust(a, name);
+  BOOST_TEST(records->errors.empty(), name << ": upstream saw misuse");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(thrust_bad_input)
+
+BOOST_AUTO_TEST_CASE(stats_limited_arena) {
+  using arena = alloy::best_fit_arena<checking_upstream>;
+  checking_upstream up;
+  {
+    alloy::stats<alloy::limited<arena>> a{alloy::limited<arena>{arena{up}, {.bytes_limit = 64_MiB}}};
+    run(a, up.records(), "thrust over stats<limited<arena>>");
+  }
+  BOOST_TEST(up.records()->live_count() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(tracked_default_allocator) {
+  checking_upstream up;
+  {
+    alloy::tracked<alloy::default_allocator<checking_upstream>> a{alloy::default_allocator<checking_upstream>{up}};
+    run(a, up.records(), "thrust over tracked<default_allocator>");
+  }
+  BOOST_TEST(up.records()->live_count() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(synchronized_stats_caching_allocator) {
+  checking_upstream up;
+  {
+    alloy::synchronized<alloy::stats<alloy::caching_allocator<checking_upstream>>> a{
+        alloy::stats<alloy::caching_allocator<checking_upstream>>{alloy::caching_allocator<checking_upstream>{up}}};
+    run(a, up.records(), "thrust over synchronized<stats<caching_allocator>>");
+  }
+  BOOST_TEST(up.records()->live_count() == 0u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
