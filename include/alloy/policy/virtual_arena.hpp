@@ -102,7 +102,9 @@ class virtual_arena {
   struct options {
     /// Addresses reserved at construction. 0: four times the backend's capacity, at least 1 GiB
     /// and at most 1 TiB (addresses are plentiful; best fit rarely needs more than twice the
-    /// live bytes). The range grows in place when the system gives the addresses right after it.
+    /// live bytes). When the backend refuses that many, an eighth is tried; when that fails too,
+    /// every allocation tries again. The range grows in place when the system gives the
+    /// addresses right after it.
     std::size_t address_space = 0;
     /// Bytes per physical piece; 0: the backend's. Otherwise rounded up to a power of two and to a
     /// multiple of the backend's.
@@ -370,7 +372,12 @@ class virtual_arena {
     }
     // A granularity coarser than the backend's: reserve one granule more and start on a multiple.
     const std::size_t slack = opts_.granularity - std::min(opts_.granularity, vmm_.granularity());
-    const address_range r = vmm_.reserve(opts_.address_space + slack);
+    address_range r = vmm_.reserve(opts_.address_space + slack);
+    if (!r && opts_.address_space / 8 >= opts_.granularity) {
+      // The system would not give that many addresses (a limited address space, a GPU driver's
+      // own limit): an eighth, which still grows in place when it can.
+      r = vmm_.reserve(detail::round_up(opts_.address_space / 8, opts_.granularity) + slack);
+    }
     if (!r) return;
     const auto raw = reinterpret_cast<std::uintptr_t>(r.ptr);
     const std::uintptr_t aligned = detail::round_up(raw, opts_.granularity);
