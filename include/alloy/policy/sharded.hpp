@@ -41,6 +41,7 @@ template <class Cache>
 struct alignas(64) thread_slot {
   std::atomic<std::thread::id> thread{};
   std::size_t shard = 0;
+  std::size_t flush_hint = 0;  ///< the shard that took the thread's last flushed blocks
   Cache* cache = nullptr;
 };
 
@@ -142,6 +143,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     for (std::size_t i = 0; i < thread_slots; ++i) {
       slots_[i].thread.store(other.slots_[i].thread.load(std::memory_order_relaxed), std::memory_order_relaxed);
       slots_[i].shard = other.slots_[i].shard;
+      slots_[i].flush_hint = other.slots_[i].flush_hint;
       slots_[i].cache = std::exchange(other.slots_[i].cache, nullptr);
     }
   }
@@ -260,12 +262,12 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   /// Gives the calling thread's cached blocks back to their shards.
   void flush_thread_cache() noexcept {
-    if (slot* me = my_slot(false); me != nullptr && me->cache != nullptr) flush_all(me->shard, *me->cache);
+    if (slot* me = my_slot(false); me != nullptr && me->cache != nullptr) flush_all(*me, *me->cache);
   }
   /// Gives every thread's cached blocks back. Only while no other thread uses this object.
   void flush_thread_caches() noexcept {
     for (auto& s : slots_) {
-      if (s.cache != nullptr) flush_all(s.shard, *s.cache);
+      if (s.cache != nullptr) flush_all(s, *s.cache);
     }
   }
 
@@ -312,6 +314,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       if (seen == std::thread::id{} && !claim) return nullptr;
       if (seen == std::thread::id{} && s.thread.compare_exchange_strong(seen, me, std::memory_order_acq_rel)) {
         s.shard = next_shard_.fetch_add(1, std::memory_order_relaxed) % count_;
+        s.flush_hint = s.shard;
         if (caching_ && s.cache == nullptr) s.cache = new (std::nothrow) cache;
         return &s;
       }
@@ -407,7 +410,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         if constexpr (ALLOY_CHECKED) {
           if (!check_small_free(k, c, b.ptr)) return false;
         }
-        if (k.count[c] == capacity_[c]) flush(me->shard, k, c, capacity_[c] / 2);
+        if (k.count[c] == capacity_[c]) flush(*me, k, c, capacity_[c] / 2);
         k.blocks[c][k.count[c]++] = b.ptr;
         return true;
       }
@@ -420,7 +423,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// Gives back `n` blocks of `bytes` each to the shards that own them, the shard `first` asked
   /// first, one lock per shard (`ptrs` is reordered); returns how many were not taken (no shard
   /// owns them, or the owner refused them), each reported.
-  std::size_t give_back(std::size_t first, std::size_t bytes, void** ptrs, std::size_t n) noexcept {
+  std::size_t give_back(std::size_t first, std::size_t bytes, void** ptrs, std::size_t n,
+                        std::size_t* taker = nullptr) noexcept {
     std::size_t lost = 0;
     if (count_ == 1 && !ALLOY_CHECKED) {
       std::lock_guard lock(shards_[0].mutex);
@@ -438,6 +442,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       for (std::size_t i = n; i-- > 0;) {
         const block b{ptrs[i], bytes};
         if (!s.inner.owns(b)) continue;
+        if (taker != nullptr) *taker = (first + k) % count_;
         ptrs[i] = ptrs[--n];
         if (detail::free_in(s.inner, b) == detail::free_outcome::refused) {
           refuse(b);
@@ -469,17 +474,18 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
   }
 
-  /// Gives the `n` oldest blocks of class `c` back.
-  void flush(std::size_t first, cache& k, std::size_t c, std::uint32_t n) noexcept {
+  /// Gives the `n` oldest blocks of class `c` back, asking first the shard that took the thread's
+  /// last flush (blocks freed by a consumer thread mostly belong to one producer's shard).
+  void flush(slot& me, cache& k, std::size_t c, std::uint32_t n) noexcept {
     void* out[per_class_max];
     std::copy(k.blocks[c], k.blocks[c] + n, out);
     std::copy(k.blocks[c] + n, k.blocks[c] + k.count[c], k.blocks[c]);
     k.count[c] -= n;
-    (void)give_back(first, classes::size(c), out, n);
+    (void)give_back(me.flush_hint, classes::size(c), out, n, &me.flush_hint);
   }
-  void flush_all(std::size_t first, cache& k) noexcept {
+  void flush_all(slot& me, cache& k) noexcept {
     for (std::size_t c = 0; c < classes::count; ++c) {
-      if (k.count[c] != 0) flush(first, k, c, k.count[c]);
+      if (k.count[c] != 0) flush(me, k, c, k.count[c]);
     }
   }
 
