@@ -53,24 +53,39 @@ struct alignas(64) thread_slot {
 /// - Strategy: each thread gets a shard, round-robin in the order threads first call, through a
 ///   table in the object (64 entries keyed by `std::this_thread::get_id()`; no thread-local or
 ///   global state, DESIGN §11). A thread allocates from its shard, and from the others in turn
-///   when that fails. A free goes to the shard that owns the block (`Inner::owns`, the freeing
-///   thread's shard asked first), from any thread. With more than 64 threads over the object's
+///   when that fails. A free goes to the shard that owns the block (`Inner::owns`; the freeing
+///   thread's shard is asked first), from any thread. With more than 64 threads over the object's
 ///   life, the later ones pick a shard by a hash of their id and have no cache.
 /// - Thread cache (`options::thread_cache`, bytes per size class and thread; on by default unless
 ///   `Inner` keeps statistics, which would count cached blocks as in use): requests of at most
-///   64 KiB are rounded to a class (four per octave, as `size_class_pool`'s defaults) and served
-///   from the calling thread's cache without a lock; an empty class refills half its capacity
-///   from the thread's shard under one lock, a full one gives half back, each block to its owner,
-///   one lock per shard. Frees from any thread land in the freeing thread's cache, so blocks
-///   handed from a producer to a consumer thread cost no lock at all. Each class keeps at most
-///   32 blocks and `thread_cache` bytes; cached blocks are in use as far as the shards can tell.
-///   Small blocks are taken from `Inner` at their class size with alignment 256, so `Inner`
-///   sees class sizes, and a small request with a larger alignment is taken at that alignment.
+///   64 KiB are rounded to a class (multiples of 256 B, four per octave, `power2_classes<4, 256,
+///   64 KiB>`) and served from the calling thread's cache without a lock or an atomic; an empty
+///   class refills half its capacity from the thread's shard under one lock, a full one gives
+///   half back under one lock per shard that owns some (the shard that took the last flush asked
+///   first). Frees from any thread land in the freeing thread's cache, so blocks handed from a
+///   producer to a consumer thread cost no lock. Each class keeps at most 32 blocks and
+///   `thread_cache` bytes (default 128 KiB: 32 blocks up to 4 KiB, 2 of 64 KiB). Small blocks are
+///   taken from `Inner` at their class size and alignment 256 (the request's when larger), so
+///   any thread's cache can take any of them back.
 /// - Under a shard's lock: the `Inner` call itself (and, for a refill or a flush, the batch of
-///   them). When `Inner` must go to its upstream (`cudaMalloc`, a new slab), that happens under
-///   the shard's lock: other threads' shards are not held up, and a slab serves many requests.
-///   The table and the caches take no lock; a thread's first call claims its entry with one
-///   compare-exchange.
+///   them). When `Inner` must go to its upstream (`cudaMalloc`, a new slab or segment), that
+///   happens under the shard's lock, which `sharded` cannot avoid without `Inner`'s help: only
+///   threads of that shard wait, and a slab serves many requests. The table and the caches take
+///   no lock; a thread's first call claims its entry with one compare-exchange.
+/// - Complexity: a cached request or free, O(1) (a hash of the thread id, a class index, a stack);
+///   a refill or flush, up to 16 `Inner` calls and, for a flush, an `owns` per block and shard
+///   tried; an uncached request, `Inner`'s allocate under one lock (more when shards fail); an
+///   uncached free, `owns` then `deallocate` under the owner's lock (each shard before it: a lock
+///   and an `owns`).
+/// - Memory: the table (64 entries of 64 bytes) lives in the object; a thread's cache (7.1 KiB of
+///   host memory) is made on its first call and kept until the object goes. Cached blocks are
+///   idle memory that the shards count as in use: at most `thread_cache` bytes per class and
+///   thread, and what a thread that has ended left in its cache stays there until
+///   `flush_thread_caches()` (or a new thread that gets the same id).
+/// - One physical pool: shards of `virtual_arena` over one backend (`vmm_ref`, with a lock: the
+///   backends are not synchronized) share its capacity; memory one shard freed and unmapped
+///   serves another, and a shard that cannot map more hands the request to the others, which
+///   may hold it mapped (test/policy/sharded_test.cpp, `shards_share_one_physical_pool`).
 /// - Capabilities, each when `Inner` has it: the queries (`owns`, `release`, `reserved_bytes`,
 ///   `counters`, `for_each_block`, `bytes_in_use`, `requested_bytes`, limits) through
 ///   `detail::forwards_queries`, whose guard hook runs them on every shard under its lock and adds
