@@ -43,6 +43,8 @@ static_assert(alloy::reserving_allocator<host_arena>);
 static_assert(alloy::counting_allocator<host_arena>);
 static_assert(alloy::introspectable_allocator<host_arena>);
 static_assert(alloy::cache_keeping_allocator<host_arena>);
+static_assert(alloy::checked_deallocating_allocator<host_arena>);
+static_assert(host_arena::max_alignment == std::numeric_limits<std::size_t>::max());
 static_assert(!std::is_copy_constructible_v<host_arena> && std::is_nothrow_move_constructible_v<host_arena>);
 
 namespace {
@@ -540,8 +542,8 @@ BOOST_AUTO_TEST_CASE(the_range_grows_in_place_or_the_request_fails) {
 namespace {
 
 struct misuse_log {
-  std::vector<alloy::arena_misuse> kinds;
-  static void record(alloy::arena_misuse kind, block, void* context) noexcept {
+  std::vector<alloy::misuse> kinds;
+  static void record(alloy::misuse kind, block, void* context) noexcept {
     static_cast<misuse_log*>(context)->kinds.push_back(kind);
   }
 };
@@ -571,6 +573,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
     fill_pattern(b, 5);
     const std::size_t mapped = a.reserved_bytes();
 
+    BOOST_TEST(!a.try_deallocate(block{static_cast<char*>(b.ptr) + 512, 100}), "interior: refused");
     a.deallocate(block{static_cast<char*>(b.ptr) + 256, 100});  // interior
     int on_stack = 0;
     a.deallocate(block{&on_stack, sizeof on_stack});            // foreign
@@ -579,13 +582,14 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
     a.deallocate(b);
     a.deallocate(b);  // double
     a.deallocate(block{});  // null: nothing
-    BOOST_TEST(log.kinds.size() == 4u);
-    BOOST_TEST(a.misuses().foreign_pointers == 2u);
+    BOOST_TEST(log.kinds.size() == 5u);
+    BOOST_TEST(a.misuses().foreign_pointers == 3u);
     BOOST_TEST(a.misuses().wrong_sizes == 1u);
     BOOST_TEST(a.misuses().double_frees == 1u);
     BOOST_TEST(a.reserved_bytes() <= mapped);
     BOOST_TEST(a.check_invariants());
-    a.deallocate(zero1);
+    BOOST_TEST(a.try_deallocate(zero1));
+    BOOST_TEST(a.try_deallocate(block{}));
     a.deallocate(zero2);
     BOOST_TEST(a.bytes_in_use() == 0u);
     BOOST_TEST(a.reserved_bytes() == 0u);

@@ -15,7 +15,7 @@
 #include <alloy/config.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/best_fit_index.hpp>
-#include <alloy/policy/best_fit_arena.hpp>  // arena_misuse, arena_misuse_handler, arena_misuse_counts
+#include <alloy/misuse.hpp>
 #include <alloy/vmm/virtual_memory.hpp>
 
 namespace alloy {
@@ -66,7 +66,8 @@ namespace alloy {
 ///   chunk of `rounding` bytes, returned with size 0.
 /// - Misuse (DESIGN §7), as `best_fit_arena`: double, foreign and interior frees and a wrong size
 ///   are ignored, counted in `misuses()` and passed to `options::on_misuse` (ALLOY_CHECKED builds
-///   print a line when there is no handler).
+///   print a line when there is no handler; alloy/misuse.hpp). `try_deallocate` says whether a
+///   free was accepted, so that decorators count only accepted frees.
 /// - Capabilities: `owns` (the address lies in the reserved range), `release`, `reserved_bytes`
 ///   (= mapped bytes), `counters` (`num_device_alloc`/`num_device_free` = physical pieces created
 ///   and released, `num_maps`, `num_unmaps`, `num_ooms`, `num_alloc_retries`), `for_each_block`
@@ -98,6 +99,9 @@ class virtual_arena {
  public:
   static constexpr bool host_accessible = Vmm::host_accessible;
   static constexpr bool device_accessible = Vmm::device_accessible;
+  /// Every power of two: alignment is served inside the arena (the edges read this to tell a
+  /// bad alignment from an out-of-memory).
+  static constexpr std::size_t max_alignment = std::numeric_limits<std::size_t>::max();
 
   struct options {
     /// Addresses reserved at construction. 0: four times the backend's capacity, at least 1 GiB
@@ -114,8 +118,8 @@ class virtual_arena {
     /// 1 % more peak mapped memory; on traces whose peak live is GiBs it is under 1 % of it.
     std::size_t release_threshold = std::size_t{32} << 20;
     std::size_t rounding = 256;  ///< a power of two (others round up to one)
-    arena_misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
-    void* misuse_context = nullptr;            ///< passed to `on_misuse`
+    misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
+    void* misuse_context = nullptr;      ///< passed to `on_misuse`
   };
 
   virtual_arena() : virtual_arena(Vmm{}) {}
@@ -153,18 +157,23 @@ class virtual_arena {
     return allocate_impl(bytes, alignment, false);
   }
 
-  void deallocate(block b) noexcept {
-    if (b.ptr == nullptr) return;
+  void deallocate(block b) noexcept { (void)try_deallocate(b); }
+
+  /// Checked deallocation (`checked_deallocating_allocator`): frees `b` and returns true when it
+  /// is a live block of this arena (or empty); returns false for a misuse, which is ignored and
+  /// reported as the class comment describes.
+  bool try_deallocate(block b) noexcept {
+    if (b.ptr == nullptr) return true;
     const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
     std::uint32_t c = map_.take(pool_, addr);
     if (c == detail::best_fit_npos) [[unlikely]] {
       report(classify_unknown(addr), b);
-      return;
+      return false;
     }
     if (pool_[c].requested() != b.size) [[unlikely]] {
       map_.insert(addr, c);  // it stays allocated (the entry just freed makes room)
-      report(arena_misuse::wrong_size, b);
-      return;
+      report(misuse::wrong_size, b);
+      return false;
     }
     detail::best_fit_chunk& node = pool_[c];
     const std::size_t size = node.size();
@@ -190,6 +199,7 @@ class virtual_arena {
     for (std::size_t g = first; g <= last; ++g)
       if (--granules_[g].live == 0) push_free(g);
     trim(opts_.release_threshold);
+    return true;
   }
 
   // ---- capabilities ----------------------------------------------------------------------------
@@ -252,7 +262,7 @@ class virtual_arena {
   std::size_t granularity() const noexcept { return opts_.granularity; }
   std::size_t free_chunk_count() const noexcept { return index_.size(); }
   std::size_t allocated_chunk_count() const noexcept { return map_.size(); }
-  arena_misuse_counts misuses() const noexcept { return misuses_; }
+  misuse_counts misuses() const noexcept { return misuses_; }
   const options& get_options() const noexcept { return opts_; }
 
   /// Verifies every invariant in O(chunks + granules): chunks tile the range, no two free
@@ -702,27 +712,17 @@ class virtual_arena {
     }
   }
 
-  [[gnu::cold]] arena_misuse classify_unknown(std::uintptr_t addr) const noexcept {
-    if (addr < base_ || addr >= end_) return arena_misuse::foreign_pointer;
+  [[gnu::cold]] misuse classify_unknown(std::uintptr_t addr) const noexcept {
+    if (addr < base_ || addr >= end_) return misuse::foreign_pointer;
     for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
-      if (pool_[c].addr == addr) return pool_[c].free() ? arena_misuse::double_free : arena_misuse::foreign_pointer;
+      if (pool_[c].addr == addr) return pool_[c].free() ? misuse::double_free : misuse::foreign_pointer;
       if (pool_[c].addr > addr) break;
     }
-    return arena_misuse::foreign_pointer;
+    return misuse::foreign_pointer;
   }
 
-  [[gnu::cold]] void report(arena_misuse kind, block b) noexcept {
-    const char* what = "free of a pointer it did not hand out";
-    switch (kind) {
-      case arena_misuse::double_free: ++misuses_.double_frees; what = "double free"; break;
-      case arena_misuse::wrong_size: ++misuses_.wrong_sizes; what = "free with the wrong size"; break;
-      default: ++misuses_.foreign_pointers; break;
-    }
-    if (opts_.on_misuse != nullptr) {
-      opts_.on_misuse(kind, b, opts_.misuse_context);
-    } else if (ALLOY_CHECKED) {
-      std::fprintf(stderr, "alloy: virtual_arena: %s (%p, %zu bytes); ignored\n", what, b.ptr, b.size);
-    }
+  [[gnu::cold]] void report(misuse kind, block b) noexcept {
+    detail::report_misuse(misuses_, kind, b, opts_.on_misuse, opts_.misuse_context, "virtual_arena");
   }
 
   /// Unmaps and releases every granule and gives every address back.
@@ -786,7 +786,7 @@ class virtual_arena {
   std::size_t in_use_ = 0;
   std::size_t requested_ = 0;
   allocator_counters counters_{};
-  arena_misuse_counts misuses_{};
+  misuse_counts misuses_{};
 };
 
 }  // namespace alloy
