@@ -174,7 +174,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     slot* me = my_slot();
-    if (is_cached_size(bytes) && std::has_single_bit(alignment)) {
+    if (is_cached_size(bytes) && is_power_of_two(alignment)) {
       const std::size_t c = classes::index(bytes);
       if (me != nullptr && me->cache != nullptr && alignment <= cache_alignment && capacity_[c] != 0) {
         cache& k = *me->cache;
@@ -390,6 +390,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   }
 
   bool is_cached_size(std::size_t bytes) const noexcept { return caching_ && bytes <= cached_size_limit; }
+  /// Without `std::has_single_bit`, which GCC compiles to a call to libgcc's popcount unless the
+  /// target has POPCNT.
+  static constexpr bool is_power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
   /// The block as the shard knows it: small blocks (when caching) at their class size.
   block inner_block(block b) const noexcept {
     return is_cached_size(b.size) ? block{b.ptr, classes::size(classes::index(b.size))} : b;
@@ -401,7 +404,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <class Call>
   block allocate_direct(std::size_t first, std::size_t bytes, std::size_t alignment, Call call) noexcept {
     std::size_t inner_bytes = bytes, inner_alignment = alignment;
-    if (is_cached_size(bytes) && std::has_single_bit(alignment)) {
+    if (is_cached_size(bytes) && is_power_of_two(alignment)) {
       inner_bytes = classes::size(classes::index(bytes));
       inner_alignment = std::max(alignment, cache_alignment);
     }
