@@ -53,8 +53,9 @@ struct alignas(64) thread_slot {
 /// - Strategy: each thread gets a shard, round-robin in the order threads first call, through a
 ///   table in the object (64 entries keyed by `std::this_thread::get_id()`; no thread-local or
 ///   global state, DESIGN §11). A thread allocates from its shard, and from the others in turn
-///   when that fails. A free goes to the shard that owns the block (`Inner::owns`; the freeing
-///   thread's shard is asked first), from any thread. With more than 64 threads over the object's
+///   when that fails. A free goes to the shard that owns the block, from any thread: the freeing
+///   thread's shard takes it without asking when its table of recent blocks (1,024 addresses by
+///   hash, per shard) holds it, else each shard in turn is asked `Inner::owns`. With more than 64 threads over the object's
 ///   life, the later ones pick a shard by a hash of their id and have no cache.
 /// - Thread cache (`options::thread_cache`, bytes per size class and thread; on by default unless
 ///   `Inner` keeps statistics, which would count cached blocks as in use): requests of at most
@@ -312,11 +313,20 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using cache = detail::thread_block_cache<classes::count, per_class_max>;
   using slot = detail::thread_slot<cache>;
 
+  static constexpr std::size_t recent_entries = 1024;
+  static std::size_t recent_index(const void* p) noexcept {
+    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) >> 8) * 0x9E3779B97F4A7C15ull >> 54);
+  }
+
   struct alignas(64) shard {
     template <class Make>
     shard(Make& make, std::size_t i) : inner(make(i)) {}
     mutable Mutex mutex;
     Inner inner;
+    /// Blocks this shard handed out past the caches, by a hash of the address (a later one may
+    /// take an earlier one's entry): an entry holding a block's address means the block is live
+    /// and this shard's, so its free needs no `owns`. Set and cleared under `mutex`.
+    void* recent[recent_entries] = {};
   };
 
   void destroy_shards(std::size_t n) noexcept {
@@ -420,7 +430,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       shard& s = shards_[(first + n) % count_];
       std::lock_guard lock(s.mutex);
       const block b = call(s.inner, inner_bytes, inner_alignment);
-      if (b) return block{b.ptr, bytes};
+      if (b) {
+        if (count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
+        return block{b.ptr, bytes};
+      }
     }
     return {};
   }
@@ -442,8 +455,20 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       }
     }
     const block inner = inner_block(b);
+    const std::size_t first = shard_of(me);
+    if (count_ > 1) {  // the thread's own shard, when it remembers handing the block out
+      shard& s = shards_[first];
+      std::lock_guard lock(s.mutex);
+      void*& entry = s.recent[recent_index(inner.ptr)];
+      if (entry == inner.ptr) {
+        entry = nullptr;
+        if (detail::free_in(s.inner, inner) != detail::free_outcome::refused) return true;
+        refuse(inner);
+        return false;
+      }
+    }
     void* p = inner.ptr;
-    return give_back(shard_of(me), inner.size, &p, 1) == 0;
+    return give_back(first, inner.size, &p, 1) == 0;
   }
 
   /// Gives back `n` blocks of `bytes` each to the shards that own them, the shard `first` asked
@@ -469,6 +494,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         const block b{ptrs[i], bytes};
         if (!s.inner.owns(b)) continue;
         if (taker != nullptr) *taker = (first + k) % count_;
+        if (void*& entry = s.recent[recent_index(b.ptr)]; entry == b.ptr) entry = nullptr;
         ptrs[i] = ptrs[--n];
         if (detail::free_in(s.inner, b) == detail::free_outcome::refused) {
           refuse(b);
