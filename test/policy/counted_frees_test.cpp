@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <alloy/adaptor/pmr.hpp>
 #include <alloy/alloy.hpp>
 #include <alloy/host_stream.hpp>
 #include <alloy/memory_stats.hpp>
@@ -173,6 +174,22 @@ BOOST_AUTO_TEST_CASE(caching_allocator_rounding_layer_counts_only_accepted_frees
   BOOST_TEST(c.requested_bytes() == 30_MiB + 5);
   c.deallocate(again);
   BOOST_TEST(c.requested_bytes() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(pmr_resource_over_stats_counts_only_accepted_frees) {
+  misuse_log log;
+  alloy::stats<arena> s{quiet_arena(log)};
+  alloy::pmr_resource mr{s};
+  void* p = mr.allocate(100, 16);
+  mr.deallocate(p, 100, 16);
+  mr.deallocate(p, 100, 16);  // double
+  void* q = mr.allocate(200, 16);
+  mr.deallocate(q, 199, 16);  // wrong size
+  BOOST_TEST(log.count == 2u);
+  BOOST_TEST(s.statistics().bytes_in_use == 200u);
+  BOOST_TEST(alloy::memory_stats(s).at("allocation.all.current") == 1);
+  mr.deallocate(q, 200, 16);
+  BOOST_TEST(s.statistics().bytes_in_use == 0u);
 }
 
 // ---- over a part that cannot tell ---------------------------------------------------------------

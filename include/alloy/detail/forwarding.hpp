@@ -1,25 +1,25 @@
 // alloy/detail/forwarding.hpp: the one way optional capabilities are passed on (issue 19).
 //
 // Every optional capability is listed once, in `capability` below, with its test in
-// `has_capability`. Three bases pass them on, each member existing exactly when the part has the
+// `has_capability`. Four bases pass them on, each member existing exactly when the part has the
 // capability (Phobos's rule: a wrapper has what its parts have):
 //
-// - `forwards_queries<Derived, Inner>`: the capabilities that do not allocate or free (owns,
+// - `forwards_queries<Derived, Inner>`: the capabilities that neither allocate nor free (owns,
 //   release, reserved bytes, counters, introspection, record_use, bytes in use, requested bytes,
-//   limits, `serves`). Every call goes through `Derived::guarded(f)`, the guard hook, which runs `f(inner)`;
-//   by default it just calls `f(inner())`. `synchronized` takes its lock there, `ref` follows its
-//   pointer there: that is all either of them adds.
+//   limits, serves). Every call goes through `Derived::guarded(f)`, the guard hook, which runs
+//   `f(inner)`; by default it calls `f(inner())`. `synchronized` takes its lock there, `ref`
+//   follows its pointer, `sharded` visits its shards: that is all each of them adds.
 // - `forwards_everything<Derived, Inner>`: the above plus every allocating call (plain,
 //   keeping-cache, stream-ordered, checked frees, movable handles), all through the guard.
-// - `decorates<Derived, Inner>`: the above queries plus every allocating call (plain,
-//   keeping-cache, stream-ordered, checked frees) routed through two hooks of the decorator,
-//   `on_allocate(bytes, alignment, call, kind)` and `on_free(b, call)`, so that a counting
-//   decorator writes its accounting once and has exactly the allocating calls its part has.
-//   `on_free` gets a `call` returning a `free_outcome`: `accepted` or `refused` when the part
-//   below checks its frees (`try_deallocate`), `unchecked` when it cannot tell.
-// - `two_parts<Derived, First, Second>` (for `segregator` and `fallback`): the queries of both
-//   parts combined (sums, both-or-either) and the allocating calls through the routing hooks
-//   `route_allocation(bytes, alignment, call)`, `route_free(b, call)` and `route_use(b, call)`.
+// - `decorates<Derived, Inner>`: the queries plus the allocating calls (plain, keeping-cache,
+//   stream-ordered, checked frees) routed through two hooks of the decorator, `on_allocate` and
+//   `on_free`, so that a counting decorator writes its accounting once and has exactly the
+//   allocating calls its part has. `on_free` learns what the part below did with the free
+//   (`free_outcome`): `accepted` or `refused` when the part checks its frees (`try_deallocate`),
+//   `unchecked` when it cannot tell.
+// - `two_parts<Derived, First, Second>` (`segregator`, `fallback`): the queries of both parts
+//   combined (sums, both-or-either) and the allocating calls through the routing hooks
+//   `route_allocation`, `route_free` and `route_use`.
 //
 // The capability matrix test (test/capability_matrix_test.cpp) checks, for every wrapper and every
 // entry of `capability`, that the wrapper has it exactly when its part has it.
