@@ -6,7 +6,7 @@
 // static_asserts: this file does not compile when a wrapper loses or invents a capability.
 //
 // Adding a capability to `detail::capability` fails here until the toy below has it (the
-// `toy_all` check) and then checks every wrapper for it. A new wrapper goes into `wrappers`.
+// `toy<all_bits>` check) and then checks every wrapper for it. A new wrapper gets a row below.
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
@@ -14,6 +14,7 @@
 #include <utility>
 
 #include <alloy/alloy.hpp>
+#include <alloy/policy/sharded.hpp>
 #include <alloy/showcase.hpp>
 
 using namespace alloy::literals;
@@ -235,6 +236,16 @@ struct w_fallback {
   static constexpr unsigned own = 0, not_passed = movable_group | limits;
 };
 
+struct w_sharded {
+  static constexpr const char* name = "sharded";
+  template <class A>
+  using type = alloy::sharded<A>;
+  static constexpr unsigned own = 0;
+  // documented: no stream-ordered calls (a thread's cache has no stream) and no handles
+  static constexpr unsigned not_passed =
+      movable_group | bit(capability::stream_ordered) | bit(capability::try_deallocate_on_stream);
+};
+
 /// Capabilities where `W<toy<Mask>>` differs from what it should have (0 when it is right).
 template <class W, unsigned Mask>
 constexpr unsigned mismatch() {
@@ -263,6 +274,7 @@ static_assert(mismatches_over_toys<w_tracked>() == 0);
 static_assert(mismatches_over_toys<w_round_up>() == 0);
 static_assert(mismatches_over_toys<w_segregator>() == 0);
 static_assert(mismatches_over_toys<w_fallback, bit(capability::owns)>() == 0);
+static_assert(mismatches_over_toys<w_sharded, bit(capability::owns)>() == 0);  // Inner must have owns
 
 // stream_ordered gives stream-ordered calls to a part that keeps its cache: it has the part's
 // queries, `record_use` and the stream calls of its own, checked frees (both forms) when the part
@@ -320,6 +332,7 @@ BOOST_AUTO_TEST_CASE(every_wrapper_has_exactly_what_its_part_has) {
       {w_round_up::name, mismatches_over_toys<w_round_up>()},
       {w_segregator::name, mismatches_over_toys<w_segregator>()},
       {w_fallback::name, mismatches_over_toys<w_fallback, bit(capability::owns)>()},
+      {w_sharded::name, mismatches_over_toys<w_sharded, bit(capability::owns)>()},
   };
   for (const auto& [name, bad] : rows) BOOST_TEST(bad == 0u, name << " over " << (2 * capability_count + 2) << " toys");
 }
