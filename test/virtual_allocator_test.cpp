@@ -33,6 +33,7 @@ static_assert(alloy::releasing_allocator<sim_allocator>);
 static_assert(alloy::reserving_allocator<sim_allocator>);
 static_assert(alloy::counting_allocator<sim_allocator>);
 static_assert(alloy::introspectable_allocator<sim_allocator>);
+static_assert(alloy::checked_deallocating_allocator<sim_allocator>);
 static_assert(!alloy::composite<sim_allocator>, "no parts(): a walker would count the arena and its slabs twice");
 static_assert(sim_allocator::device_accessible && !sim_allocator::host_accessible);
 static_assert(host_allocator::host_accessible);
@@ -99,6 +100,33 @@ BOOST_AUTO_TEST_CASE(one_arena_counted_once) {
   BOOST_TEST(a.small().reserved_bytes() == 0u);
   check_books(a, d);
   BOOST_TEST(a.counters().num_ooms == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(bad_frees_are_refused_with_every_figure_unchanged) {
+  simulated_vm_device d;
+  sim_allocator a{sim_vm{d}};
+  const alloy::block s = a.allocate(100, 256), l = a.allocate(1_MiB, 256);
+  BOOST_TEST_REQUIRE((s && l));
+  const std::size_t in_use = a.bytes_in_use(), requested = a.requested_bytes(), reserved = a.reserved_bytes();
+  int x = 0;
+  const alloy::block bad[] = {{&x, 4},
+                              {static_cast<char*>(s.ptr) + 16, 100},   // interior, in a slab
+                              {s.ptr, 99},                             // wrong size
+                              {static_cast<char*>(l.ptr) + 256, 1_MiB},  // interior, in the arena
+                              {l.ptr, 2_MiB}};                         // wrong size, large
+  for (const alloy::block& b : bad) {
+    BOOST_TEST(!a.try_deallocate(b));
+    BOOST_TEST(a.bytes_in_use() == in_use);
+    BOOST_TEST(a.requested_bytes() == requested);
+    BOOST_TEST(a.reserved_bytes() == reserved);
+  }
+  BOOST_TEST(a.try_deallocate(s));
+  BOOST_TEST(!a.try_deallocate(s), "twice");
+  BOOST_TEST(a.try_deallocate(l));
+  BOOST_TEST(!a.try_deallocate(l), "twice");
+  BOOST_TEST(a.bytes_in_use() == 0u);
+  BOOST_TEST(a.requested_bytes() == 0u);
+  check_books(a, d);
 }
 
 BOOST_AUTO_TEST_CASE(capacity_runs_out_then_serves_again) {

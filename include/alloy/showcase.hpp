@@ -235,9 +235,9 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   arena's chunks that are not slabs; `for_each_block` = the arena's picture with each slab
 ///   shown as the pool's blocks in it. `small()` and `arena()` give the parts; there is no `parts()`, so that no
 ///   statistics walker adds the arena to the slabs it holds.
-/// - Capabilities: `owns`, `release` (wholly free slabs to the arena, then every free mapped
-///   granule to the backend), `reserved_bytes`, `mapped_bytes`, `counters`, `bytes_in_use`,
-///   `requested_bytes`, `for_each_block`. Memory kind: the backend's.
+/// - Capabilities: `try_deallocate` (checked frees), `owns`, `release` (wholly free slabs to the
+///   arena, then every free mapped granule to the backend), `reserved_bytes`, `mapped_bytes`,
+///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`. Memory kind: the backend's.
 /// - Chosen by measurement (`bench/virtual_memory candidates`, tables in bench/README.md,
 ///   "Virtual memory"): the arena alone and pools up to 16 KiB / 64 KiB / 256 KiB / 1 MiB with
 ///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,
@@ -292,6 +292,13 @@ class virtual_allocator {
     return b;
   }
   void deallocate(block b) noexcept { heap_.deallocate(b); }
+  /// Checked deallocation: false (nothing changed) for a block that is not live here — foreign,
+  /// interior, double or of the wrong size, as the pool or the arena detects it.
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<heap_type>
+  {
+    return heap_.try_deallocate(b);
+  }
 
   bool owns(block b) const noexcept { return arena_->owns(b); }
   /// Gives the pool's wholly free slabs to the arena, then every free mapped granule back.
@@ -331,19 +338,20 @@ class virtual_allocator {
         return;
       }
       const std::byte* at = start;  // the slab's blocks, gaps between them free
+      const auto free_up_to = [&](const std::byte* end) {
+        if (end > at) visit(block_info{piece.segment, piece.segment_size, at, static_cast<std::size_t>(end - at), 0, block_state::free});
+      };
       while (next != pool.end() && static_cast<const std::byte*>(next->ptr) < start + piece.size) {
         block_info info = *next++;
-        if (static_cast<const std::byte*>(info.ptr) < start) continue;
-        if (static_cast<const std::byte*>(info.ptr) > at)
-          visit(block_info{piece.segment, piece.segment_size, at, static_cast<std::size_t>(static_cast<const std::byte*>(info.ptr) - at), 0,
-                           block_state::free});
+        const auto* p = static_cast<const std::byte*>(info.ptr);
+        if (p < start) continue;
+        free_up_to(p);
         info.segment = piece.segment;
         info.segment_size = piece.segment_size;
         visit(info);
-        at = static_cast<const std::byte*>(info.ptr) + info.size;
+        at = p + info.size;
       }
-      if (at < start + piece.size)
-        visit(block_info{piece.segment, piece.segment_size, at, static_cast<std::size_t>(start + piece.size - at), 0, block_state::free});
+      free_up_to(start + piece.size);
     });
   }
 
