@@ -112,8 +112,9 @@ struct alignas(64) thread_slot {
 ///   take the shard's lock); at 2 threads 1.33-3.80x the best synchronized peer on W2, 0.71-0.97x
 ///   on W1, 0.86-1.82x on producer/consumer (one look with the machine idle, at the first
 ///   version of this class: 9.3x on W2, 3.4x on W1, scaling 2T/1T as the limit does); peak
-///   reserved / peak live at 4 threads 0.79x (W2) and 0.87x (W1) the 1-thread figure. Under cachegrind, instructions per pair on one thread: W2
-///   427 against the bare allocator's 439, W1 675 against 536.
+///   reserved / peak live at 4 threads 0.79x (W2) and 0.87x (W1) the 1-thread figure. Under
+///   cachegrind, instructions per pair on one thread: W2 427 against the bare allocator's 439,
+///   W1 675 against 536.
 template <allocator Inner, class Mutex = std::mutex>
 class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using queries = detail::forwards_queries<sharded<Inner, Mutex>, Inner>;
