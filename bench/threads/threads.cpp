@@ -151,6 +151,10 @@ struct ring {
 
 // ---- running N threads ---------------------------------------------------------------------------
 
+double seconds_since(thread_cpu_clock::time_point start) {
+  return std::chrono::duration<double>(thread_cpu_clock::now() - start).count();
+}
+
 struct rates {
   double wall = 0;  // M pairs/s, all threads together, wall time
   double cpu = 0;   // M pairs per CPU second of the threads (their CPU time added up)
@@ -191,7 +195,7 @@ rates run_threads(Env& env, const scenario& sc, int threads) {
         benchmark::DoNotOptimize(held[v]);
       }
       finish[static_cast<std::size_t>(t)] = wall_clock::now();
-      cpu_seconds[static_cast<std::size_t>(t)] = std::chrono::duration<double>(thread_cpu_clock::now() - cpu_start).count();
+      cpu_seconds[static_cast<std::size_t>(t)] = seconds_since(cpu_start);
       done.fetch_add(1, std::memory_order_release);
       wait_for(done, threads);  // nobody frees its live set while others are timed
       for (const alloy::block& b : held) env.deallocate(t, b);
@@ -217,7 +221,7 @@ rates run_threads(Env& env, const scenario& sc, int threads) {
       }
       out.publish_tail();
       finish[static_cast<std::size_t>(t)] = wall_clock::now();
-      cpu_seconds[static_cast<std::size_t>(t)] = std::chrono::duration<double>(thread_cpu_clock::now() - cpu_start).count();
+      cpu_seconds[static_cast<std::size_t>(t)] = seconds_since(cpu_start);
       done.fetch_add(1, std::memory_order_release);
       // Keep consuming until every producer is done (a producer with a full ring waits for us).
       while (done.load(std::memory_order_acquire) < threads) {
@@ -252,7 +256,9 @@ struct limit_env {
   limit_env(shared_space& s, const scenario&) {
     for (int t = 0; t < max_threads; ++t) per_thread.push_back(std::make_unique<D>(U{&s}));
   }
-  alloy::block allocate(int t, std::size_t bytes) noexcept { return per_thread[static_cast<std::size_t>(t)]->allocate(bytes, alignment); }
+  alloy::block allocate(int t, std::size_t bytes) noexcept {
+    return per_thread[static_cast<std::size_t>(t)]->allocate(bytes, alignment);
+  }
   void deallocate(int t, alloy::block b) noexcept { per_thread[static_cast<std::size_t>(t)]->deallocate(b); }
 };
 
@@ -260,7 +266,8 @@ template <bool Cache>
 struct sharded_env {
   alloy::sharded<D> a;
   sharded_env(shared_space& s, const scenario&)
-      : a([&s](std::size_t) { return D{U{&s}}; }, alloy::sharded<D>::options{.thread_cache = Cache ? std::size_t{128} << 10 : 0}) {}
+      : a([&s](std::size_t) { return D{U{&s}}; },
+          alloy::sharded<D>::options{.thread_cache = Cache ? std::size_t{128} << 10 : 0}) {}
   alloy::block allocate(int, std::size_t bytes) noexcept { return a.allocate(bytes, alignment); }
   void deallocate(int, alloy::block b) noexcept { a.deallocate(b); }
 };
@@ -481,7 +488,9 @@ int main(int argc, char** argv) {
           const rates rate = c.run(sc, threads, peak);
           tab[c.name].rate[threads].push_back(rate.wall);
           tab[c.name].cpu_rate[threads].push_back(rate.cpu);
-          if (c.counts_space) tab[c.name].reserved[threads].push_back(static_cast<double>(peak) / peak_live(sc, threads));
+          if (c.counts_space) {
+            tab[c.name].reserved[threads].push_back(static_cast<double>(peak) / peak_live(sc, threads));
+          }
         }
       }
     }

@@ -216,7 +216,8 @@ thread_totals run_workers(A& a) {
   {
     std::vector<std::jthread> threads;
     for (int t = 0; t < worker_threads; ++t) {
-      threads.emplace_back([&, t] { totals[static_cast<std::size_t>(t)] = work(a, queue, t, total_operations / worker_threads); });
+      threads.emplace_back(
+          [&, t] { totals[static_cast<std::size_t>(t)] = work(a, queue, t, total_operations / worker_threads); });
     }
   }
   thread_totals sum;
@@ -553,7 +554,8 @@ BOOST_AUTO_TEST_CASE(shards_share_one_physical_pool) {
       std::mutex backend_lock;
       alloy::sharded<shared_arena> a{
           [&](std::size_t) {
-            return shared_arena{locked_vmm_ref<alloy::host_vmm>{backend, backend_lock}, {.release_threshold = threshold}};
+            return shared_arena{locked_vmm_ref<alloy::host_vmm>{backend, backend_lock},
+                                {.release_threshold = threshold}};
           },
           {.shards = 2, .thread_cache = 0}};
       auto take = [&](std::size_t pieces, std::vector<item>& out, std::uint64_t first_id) {

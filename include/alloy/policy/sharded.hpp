@@ -55,8 +55,9 @@ struct alignas(64) thread_slot {
 ///   global state, DESIGN §11). A thread allocates from its shard, and from the others in turn
 ///   when that fails. A free goes to the shard that owns the block, from any thread: the freeing
 ///   thread's shard takes it without asking when its table of recent blocks (1,024 addresses by
-///   hash, per shard) holds it, else each shard in turn is asked `Inner::owns`. With more than 64 threads over the object's
-///   life, the later ones pick a shard by a hash of their id and have no cache.
+///   hash, per shard) holds it, else each shard in turn is asked `Inner::owns`. With more than 64
+///   threads over the object's life, the later ones pick a shard by a hash of their id and have
+///   no cache.
 /// - Thread cache (`options::thread_cache`, bytes per size class and thread; on by default unless
 ///   `Inner` keeps statistics, which would count cached blocks as in use): requests of at most
 ///   64 KiB are rounded to a class (multiples of 256 B, four per octave, `power2_classes<4, 256,
