@@ -69,7 +69,10 @@ using namespace alloy::bench;
 using wall_clock = std::chrono::steady_clock;
 
 constexpr std::size_t alignment = 256;
-constexpr std::size_t pairs_per_thread = 200'000;
+// Pairs per thread: enough that a timed part lasts tens of milliseconds, well above the
+// scheduler's time slices, so that a busy machine's threads get to run side by side.
+constexpr std::size_t small_pairs = 1'000'000;  // W2, producer/consumer
+constexpr std::size_t large_pairs = 400'000;    // W1
 constexpr int thread_counts[] = {1, 2, 4, 8};
 constexpr int max_threads = 8;
 
@@ -86,8 +89,8 @@ struct scenario {
 };
 
 workload_params params(double log2_largest, std::uint64_t seed) {
-  return {.live_blocks = 1'000, .pairs = pairs_per_thread, .log2_smallest = 8, .log2_largest = log2_largest,
-          .seed = seed};
+  return {.live_blocks = 1'000, .pairs = log2_largest > 16 ? large_pairs : small_pairs, .log2_smallest = 8,
+          .log2_largest = log2_largest, .seed = seed};
 }
 
 std::vector<scenario> scenarios() {
@@ -245,7 +248,7 @@ rates run_threads(Env& env, const scenario& sc, int threads) {
   const double seconds = std::chrono::duration<double>(end - start).count();
   double cpu = 0;
   for (double c : cpu_seconds) cpu += c;
-  const double pairs = static_cast<double>(pairs_per_thread) * threads;
+  const double pairs = static_cast<double>(sc.per_thread[0].pairs()) * threads;
   return {pairs / seconds * 1e-6, pairs / cpu * 1e-6};
 }
 
@@ -382,7 +385,7 @@ void print_table(const scenario& sc, const table& tab, const std::vector<contend
   std::printf("\n%s: %s; %zu pairs per thread, alignment %zu; median of %d\n", sc.name.c_str(),
               sc.how == mode::producer_consumer ? "W2 sizes, every block freed by the next thread (512 in flight per ring)"
                                                 : "1,000 live blocks per thread",
-              pairs_per_thread, alignment, reps);
+              sc.per_thread[0].pairs(), alignment, reps);
   std::printf("M pairs/s (all threads)      1T      2T      4T      8T   2T/1T | 1T per CPU s | vs best sync peer: 1T    2T    4T    8T | "
               "vs malloc 2T | reserved/live 1T    4T  4T/1T\n");
   for (const contender& c : cs) {

@@ -107,13 +107,13 @@ struct alignas(64) thread_slot {
 ///   cannot be seen.
 /// - Movable (not while in use), not copyable; the shards stay where they are (one allocation).
 /// - Measured (bench/threads, `sharded<default_allocator>` against one `default_allocator` per
-///   thread and the synchronized peers; 2-core VM, 2026-11-24, five full runs while other work
+///   thread and the synchronized peers; 2-core VM, 2026-11-24, seven full runs while other work
 ///   kept it busy, so that two threads seldom ran at once: see bench/threads/README.md): one
-///   thread 0.55-0.86x the bare allocator's CPU time on W2, 1.11-1.46x on W1 (its large blocks
+///   thread 0.55-0.91x the bare allocator's CPU time on W2, 1.11-1.46x on W1 (its large blocks
 ///   take the shard's lock); at 2 threads 1.33-3.80x the best synchronized peer on W2, 0.71-0.97x
 ///   on W1, 0.86-1.82x on producer/consumer (one look with the machine idle, at the first
 ///   version of this class: 9.3x on W2, 3.4x on W1, scaling 2T/1T as the limit does); peak
-///   reserved / peak live at 4 threads 0.79x (W2) and 0.87x (W1) the 1-thread figure. Under
+///   reserved / peak live at 4 threads 0.79-0.83x (W2) and 0.86-0.88x (W1) the 1-thread one. Under
 ///   cachegrind, instructions per pair on one thread: W2 427 against the bare allocator's 439,
 ///   W1 675 against 536.
 template <allocator Inner, class Mutex = std::mutex>
