@@ -71,7 +71,7 @@ namespace alloy {
 /// - Capabilities: `owns` (the address lies in the reserved range), `release`, `reserved_bytes`
 ///   (= mapped bytes), `counters` (`num_device_alloc`/`num_device_free` = physical pieces created
 ///   and released, `num_maps`, `num_unmaps`, `num_ooms`, `num_alloc_retries`), `for_each_block`
-///   (one segment, the reserved range; allocated chunks, free bytes in mapped granules as
+///   (one segment, the used part of the reserved range; allocated chunks, free bytes in mapped granules as
 ///   `block_state::free`, free bytes in unmapped granules as `block_state::unmapped`), and
 ///   `bytes_in_use`, `requested_bytes`, `free_bytes` (mapped and not in use, so reserved = in
 ///   use + free), `largest_free_block` (the largest free mapped run), `bytes_reservable_limit`
@@ -224,17 +224,21 @@ class virtual_arena {
   std::size_t free_mapped_bytes() const noexcept { return free_mapped_ << gshift_; }
   allocator_counters counters() const noexcept { return counters_; }
 
-  /// Calls `visit(const block_info&)` for every piece of the reserved range in address order:
+  /// Calls `visit(const block_info&)` for every piece of the used part of the reserved range
+  /// (`used_address_space()`: up to the end of the highest granule ever mapped) in address order:
   /// allocated chunks (rounded extent, requested size), then the free chunks split where their
   /// granules change between mapped (`block_state::free`) and unmapped (`block_state::unmapped`).
-  /// One segment: the whole reserved range.
+  /// One segment: that used part. The untouched addresses above it are left out, so that a
+  /// snapshot draws the heap, not a terabyte of reservation.
   template <class F>
   void for_each_block(F&& visit) const {
+    const std::uintptr_t used_end = base_ + used_address_space();
     for_each_piece([&](std::uintptr_t at, std::size_t size, std::size_t requested, block_state state) {
+      if (at >= used_end) return;
       visit(block_info{.segment = reinterpret_cast<const void*>(base_),
-                       .segment_size = end_ - base_,
+                       .segment_size = used_end - base_,
                        .ptr = reinterpret_cast<const void*>(at),
-                       .size = size,
+                       .size = std::min<std::size_t>(size, used_end - at),
                        .requested = requested,
                        .state = state});
     });
@@ -259,6 +263,11 @@ class virtual_arena {
   std::size_t bytes_reservable_limit() const noexcept { return vmm_.capacity(); }
   /// Bytes of addresses reserved.
   std::size_t address_space() const noexcept { return end_ - base_; }
+  /// Bytes of the reserved range up to the end of the highest granule ever mapped (what
+  /// `for_each_block` reports).
+  std::size_t used_address_space() const noexcept {
+    return std::min<std::size_t>(granules_.size() << gshift_, end_ - base_);
+  }
   std::size_t granularity() const noexcept { return opts_.granularity; }
   std::size_t free_chunk_count() const noexcept { return index_.size(); }
   std::size_t allocated_chunk_count() const noexcept { return map_.size(); }
