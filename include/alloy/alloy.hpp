@@ -32,6 +32,7 @@
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/logged.hpp>
 #include <alloy/policy/segregator.hpp>
+#include <alloy/policy/sharded.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
