@@ -16,6 +16,8 @@
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/best_fit_index.hpp>
 #include <alloy/misuse.hpp>
+#include <alloy/movable.hpp>
+#include <alloy/tag.hpp>
 #include <alloy/vmm/virtual_memory.hpp>
 
 namespace alloy {
@@ -78,9 +80,22 @@ namespace alloy {
 ///   (the backend's capacity), `mapped_bytes`, `free_mapped_bytes`, `address_space`,
 ///   `allocate_keeping_cache`, `check_invariants`. Not (yet) `allocate_at` / `chunk_size` for a
 ///   compacting defragmenter.
-/// - Tags (DESIGN §12, later): a granule's record can carry the tag of the chunks that touch it
-///   and the carve can round a chunk of another tag out to the next granule; nothing here
-///   assumes chunks of any kind may share a granule.
+/// - Tags and offload (DESIGN §12, issue 21): every chunk carries a `tag` (per call, or the
+///   current tag that `scoped_tag` sets). A granule's record holds the tag of the chunks that
+///   touch it; chunks of different tags never share a granule: when best fit's chunk would put
+///   the block in a granule a live chunk of another tag touches, the request is served instead
+///   from a free chunk holding whole free granules (start rounded up to a granule). Only the
+///   first and last granule of a block can be shared, so the check is O(1), and it is skipped
+///   until a tag other than 0 was used. `offload(t)` copies the requested bytes of each live
+///   chunk of `t` to one host buffer (pinned `cudaMallocHost` over a device-only backend,
+///   `operator new` over host memory, or `options::host_allocate`) through `copy_engine`, then
+///   unmaps and releases the tag's granules; `discard(t)` only unmaps; `restore(t)` maps them
+///   again at the same addresses (releasing free mapped granules if it must) and copies back.
+///   Free chunks are never copied. While a tag is not resident, allocations with it fail (empty
+///   block, counted); freeing its blocks is allowed (the range is freed and not restored). Every
+///   failure (host allocation, create, map, copy) leaves the tag as it was: these calls return
+///   an `offload_status`. O(chunks + granules) each; the host buffer and one 24-byte record per
+///   live chunk are the only host memory they take.
 /// - Destruction unmaps and releases every granule, live blocks or not, and gives the addresses
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
@@ -120,6 +135,11 @@ class virtual_arena {
     std::size_t rounding = 256;  ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;      ///< passed to `on_misuse`
+    /// Host memory for offloaded copies; null: pinned `cudaMallocHost` over a device-only
+    /// backend (CUDA builds), `operator new` otherwise. Returns null when it fails.
+    void* (*host_allocate)(std::size_t bytes, void* context) = nullptr;
+    void (*host_deallocate)(void* p, std::size_t bytes, void* context) = nullptr;
+    void* host_context = nullptr;
   };
 
   virtual_arena() : virtual_arena(Vmm{}) {}
@@ -150,11 +170,119 @@ class virtual_arena {
 
   // ---- the allocator ---------------------------------------------------------------------------
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept { return allocate_impl(bytes, alignment, true); }
+  /// Allocates with the current tag (`scoped_tag`; tag{0} unless set).
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, true, current_tag_.value);
+  }
+  /// Allocates with tag `t`; an empty block when `t` is offloaded or discarded.
+  block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept {
+    return allocate_impl(bytes, alignment, true, t.value);
+  }
   /// As `allocate`, but a failed `create` is not answered by releasing free mapped granules and
   /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`).
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
-    return allocate_impl(bytes, alignment, false);
+    return allocate_impl(bytes, alignment, false, current_tag_.value);
+  }
+
+  // ---- tags and offload ------------------------------------------------------------------------
+
+  tag current_tag() const noexcept { return current_tag_; }
+  void set_current_tag(tag t) noexcept { current_tag_ = t; }
+
+  tag_state state(tag t) const noexcept {
+    return t.value < tags_.size() ? tags_[t.value].state : tag_state::resident;
+  }
+  /// Bytes of the tag's host copy (0 unless offloaded).
+  std::size_t host_bytes(tag t) const noexcept { return t.value < tags_.size() ? tags_[t.value].host_bytes : 0; }
+  /// Mapped bytes of the granules the tag's live chunks touch (what offload/discard unmap). O(granules).
+  std::size_t mapped_bytes(tag t) const noexcept {
+    std::size_t n = 0;
+    for (const granule& r : granules_) n += r.live != 0 && r.tag == t.value && r.piece != 0;
+    return n << gshift_;
+  }
+  /// Requested bytes of the tag's live chunks. O(chunks).
+  std::size_t live_bytes(tag t) const noexcept {
+    std::size_t n = 0;
+    for (std::uint32_t c = head_; c != none; c = pool_[c].next())
+      if (!pool_[c].free() && granules_[granule_of(pool_[c].addr)].tag == t.value) n += pool_[c].requested();
+    return n;
+  }
+  const offload_statistics& offload_stats() const noexcept { return offload_stats_; }
+  /// The copy engine's last CUDA error (after `copy_failed`).
+  const copy_engine& copier() const noexcept { return copier_; }
+
+  /// Copies the live bytes of `t` to host memory, then unmaps and releases its granules.
+  offload_status offload(tag t) noexcept { return offload_impl(t.value, true, true); }
+  /// Unmaps and releases the granules of `t` without copying (`restore` maps fresh memory).
+  offload_status discard(tag t) noexcept { return offload_impl(t.value, false, true); }
+  /// Offloads every resident tag with live chunks (one full reclaim when any was). Stops at the
+  /// first failure and returns it (tags offloaded before stay offloaded).
+  offload_status offload_all() noexcept {
+    std::vector<std::uint16_t> seen;
+    try {
+      for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+        if (pool_[c].free()) continue;
+        const std::uint16_t t = granules_[granule_of(pool_[c].addr)].tag;
+        if (state(tag{t}) == tag_state::resident && std::find(seen.begin(), seen.end(), t) == seen.end()) seen.push_back(t);
+      }
+    } catch (const std::bad_alloc&) {
+      return offload_status::host_out_of_memory;
+    }
+    for (const std::uint16_t t : seen) {
+      const offload_status s = offload_impl(t, true, false);
+      if (s != offload_status::done) return s;
+    }
+    if (!seen.empty()) ++offload_stats_.num_full_reclaims;
+    return offload_status::done;
+  }
+  /// Maps the granules of an offloaded or discarded tag again, at the same addresses, and copies
+  /// the host copy back (free mapped granules are released when the capacity needs it). On
+  /// failure nothing is mapped and the host copy is kept: it can be retried.
+  offload_status restore(tag t) noexcept {
+    if (state(t) == tag_state::resident) return offload_status::already_resident;
+    tag_record& rec = tags_[t.value];
+    std::size_t to_map = 0;
+    for (const granule& r : granules_) to_map += r.live != 0 && r.tag == t.value && r.piece == 0;
+    const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
+    const std::size_t headroom = vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
+    if (to_map > headroom / opts_.granularity) return offload_status::device_out_of_memory;
+    for (std::size_t g = 0; g < granules_.size(); ++g) {
+      granule& r = granules_[g];
+      if (r.live == 0 || r.tag != t.value || r.piece != 0) continue;
+      physical_memory piece = vmm_.create(opts_.granularity);
+      if (!piece && free_mapped_ != 0) {
+        trim_count(std::min(free_mapped_, to_map));
+        piece = vmm_.create(opts_.granularity);
+      }
+      if (!piece) {
+        unmap_tag(t.value);
+        return offload_status::device_out_of_memory;
+      }
+      ++counters_.num_device_alloc;
+      if (!vmm_.map(granule_address(g), piece)) {
+        vmm_.release(piece);
+        ++counters_.num_device_free;
+        unmap_tag(t.value);
+        return offload_status::map_failed;
+      }
+      ++counters_.num_maps;
+      r.piece = piece.id;
+      ++mapped_;
+      --to_map;
+    }
+    for (const saved_chunk& s : rec.chunks) {
+      if (!s.live || s.bytes == 0) continue;
+      if (!copier_.template copy<Vmm::host_accessible, true>(reinterpret_cast<void*>(s.addr), rec.host + s.offset,
+                                                            s.bytes)) {
+        unmap_tag(t.value);
+        return offload_status::copy_failed;
+      }
+      offload_stats_.bytes_copied_back += s.bytes;
+    }
+    drop_host_copy(rec);
+    rec.state = tag_state::resident;
+    ++offload_stats_.num_restores;
+    return offload_status::done;
   }
 
   void deallocate(block b) noexcept { (void)try_deallocate(b); }
@@ -196,8 +324,9 @@ class virtual_arena {
     index_.insert(pool_, c);
     // The chunk's granules lose one user; those left with none are free mapped, then trimmed.
     const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
+    if (granules_[first].piece == 0) [[unlikely]] forget_saved(granules_[first].tag, addr);  // an offloaded tag's
     for (std::size_t g = first; g <= last; ++g)
-      if (--granules_[g].live == 0) push_free(g);
+      if (--granules_[g].live == 0 && granules_[g].piece != 0) push_free(g);
     trim(opts_.release_threshold);
     return true;
   }
@@ -306,7 +435,11 @@ class virtual_arena {
         ++allocated;
         const std::size_t g1 = granule_of(node.addr + node.size() - 1);
         if (g1 >= granules_.size()) return false;
-        for (std::size_t g = granule_of(node.addr); g <= g1; ++g) ++users[g];
+        const std::uint16_t owner = granules_[granule_of(node.addr)].tag;
+        for (std::size_t g = granule_of(node.addr); g <= g1; ++g) {
+          ++users[g];
+          if (granules_[g].tag != owner) return false;  // chunks of different tags never share a granule
+        }
       }
       at += node.size();
       before = c;
@@ -321,7 +454,8 @@ class virtual_arena {
       const granule& r = granules_[g];
       if (r.live != users[g] || r.fresh) return false;
       if (r.piece != 0) ++mapped;
-      if (r.live != 0 && r.piece == 0) return false;
+      if (r.live != 0 && r.piece == 0 && state(tag{r.tag}) == tag_state::resident) return false;
+      if (r.live != 0 && r.piece != 0 && state(tag{r.tag}) != tag_state::resident) return false;
       if (r.live == 0 && r.piece != 0) ++unused_mapped;
     }
     if (mapped != mapped_ || unused_mapped != free_mapped_) return false;
@@ -350,6 +484,20 @@ class virtual_arena {
     std::uint32_t older = no_granule;   ///< least-recently-freed list (free mapped granules only)
     std::uint32_t newer = no_granule;
     bool fresh = false;                 ///< mapped by the allocation under way (undone if it fails)
+    std::uint16_t tag = 0;              ///< the tag of the chunks touching it (meaningful while live != 0)
+  };
+  /// One live chunk of an offloaded tag and where its bytes are in the host copy.
+  struct saved_chunk {
+    std::uintptr_t addr = 0;
+    std::size_t bytes = 0;
+    std::size_t offset = 0;
+    bool live = true;  ///< false once freed while offloaded: not copied back
+  };
+  struct tag_record {
+    tag_state state = tag_state::resident;
+    std::byte* host = nullptr;
+    std::size_t host_bytes = 0;
+    std::vector<saved_chunk> chunks;
   };
 
   static unsigned log2(std::size_t power_of_two) noexcept {
@@ -419,8 +567,14 @@ class virtual_arena {
     index_.insert(pool_, c);
   }
 
-  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
+  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
+                                             std::uint16_t t) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
+    if (t < tags_.size() && tags_[t].state != tag_state::resident) [[unlikely]] {
+      ++offload_stats_.num_refused_allocations;
+      return {};
+    }
+    if (t != 0) tags_in_use_ = true;
     const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
     if (rounded == 0) return {};
     std::size_t need = rounded;
@@ -441,8 +595,17 @@ class virtual_arena {
     }
     std::uintptr_t start = pool_[c].addr;
     if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    if (tags_in_use_ && (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t))) [[unlikely]] {
+      c = find_isolated(rounded, alignment);
+      if (c == detail::best_fit_npos) {
+        ++counters_.num_ooms;
+        return {};
+      }
+      const std::size_t step = std::max(alignment, opts_.granularity);
+      start = (pool_[c].addr + (step - 1)) & ~static_cast<std::uintptr_t>(step - 1);
+    }
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
-    if (!cover_granules(last + 1) || !map_granules(first, last, may_release)) {
+    if (!cover_granules(last + 1) || !map_granules(first, last, may_release, t)) {
       if (may_release) ++counters_.num_ooms;
       return {};
     }
@@ -474,6 +637,123 @@ class virtual_arena {
     } catch (const std::bad_alloc&) {
       return false;
     }
+  }
+
+  /// Whether granule `g` is touched by a live chunk of a tag other than `t`.
+  bool foreign(std::size_t g, std::uint16_t t) const noexcept {
+    return g < granules_.size() && granules_[g].live != 0 && granules_[g].tag != t;
+  }
+  /// A free chunk holding whole free granules for the block (from a granule boundary, or the
+  /// alignment's when coarser): no chunk of another tag can share them.
+  [[gnu::cold]] std::uint32_t find_isolated(std::size_t rounded, std::size_t alignment) noexcept {
+    const std::size_t step = std::max(alignment, opts_.granularity);
+    const std::size_t span = detail::round_up(rounded, opts_.granularity);
+    if (span == 0 || span > std::numeric_limits<std::size_t>::max() - step) return detail::best_fit_npos;
+    const std::size_t need = span + step - opts_.rounding;
+    std::uint32_t c = index_.best_fit(pool_, need);
+    if (c == detail::best_fit_npos) c = grow_for(need, need, opts_.rounding);
+    return c;
+  }
+
+  offload_status offload_impl(std::uint16_t t, bool copy, bool single) noexcept {
+    if (t >= tags_.size()) {
+      try {
+        tags_.resize(std::size_t{t} + 1);
+      } catch (const std::bad_alloc&) {
+        return offload_status::host_out_of_memory;
+      }
+    }
+    tag_record& rec = tags_[t];
+    if (rec.state != tag_state::resident) return offload_status::not_resident;
+    std::vector<saved_chunk> chunks;
+    std::size_t total = 0;
+    if (copy) {
+      try {
+        for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+          const detail::best_fit_chunk& node = pool_[c];
+          if (node.free() || granules_[granule_of(node.addr)].tag != t) continue;
+          chunks.push_back(saved_chunk{node.addr, node.requested(), total, true});
+          total += node.requested();
+        }
+      } catch (const std::bad_alloc&) {
+        return offload_status::host_out_of_memory;
+      }
+    }
+    std::byte* host = nullptr;
+    if (total != 0) {
+      host = static_cast<std::byte*>(host_allocate(total));
+      if (host == nullptr) return offload_status::host_out_of_memory;
+      for (const saved_chunk& s : chunks) {
+        if (s.bytes == 0) continue;
+        if (!copier_.template copy<true, Vmm::host_accessible>(host + s.offset, reinterpret_cast<const void*>(s.addr),
+                                                              s.bytes)) {
+          host_deallocate(host, total);
+          return offload_status::copy_failed;
+        }
+      }
+      offload_stats_.bytes_copied_to_host += total;
+    }
+    const std::size_t unmapped = unmap_tag(t);
+    rec.state = copy ? tag_state::offloaded : tag_state::discarded;
+    rec.host = host;
+    rec.host_bytes = total;
+    rec.chunks = std::move(chunks);
+    offload_stats_.bytes_on_host += total;
+    offload_stats_.bytes_reclaimed += unmapped << gshift_;
+    ++(copy ? offload_stats_.num_offloads : offload_stats_.num_discards);
+    if (single) ++offload_stats_.num_single_reclaims;
+    return offload_status::done;
+  }
+  /// Unmaps and releases every mapped granule a live chunk of tag `t` touches; returns how many.
+  std::size_t unmap_tag(std::uint16_t t) noexcept {
+    std::size_t n = 0;
+    for (std::size_t g = 0; g < granules_.size(); ++g) {
+      const granule& r = granules_[g];
+      if (r.live == 0 || r.tag != t || r.piece == 0) continue;
+      unmap_granule(g);
+      ++n;
+    }
+    return n;
+  }
+  /// A chunk of an offloaded tag is freed: its saved bytes are not copied back.
+  [[gnu::cold]] void forget_saved(std::uint16_t t, std::uintptr_t addr) noexcept {
+    if (t >= tags_.size()) return;
+    std::vector<saved_chunk>& v = tags_[t].chunks;
+    const auto it = std::lower_bound(v.begin(), v.end(), addr,
+                                     [](const saved_chunk& s, std::uintptr_t a) { return s.addr < a; });
+    if (it != v.end() && it->addr == addr) it->live = false;
+  }
+  void* host_allocate(std::size_t bytes) noexcept {
+    if (opts_.host_allocate != nullptr) return opts_.host_allocate(bytes, opts_.host_context);
+    if constexpr (!Vmm::host_accessible) {
+#if ALLOY_HAS_CUDA
+      void* p = nullptr;
+      if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+      }
+      return p;
+#endif
+    }
+    return ::operator new(bytes, std::nothrow);
+  }
+  void host_deallocate(void* p, std::size_t bytes) noexcept {
+    if (p == nullptr) return;
+    if (opts_.host_deallocate != nullptr) return opts_.host_deallocate(p, bytes, opts_.host_context);
+    if constexpr (!Vmm::host_accessible) {
+#if ALLOY_HAS_CUDA
+      (void)cudaFreeHost(p);
+      return;
+#endif
+    }
+    ::operator delete(p);
+  }
+  void drop_host_copy(tag_record& rec) noexcept {
+    host_deallocate(rec.host, rec.host_bytes);
+    offload_stats_.bytes_on_host -= rec.host_bytes;
+    rec.host = nullptr;
+    rec.host_bytes = 0;
+    rec.chunks.clear();
   }
 
   std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
@@ -528,10 +808,11 @@ class virtual_arena {
 
   /// Makes granules [first, last] mapped and counts the new chunk among their users. On failure
   /// undoes everything (false).
-  bool map_granules(std::size_t first, std::size_t last, bool may_release) noexcept {
+  bool map_granules(std::size_t first, std::size_t last, bool may_release, std::uint16_t t) noexcept {
     std::size_t to_map = 0;
     for (std::size_t g = first; g <= last; ++g) {
       granule& r = granules_[g];
+      if (r.live == 0) r.tag = t;
       if (r.piece == 0) {
         ++to_map;
       } else if (r.live == 0) {
@@ -736,6 +1017,7 @@ class virtual_arena {
 
   /// Unmaps and releases every granule and gives every address back.
   void give_everything_back() noexcept {
+    for (tag_record& rec : tags_) drop_host_copy(rec);
     for (std::size_t g = 0; g < granules_.size(); ++g)
       if (granules_[g].piece != 0) unmap_granule(g);
     for (const address_range& r : ranges_) vmm_.unreserve(r);
@@ -751,6 +1033,8 @@ class virtual_arena {
     head_ = tail_ = none;
     oldest_ = newest_ = no_granule;
     mapped_ = free_mapped_ = in_use_ = requested_ = 0;
+    tags_.clear();
+    tags_in_use_ = false;
   }
   void take_state(virtual_arena& other) noexcept {
     index_ = std::move(other.index_);
@@ -771,6 +1055,11 @@ class virtual_arena {
     requested_ = other.requested_;
     counters_ = other.counters_;
     misuses_ = other.misuses_;
+    tags_ = std::move(other.tags_);
+    tags_in_use_ = other.tags_in_use_;
+    current_tag_ = other.current_tag_;
+    offload_stats_ = other.offload_stats_;
+    copier_ = other.copier_;
     other.forget();
   }
 
@@ -796,6 +1085,11 @@ class virtual_arena {
   std::size_t requested_ = 0;
   allocator_counters counters_{};
   misuse_counts misuses_{};
+  std::vector<tag_record> tags_;  ///< by tag value; empty until a tag was offloaded or discarded
+  bool tags_in_use_ = false;      ///< a tag other than 0 was ever allocated with (else no granule check)
+  tag current_tag_{};
+  offload_statistics offload_stats_{};
+  copy_engine copier_{};
 };
 
 }  // namespace alloy
