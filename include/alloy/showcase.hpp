@@ -257,6 +257,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   device ÷ peak live 1.004-1.180 (geometric mean 1.038; default_allocator 1.004-1.742, 1.305);
 ///   replay time 0.86-2.17x default_allocator's on the PyTorch traces, 3-6x on the MiniMalloc
 ///   instances (first mappings: 1 GiB in 2 MiB granules over about 600 operations).
+/// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
+///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
+///   `offload`, `discard`, `restore` of the arena work per tag). Frees check the pool's `owns`
+///   only once a small tagged block was served, so untagged use costs one branch.
 /// - Failure: an empty block (the arena has unmapped every free granule first). Thread safety:
 ///   none (wrap in `synchronized`).
 template <virtual_memory Vmm>
@@ -286,19 +290,46 @@ class virtual_allocator {
   // The pool (a member of heap_, declared after arena_) gives its slabs back before the arena goes.
   ~virtual_allocator() = default;
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    const block b = heap_.allocate(bytes, alignment);
+  /// Allocates with the current tag (`scoped_tag{alloc, t}`; tag{0} unless set).
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept { return allocate(bytes, alignment, current_tag_); }
+  /// Tag 0 goes through the pool (its slabs are tag 0); any other tag straight to the arena, so
+  /// that no slab mixes tags (a small tagged block then takes a chunk of the arena).
+  block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept {
+    block b;
+    if (t.value == 0) [[likely]] {
+      b = heap_.allocate(bytes, alignment);
+    } else {
+      b = arena_->allocate(bytes, alignment, t);
+      if (b && b.size <= threshold) tagged_small_ = true;
+    }
     if (!b) ++ooms_;
     return b;
   }
-  void deallocate(block b) noexcept { heap_.deallocate(b); }
+  void deallocate(block b) noexcept {
+    if (tagged_small_ && b.ptr != nullptr && b.size <= threshold && !heap_.small().owns(b)) [[unlikely]] {
+      arena_->deallocate(b);
+      return;
+    }
+    heap_.deallocate(b);
+  }
   /// Checked deallocation: false (nothing changed) for a block that is not live here — foreign,
   /// interior, double or of the wrong size, as the pool or the arena detects it.
   bool try_deallocate(block b) noexcept
     requires checked_deallocating_allocator<heap_type>
   {
+    if (tagged_small_ && b.ptr != nullptr && b.size <= threshold && !heap_.small().owns(b)) [[unlikely]]
+      return arena_->try_deallocate(b);
     return heap_.try_deallocate(b);
   }
+
+  // Tags and offload (virtual_arena's, alloy/tag.hpp): the pool's slabs are tag 0.
+  tag current_tag() const noexcept { return current_tag_; }
+  void set_current_tag(tag t) noexcept { current_tag_ = t; }
+  offload_status offload(tag t) noexcept { return arena_->offload(t); }
+  offload_status discard(tag t) noexcept { return arena_->discard(t); }
+  offload_status restore(tag t) noexcept { return arena_->restore(t); }
+  tag_state state(tag t) const noexcept { return arena_->state(t); }
+  const offload_statistics& offload_stats() const noexcept { return arena_->offload_stats(); }
 
   bool owns(block b) const noexcept { return arena_->owns(b); }
   /// Gives the pool's wholly free slabs to the arena, then every free mapped granule back.
@@ -364,6 +395,8 @@ class virtual_allocator {
   std::unique_ptr<arena_type> arena_;
   heap_type heap_;
   std::size_t ooms_ = 0;
+  tag current_tag_{};
+  bool tagged_small_ = false;  ///< a tagged block of at most `threshold` bytes came from the arena (frees check the pool)
 };
 
 }  // namespace alloy

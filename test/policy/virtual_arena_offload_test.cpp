@@ -17,6 +17,7 @@
 
 #include <alloy/literals.hpp>
 #include <alloy/policy/virtual_arena.hpp>
+#include <alloy/showcase.hpp>
 #include <alloy/tag.hpp>
 #include <alloy/vmm/host_vmm.hpp>
 
@@ -422,4 +423,39 @@ BOOST_AUTO_TEST_CASE(offload_all_is_one_full_reclaim) {
   for (std::uint16_t t = 0; t < 4; ++t) BOOST_TEST(a.restore(tag{t}) == offload_status::done);
   for (std::size_t i = 0; i < blocks.size(); ++i) BOOST_TEST(has_pattern(blocks[i], i));
   for (const block& b : blocks) a.deallocate(b);
+}
+
+BOOST_AUTO_TEST_CASE(virtual_allocator_passes_tags_through) {
+  // Tag 0 goes through the size-class pool; tagged blocks, small ones too, come from the arena
+  // directly, so no slab mixes tags and offload takes exactly the tag's blocks.
+  alloy::virtual_allocator<host_vmm> a{host_vmm{{.capacity = 256_MiB}}};
+  std::mt19937_64 rng{3};
+  std::vector<std::pair<block, std::uint64_t>> untagged, tagged;
+  for (std::uint64_t i = 0; i < 200; ++i) {
+    const std::size_t bytes = 1 + rng() % (i % 2 == 0 ? 2000 : 300000);
+    const block b = i % 3 == 0 ? a.allocate(bytes, 16, tag{1}) : a.allocate(bytes, 16);
+    BOOST_REQUIRE(b.ptr != nullptr);
+    fill_pattern(b, i);
+    (i % 3 == 0 ? tagged : untagged).emplace_back(b, i);
+  }
+  {
+    scoped_tag guard{a, tag{1}};
+    const block b = a.allocate(100, 8);  // tagged from outside
+    fill_pattern(b, 1000);
+    tagged.emplace_back(b, 1000);
+  }
+  const std::size_t mapped = a.mapped_bytes(), tag_mapped = a.arena().mapped_bytes(tag{1});
+  BOOST_TEST(tag_mapped > 0u);
+  BOOST_TEST(a.offload(tag{1}) == offload_status::done);
+  BOOST_TEST(a.mapped_bytes() == mapped - tag_mapped);
+  for (const auto& [b, id] : untagged) BOOST_TEST(has_pattern(b, id));  // the pool's slabs stayed
+  BOOST_TEST(a.allocate(100, 8, tag{1}).ptr == nullptr);
+  BOOST_TEST(a.restore(tag{1}) == offload_status::done);
+  for (const auto& [b, id] : tagged) BOOST_TEST(has_pattern(b, id));
+  BOOST_TEST(a.offload_stats().num_offloads == 1u);
+  for (const auto& [b, id] : tagged) BOOST_TEST(a.try_deallocate(b));
+  for (const auto& [b, id] : untagged) BOOST_TEST(a.try_deallocate(b));
+  BOOST_TEST(!a.try_deallocate(tagged.front().first));  // a double free is still caught
+  BOOST_TEST(a.bytes_in_use() == 0u);
+  BOOST_TEST(a.arena().check_invariants());
 }
