@@ -139,6 +139,7 @@ enum class block_state : std::uint8_t {
   active,     ///< a movable block that is locked (resident, pinned in place)
   inactive,   ///< a movable block that is unlocked (may be moved or spilled)
   unmapped,   ///< addresses reserved with no physical memory behind them (virtual memory; not reserved bytes)
+  offloaded,  ///< allocated, its tag offloaded or discarded: no physical memory (not reserved, not in use)
 };
 
 /// One piece of one segment as introspection reports it.

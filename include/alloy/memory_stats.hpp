@@ -192,6 +192,7 @@ struct virtual_memory_summary {
   std::size_t maps = 0;
   std::size_t unmaps = 0;
   std::size_t unmapped_bytes = 0;
+  std::size_t offloaded_bytes = 0;  ///< live blocks of offloaded or discarded tags (virtual_arena offload)
   bool any = false;
 };
 
@@ -207,6 +208,9 @@ virtual_memory_summary virtual_memory_of(S& s) {
     s.for_each_block([&](const block_info& info) {
       if (info.state == block_state::unmapped) {
         v.unmapped_bytes += info.size;
+        v.any = true;
+      } else if (info.state == block_state::offloaded) {
+        v.offloaded_bytes += info.size;
         v.any = true;
       }
     });
@@ -288,6 +292,7 @@ inline std::string make_memory_summary(const std::map<std::string, std::int64_t>
   if (vm.any) {
     two("Map calls: " + std::to_string(vm.maps), "Unmap calls: " + std::to_string(vm.unmaps));
     two("Mapped memory: " + format_bytes(s.bytes_reserved), "Unmapped addresses: " + format_bytes(vm.unmapped_bytes));
+    if (vm.offloaded_bytes != 0) two("Offloaded blocks: " + format_bytes(vm.offloaded_bytes), "");
   }
   if (s.bytes_active || s.bytes_inactive || s.peak_bytes_active || s.bytes_reclaimed || s.num_defragmentations) {
     two("Active (locked): " + format_bytes(s.bytes_active), "Inactive (unlocked): " + format_bytes(s.bytes_inactive));

@@ -50,7 +50,7 @@ struct memory_snapshot {
     for (const segment& s : segments) {
       n += s.size;
       for (const piece& p : s.blocks)
-        if (p.state == block_state::unmapped) n -= p.size;  // addresses without memory are not reserved
+        if (p.state == block_state::unmapped || p.state == block_state::offloaded) n -= p.size;  // no memory: not reserved
     }
     return n;
   }
@@ -64,7 +64,7 @@ struct memory_snapshot {
     std::size_t n = 0;
     for (const segment& s : segments)
       for (const piece& p : s.blocks)
-        if (p.state != block_state::free && p.state != block_state::unmapped) n += p.size;
+        if (p.state != block_state::free && p.state != block_state::unmapped && p.state != block_state::offloaded) n += p.size;
     return n;
   }
   std::size_t requested_bytes() const noexcept {
@@ -87,7 +87,7 @@ struct memory_snapshot {
   }
 
   /// `{"totals": {...}, "segments": [{"address": "0x...", "size": n, "pool": "...", "blocks":
-  /// [{"address": "0x...", "size": n, "requested": n, "state": "free|allocated|active|inactive"}]}]}`
+  /// [{"address": "0x...", "size": n, "requested": n, "state": "free|allocated|active|inactive|unmapped|offloaded"}]}]}`
   std::string to_json() const;
 
   /// An SVG segment map: one bar per segment (each drawn full width, its size in the label), its
@@ -104,6 +104,7 @@ inline const char* to_string(block_state s) noexcept {
     case block_state::active: return "active";
     case block_state::inactive: return "inactive";
     case block_state::unmapped: return "unmapped";
+    case block_state::offloaded: return "offloaded";
   }
   return "unknown";
 }
@@ -213,6 +214,7 @@ inline std::string memory_snapshot::to_svg() const {
       case block_state::active: return {"#23985a", "#9fdcb9"};
       case block_state::inactive: return {"#d9912a", "#f0cc95"};
       case block_state::unmapped: return {"#ffffff", "#ffffff"};  // addresses only: no memory
+      case block_state::offloaded: return {"#b9a6d9", "#e2d9f0"};  // live, on the host or dropped
       case block_state::free: break;
     }
     return trapped ? colour{"#e8514a", "#e8514a"} : colour{"#d5d5d5", "#d5d5d5"};

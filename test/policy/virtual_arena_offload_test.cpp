@@ -16,6 +16,9 @@
 #include <vector>
 
 #include <alloy/literals.hpp>
+#include <alloy/memory_stats.hpp>
+#include <alloy/snapshot.hpp>
+#include <alloy/policy/stats.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
 #include <alloy/tag.hpp>
@@ -458,4 +461,48 @@ BOOST_AUTO_TEST_CASE(virtual_allocator_passes_tags_through) {
   BOOST_TEST(!a.try_deallocate(tagged.front().first));  // a double free is still caught
   BOOST_TEST(a.bytes_in_use() == 0u);
   BOOST_TEST(a.arena().check_invariants());
+}
+
+BOOST_AUTO_TEST_CASE(introspection_shows_offloaded_ranges) {
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  const block w = a.allocate(3 * granule + 1000, 256, tag{1});
+  const block k = a.allocate(5000, 256, tag{0});
+  const std::size_t w_rounded = 3 * granule + 1024, k_rounded = 5120;
+  BOOST_TEST(a.offload(tag{1}) == offload_status::done);
+  BOOST_TEST(a.bytes_in_use() == k_rounded);
+  BOOST_TEST(a.offloaded_bytes() == w_rounded);
+  BOOST_TEST(a.free_bytes() == a.reserved_bytes() - k_rounded);
+  std::size_t offloaded = 0, allocated = 0, free = 0;
+  a.for_each_block([&](const alloy::block_info& i) {
+    if (i.state == alloy::block_state::offloaded) offloaded += i.size;
+    if (i.state == alloy::block_state::allocated) allocated += i.size;
+    if (i.state == alloy::block_state::free) free += i.size;
+  });
+  BOOST_TEST(offloaded == w_rounded);
+  BOOST_TEST(allocated == k_rounded);
+  BOOST_TEST(free == a.free_bytes());
+  const alloy::memory_snapshot shot = alloy::snapshot(a);
+  BOOST_TEST(shot.reserved_bytes() == a.reserved_bytes());
+  BOOST_TEST(shot.used_bytes() == a.bytes_in_use());
+  BOOST_TEST(shot.to_json().find("\"offloaded\"") != std::string::npos);
+  {
+    alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = granule}}, {.release_threshold = 0}}};
+    block x;
+    {
+      scoped_tag guard{s.inner(), tag{4}};  // a decorator on top: tagged from outside
+      x = s.allocate(1000, 256);
+    }
+    BOOST_TEST(s.inner().offload(tag{4}) == offload_status::done);
+    const std::string summary = alloy::memory_summary(s);
+    BOOST_TEST(summary.find("Offloaded blocks: 1.0") != std::string::npos, summary);
+    s.deallocate(x);
+  }
+  a.deallocate(w);  // freed while offloaded
+  BOOST_TEST(a.offloaded_bytes() == 0u);
+  BOOST_TEST(a.check_invariants());
+  BOOST_TEST(a.restore(tag{1}) == offload_status::done);
+  BOOST_TEST(a.bytes_in_use() == k_rounded);
+  BOOST_TEST(a.mapped_bytes(tag{1}) == 0u);
+  a.deallocate(k);
+  BOOST_TEST(a.check_invariants());
 }

@@ -73,7 +73,8 @@ namespace alloy {
 /// - Capabilities: `owns` (the address lies in the reserved range), `release`, `reserved_bytes`
 ///   (= mapped bytes), `counters` (`num_device_alloc`/`num_device_free` = physical pieces created
 ///   and released, `num_maps`, `num_unmaps`, `num_ooms`, `num_alloc_retries`), `for_each_block`
-///   (one segment, the used part of the reserved range; allocated chunks, free bytes in mapped granules as
+///   (one segment, the used part of the reserved range; allocated chunks (`block_state::offloaded`
+///   while their tag is offloaded or discarded: not in `bytes_in_use`), free bytes in mapped granules as
 ///   `block_state::free`, free bytes in unmapped granules as `block_state::unmapped`), and
 ///   `bytes_in_use`, `requested_bytes`, `free_bytes` (mapped and not in use, so reserved = in
 ///   use + free), `largest_free_block` (the largest free mapped run), `bytes_reservable_limit`
@@ -280,6 +281,8 @@ class virtual_arena {
       offload_stats_.bytes_copied_back += s.bytes;
     }
     drop_host_copy(rec);
+    offloaded_in_use_ -= rec.in_use;
+    rec.in_use = 0;
     rec.state = tag_state::resident;
     ++offload_stats_.num_restores;
     return offload_status::done;
@@ -324,7 +327,7 @@ class virtual_arena {
     index_.insert(pool_, c);
     // The chunk's granules lose one user; those left with none are free mapped, then trimmed.
     const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
-    if (granules_[first].piece == 0) [[unlikely]] forget_saved(granules_[first].tag, addr);  // an offloaded tag's
+    if (granules_[first].piece == 0) [[unlikely]] forget_saved(granules_[first].tag, addr, size);  // an offloaded tag's
     for (std::size_t g = first; g <= last; ++g)
       if (--granules_[g].live == 0 && granules_[g].piece != 0) push_free(g);
     trim(opts_.release_threshold);
@@ -374,10 +377,13 @@ class virtual_arena {
   }
 
   /// Rounded bytes of the allocated chunks (so `reserved_bytes() == bytes_in_use() + free_bytes()`).
-  std::size_t bytes_in_use() const noexcept { return in_use_; }
+  /// Excludes the chunks of offloaded or discarded tags (`offloaded_bytes()`): no memory behind them.
+  std::size_t bytes_in_use() const noexcept { return in_use_ - offloaded_in_use_; }
+  /// Rounded bytes of the live chunks of offloaded or discarded tags.
+  std::size_t offloaded_bytes() const noexcept { return offloaded_in_use_; }
   std::size_t requested_bytes() const noexcept { return requested_; }
   /// Mapped bytes not in allocated chunks.
-  std::size_t free_bytes() const noexcept { return reserved_bytes() - in_use_; }
+  std::size_t free_bytes() const noexcept { return reserved_bytes() - bytes_in_use(); }
   /// The largest run of free mapped bytes (the largest request at alignment <= rounding that
   /// could be served without a backend call, if best fit chose it). O(chunks + granules).
   std::size_t largest_free_block() const noexcept {
@@ -415,7 +421,7 @@ class virtual_arena {
     } catch (const std::bad_alloc&) {
       return false;
     }
-    std::size_t in_use = 0, requested = 0, free_chunks = 0, allocated = 0;
+    std::size_t in_use = 0, requested = 0, free_chunks = 0, allocated = 0, offloaded_chunks = 0;
     std::uintptr_t at = base_;
     std::uint32_t before = none;
     std::uint32_t last = none;
@@ -440,6 +446,7 @@ class virtual_arena {
           ++users[g];
           if (granules_[g].tag != owner) return false;  // chunks of different tags never share a granule
         }
+        if (granules_[granule_of(node.addr)].piece == 0) offloaded_chunks += node.size();
       }
       at += node.size();
       before = c;
@@ -447,6 +454,9 @@ class virtual_arena {
     }
     if (at != end_ || last != tail_) return false;
     if (in_use != in_use_ || requested != requested_) return false;
+    std::size_t offloaded = 0;
+    for (const tag_record& rec : tags_) offloaded += rec.state == tag_state::resident ? 0 : rec.in_use;
+    if (offloaded != offloaded_in_use_ || offloaded != offloaded_chunks) return false;
     if (free_chunks != index_.size() || allocated != map_.size()) return false;
     if (pool_.live() != free_chunks + allocated) return false;
     std::size_t mapped = 0, unused_mapped = 0;
@@ -497,6 +507,7 @@ class virtual_arena {
     tag_state state = tag_state::resident;
     std::byte* host = nullptr;
     std::size_t host_bytes = 0;
+    std::size_t in_use = 0;  ///< rounded bytes of its live chunks while not resident
     std::vector<saved_chunk> chunks;
   };
 
@@ -666,18 +677,18 @@ class virtual_arena {
     tag_record& rec = tags_[t];
     if (rec.state != tag_state::resident) return offload_status::not_resident;
     std::vector<saved_chunk> chunks;
-    std::size_t total = 0;
-    if (copy) {
-      try {
-        for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
-          const detail::best_fit_chunk& node = pool_[c];
-          if (node.free() || granules_[granule_of(node.addr)].tag != t) continue;
-          chunks.push_back(saved_chunk{node.addr, node.requested(), total, true});
-          total += node.requested();
-        }
-      } catch (const std::bad_alloc&) {
-        return offload_status::host_out_of_memory;
+    std::size_t total = 0, rounded = 0;
+    try {
+      for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+        const detail::best_fit_chunk& node = pool_[c];
+        if (node.free() || granules_[granule_of(node.addr)].tag != t) continue;
+        rounded += node.size();
+        if (!copy) continue;
+        chunks.push_back(saved_chunk{node.addr, node.requested(), total, true});
+        total += node.requested();
       }
+    } catch (const std::bad_alloc&) {
+      return offload_status::host_out_of_memory;
     }
     std::byte* host = nullptr;
     if (total != 0) {
@@ -698,6 +709,8 @@ class virtual_arena {
     rec.host = host;
     rec.host_bytes = total;
     rec.chunks = std::move(chunks);
+    rec.in_use = rounded;
+    offloaded_in_use_ += rounded;
     offload_stats_.bytes_on_host += total;
     offload_stats_.bytes_reclaimed += unmapped << gshift_;
     ++(copy ? offload_stats_.num_offloads : offload_stats_.num_discards);
@@ -716,8 +729,10 @@ class virtual_arena {
     return n;
   }
   /// A chunk of an offloaded tag is freed: its saved bytes are not copied back.
-  [[gnu::cold]] void forget_saved(std::uint16_t t, std::uintptr_t addr) noexcept {
+  [[gnu::cold]] void forget_saved(std::uint16_t t, std::uintptr_t addr, std::size_t size) noexcept {
     if (t >= tags_.size()) return;
+    tags_[t].in_use -= size;
+    offloaded_in_use_ -= size;
     std::vector<saved_chunk>& v = tags_[t].chunks;
     const auto it = std::lower_bound(v.begin(), v.end(), addr,
                                      [](const saved_chunk& s, std::uintptr_t a) { return s.addr < a; });
@@ -982,7 +997,8 @@ class virtual_arena {
     for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
       const detail::best_fit_chunk& node = pool_[c];
       if (!node.free()) {
-        visit(node.addr, node.size(), node.requested(), block_state::allocated);
+        visit(node.addr, node.size(), node.requested(),
+              granules_[granule_of(node.addr)].piece != 0 ? block_state::allocated : block_state::offloaded);
         continue;
       }
       const std::uintptr_t end = node.addr + node.size();
@@ -1035,6 +1051,7 @@ class virtual_arena {
     mapped_ = free_mapped_ = in_use_ = requested_ = 0;
     tags_.clear();
     tags_in_use_ = false;
+    offloaded_in_use_ = 0;
   }
   void take_state(virtual_arena& other) noexcept {
     index_ = std::move(other.index_);
@@ -1057,6 +1074,7 @@ class virtual_arena {
     misuses_ = other.misuses_;
     tags_ = std::move(other.tags_);
     tags_in_use_ = other.tags_in_use_;
+    offloaded_in_use_ = other.offloaded_in_use_;
     current_tag_ = other.current_tag_;
     offload_stats_ = other.offload_stats_;
     copier_ = other.copier_;
@@ -1086,6 +1104,7 @@ class virtual_arena {
   allocator_counters counters_{};
   misuse_counts misuses_{};
   std::vector<tag_record> tags_;  ///< by tag value; empty until a tag was offloaded or discarded
+  std::size_t offloaded_in_use_ = 0;  ///< rounded bytes of live chunks of tags not resident
   bool tags_in_use_ = false;      ///< a tag other than 0 was ever allocated with (else no granule check)
   tag current_tag_{};
   offload_statistics offload_stats_{};
