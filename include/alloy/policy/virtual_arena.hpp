@@ -96,7 +96,13 @@ namespace alloy {
 ///   block, counted); freeing its blocks is allowed (the range is freed and not restored). Every
 ///   failure (host allocation, create, map, copy) leaves the tag as it was: these calls return
 ///   an `offload_status`. O(chunks + granules) each; the host buffer and one 24-byte record per
-///   live chunk are the only host memory they take.
+///   live chunk are the only host memory they take. Measured 2026-11-24 (the W1-like run below,
+///   seeds 1-2, three runs each): untagged 169-178 ns/pair before and after tags (the check is
+///   skipped); four tags drawn at random per request, the worst case (every small block of a
+///   tag whose neighbours are of others takes whole free granules), 3.2 us/pair and mapped 4x
+///   live: tags are meant for groups allocated apart (weights, cache, activations), where the
+///   granule rounding costs one granule per run of a tag. Offload copies exactly the requested
+///   bytes of the live chunks (copied ÷ live = 1.0 in the randomized test).
 /// - Destruction unmaps and releases every granule, live blocks or not, and gives the addresses
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
