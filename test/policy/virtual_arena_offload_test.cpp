@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory_resource>
 #include <new>
 #include <ostream>
 #include <random>
 #include <vector>
 
+#include <alloy/adaptor/pmr.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/memory_stats.hpp>
 #include <alloy/snapshot.hpp>
@@ -504,5 +506,29 @@ BOOST_AUTO_TEST_CASE(introspection_shows_offloaded_ranges) {
   BOOST_TEST(a.bytes_in_use() == k_rounded);
   BOOST_TEST(a.mapped_bytes(tag{1}) == 0u);
   a.deallocate(k);
+  BOOST_TEST(a.check_invariants());
+}
+
+BOOST_AUTO_TEST_CASE(a_pmr_container_is_tagged_from_outside) {
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  alloy::pmr_resource resource{a};
+  const block untagged = a.allocate(1000, 8);
+  std::vector<std::uint32_t> expected;
+  {
+    scoped_tag guard{a, tag{7}};  // the container knows nothing of tags
+    std::pmr::vector<std::uint32_t> weights{&resource};
+    for (std::uint32_t i = 0; i < 100000; ++i) weights.push_back(i * 2654435761u);
+    expected.assign(weights.begin(), weights.end());
+    BOOST_TEST(a.live_bytes(tag{7}) >= weights.size() * sizeof(std::uint32_t));
+    BOOST_TEST(a.live_bytes(tag{0}) == 1000u);
+    const std::uint32_t* before = weights.data();
+    BOOST_TEST(a.offload(tag{7}) == offload_status::done);
+    BOOST_TEST(a.mapped_bytes(tag{7}) == 0u);
+    BOOST_TEST(a.restore(tag{7}) == offload_status::done);
+    BOOST_TEST(weights.data() == before);
+    BOOST_TEST((std::vector<std::uint32_t>(weights.begin(), weights.end()) == expected));
+  }
+  a.deallocate(untagged);
+  BOOST_TEST(a.bytes_in_use() == 0u);
   BOOST_TEST(a.check_invariants());
 }
