@@ -323,8 +323,9 @@ BOOST_AUTO_TEST_CASE(failures_at_every_call_leave_everything_intact) {
 }
 
 BOOST_AUTO_TEST_CASE(randomized_cycles_of_random_tags) {
-  for (const std::uint64_t seed : {1u, 2u}) {
-    host_vmm vmm{{.capacity = 256 * granule, .granularity = granule}};
+  // Seeds 1-2 with room; 3-4 on a device of 40 granules, where restores often fail and are retried.
+  for (const std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+    host_vmm vmm{{.capacity = (seed <= 2 ? 256 : 40) * granule, .granularity = granule}};
     alloy::vmm_ref<host_vmm> ref{vmm};
     virtual_arena<alloy::vmm_ref<host_vmm>> a{ref, {.release_threshold = 4 * granule}};
     constexpr std::uint16_t tags = 5;
@@ -336,7 +337,7 @@ BOOST_AUTO_TEST_CASE(randomized_cycles_of_random_tags) {
     std::vector<entry> live;
     std::mt19937_64 rng{seed};
     std::uint64_t next_id = 0;
-    std::size_t checks = 0, max_ratio_excess = 0;
+    std::size_t checks = 0, max_ratio_excess = 0, refused_restores = 0;
     double worst_ratio = 0;
     for (int step = 0; step < 20000; ++step) {
       const unsigned op = rng() % 100;
@@ -382,7 +383,9 @@ BOOST_AUTO_TEST_CASE(randomized_cycles_of_random_tags) {
         const bool discarded = a.state(tag{t}) == tag_state::discarded;
         const offload_status s = a.restore(tag{t});
         if (s == offload_status::device_out_of_memory) {
-          BOOST_TEST(a.mapped_bytes(tag{t}) == 0u);
+          BOOST_TEST(a.mapped_bytes(tag{t}) == 0u);  // nothing half-mapped
+          BOOST_TEST(a.state(tag{t}) == (discarded ? tag_state::discarded : tag_state::offloaded));
+          ++refused_restores;
           continue;
         }
         BOOST_TEST(s == offload_status::done);
@@ -396,11 +399,12 @@ BOOST_AUTO_TEST_CASE(randomized_cycles_of_random_tags) {
       if (step % 1000 == 0) BOOST_TEST(a.check_invariants());
     }
     BOOST_TEST(a.check_invariants());
-    BOOST_TEST(checks > 1000u);
+    BOOST_TEST(checks > (seed <= 2 ? 1000u : 100u));
     BOOST_TEST(max_ratio_excess == 0u);
     BOOST_TEST_MESSAGE("seed " << seed << ": " << checks << " blocks checked after restores, worst copied/live "
                                 << worst_ratio << ", offloads " << a.offload_stats().num_offloads << ", discards "
-                                << a.offload_stats().num_discards << ", restores " << a.offload_stats().num_restores);
+                                << a.offload_stats().num_discards << ", restores " << a.offload_stats().num_restores
+                                << ", restores refused for capacity " << refused_restores);
     for (std::uint16_t t = 0; t < tags; ++t) (void)a.restore(tag{t});
     for (const entry& e : live) {
       if (a.state(tag{e.t}) == tag_state::resident) BOOST_TEST(true);
