@@ -85,7 +85,8 @@ namespace alloy {
 ///   current tag that `scoped_tag` sets). A granule's record holds the tag of the chunks that
 ///   touch it; chunks of different tags never share a granule: when best fit's chunk would put
 ///   the block in a granule a live chunk of another tag touches, the request is served instead
-///   from a free chunk holding whole free granules (start rounded up to a granule). Only the
+///   from the free chunk right after the tag's last block when it fits there, else from a free
+///   chunk holding whole free granules (start rounded up to a granule). Only the
 ///   first and last granule of a block can be shared, so the check is O(1), and it is skipped
 ///   until a tag other than 0 was used. `offload(t)` copies the requested bytes of each live
 ///   chunk of `t` to one host buffer (pinned `cudaMallocHost` over a device-only backend,
@@ -98,10 +99,10 @@ namespace alloy {
 ///   an `offload_status`. O(chunks + granules) each; the host buffer and one 24-byte record per
 ///   live chunk are the only host memory they take. Measured 2026-11-24 (the W1-like run below,
 ///   seeds 1-2, three runs each): untagged 169-178 ns/pair before and after tags (the check is
-///   skipped); four tags drawn at random per request, the worst case (every small block of a
-///   tag whose neighbours are of others takes whole free granules), 3.2 us/pair and mapped 4x
-///   live: tags are meant for groups allocated apart (weights, cache, activations), where the
-///   granule rounding costs one granule per run of a tag. Offload copies exactly the requested
+///   skipped); four tags drawn at random per request, the worst case, 2.2-3.9 us/pair and mapped
+///   2.6x live (4x before a block was first tried right after its tag's last block, in the free
+///   chunk there, before whole free granules are taken): tags are meant for groups allocated
+///   apart (weights, cache, activations), where the rounding costs about a granule per run of a tag. Offload copies exactly the requested
 ///   bytes of the live chunks (copied ÷ live = 1.0 in the randomized test).
 /// - Destruction unmaps and releases every granule, live blocks or not, and gives the addresses
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
@@ -612,14 +613,20 @@ class virtual_arena {
     }
     std::uintptr_t start = pool_[c].addr;
     if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
-    if (tags_in_use_ && (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t))) [[unlikely]] {
-      c = find_isolated(rounded, alignment);
-      if (c == detail::best_fit_npos) {
-        ++counters_.num_ooms;
-        return {};
+    if (tags_in_use_) [[unlikely]] {
+      if (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t)) {
+        std::tie(c, start) = beside_own_tag(t, rounded, alignment);
+        if (c == detail::best_fit_npos) {
+          c = find_isolated(rounded, alignment);
+          if (c == detail::best_fit_npos) {
+            ++counters_.num_ooms;
+            return {};
+          }
+          const std::size_t step = std::max(alignment, opts_.granularity);
+          start = (pool_[c].addr + (step - 1)) & ~static_cast<std::uintptr_t>(step - 1);
+        }
       }
-      const std::size_t step = std::max(alignment, opts_.granularity);
-      start = (pool_[c].addr + (step - 1)) & ~static_cast<std::uintptr_t>(step - 1);
+      if (t < last_of_tag_.size()) last_of_tag_[t] = start;  // where the next block of the tag looks first
     }
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
     if (!cover_granules(last + 1) || !map_granules(first, last, may_release, t)) {
@@ -659,6 +666,30 @@ class virtual_arena {
   /// Whether granule `g` is touched by a live chunk of a tag other than `t`.
   bool foreign(std::size_t g, std::uint16_t t) const noexcept {
     return g < granules_.size() && granules_[g].live != 0 && granules_[g].tag != t;
+  }
+  /// The free chunk right after the tag's last block, when the block fits there without touching
+  /// a granule of another tag (keeps a tag's small blocks together instead of taking a granule
+  /// each). {npos, 0} otherwise.
+  [[gnu::cold]] std::pair<std::uint32_t, std::uintptr_t> beside_own_tag(std::uint16_t t, std::size_t rounded,
+                                                                       std::size_t alignment) noexcept {
+    const std::pair<std::uint32_t, std::uintptr_t> none_found{detail::best_fit_npos, 0};
+    if (t >= last_of_tag_.size()) {
+      try {
+        last_of_tag_.resize(std::size_t{t} + 1, 0);
+      } catch (const std::bad_alloc&) {
+      }
+      return none_found;
+    }
+    const std::uintptr_t hint = last_of_tag_[t];
+    if (hint == 0) return none_found;
+    const std::uint32_t c = map_.find(pool_, hint);
+    if (c == detail::best_fit_npos || granules_[granule_of(hint)].tag != t) return none_found;
+    const std::uint32_t n = pool_[c].next();
+    if (n == none || !pool_[n].free()) return none_found;
+    const std::uintptr_t start = (pool_[n].addr + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    if (start - pool_[n].addr > pool_[n].size() || pool_[n].size() - (start - pool_[n].addr) < rounded) return none_found;
+    if (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t)) return none_found;
+    return {n, start};
   }
   /// A free chunk holding whole free granules for the block (from a granule boundary, or the
   /// alignment's when coarser): no chunk of another tag can share them.
@@ -1058,6 +1089,7 @@ class virtual_arena {
     tags_.clear();
     tags_in_use_ = false;
     offloaded_in_use_ = 0;
+    last_of_tag_.clear();
   }
   void take_state(virtual_arena& other) noexcept {
     index_ = std::move(other.index_);
@@ -1080,6 +1112,7 @@ class virtual_arena {
     misuses_ = other.misuses_;
     tags_ = std::move(other.tags_);
     tags_in_use_ = other.tags_in_use_;
+    last_of_tag_ = std::move(other.last_of_tag_);
     offloaded_in_use_ = other.offloaded_in_use_;
     current_tag_ = other.current_tag_;
     offload_stats_ = other.offload_stats_;
@@ -1111,6 +1144,7 @@ class virtual_arena {
   misuse_counts misuses_{};
   std::vector<tag_record> tags_;  ///< by tag value; empty until a tag was offloaded or discarded
   std::size_t offloaded_in_use_ = 0;  ///< rounded bytes of live chunks of tags not resident
+  std::vector<std::uintptr_t> last_of_tag_;  ///< by tag: the address of its last block (a hint; 0: none)
   bool tags_in_use_ = false;      ///< a tag other than 0 was ever allocated with (else no granule check)
   tag current_tag_{};
   offload_statistics offload_stats_{};
