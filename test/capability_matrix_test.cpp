@@ -216,10 +216,10 @@ struct w_tracked {
   using type = alloy::tracked<A>;
   static constexpr unsigned own = 0, not_passed = movable_group;  // documented
 };
-struct w_round_up {
-  static constexpr const char* name = "round_up_requests";
+struct w_quantizer {
+  static constexpr const char* name = "quantizer";
   template <class A>
-  using type = alloy::detail::round_up_requests<A, 256>;
+  using type = alloy::quantizer<A, 256>;
   static constexpr unsigned own = bit(capability::requested_bytes), not_passed = movable_group;
 };
 /// Both parts the same toy: the composite has what its parts have, limits and handles aside.
@@ -271,7 +271,7 @@ static_assert(mismatches_over_toys<w_stats>() == 0);
 static_assert(mismatches_over_toys<w_limited>() == 0);
 static_assert(mismatches_over_toys<w_logged>() == 0);
 static_assert(mismatches_over_toys<w_tracked>() == 0);
-static_assert(mismatches_over_toys<w_round_up>() == 0);
+static_assert(mismatches_over_toys<w_quantizer>() == 0);
 static_assert(mismatches_over_toys<w_segregator>() == 0);
 static_assert(mismatches_over_toys<w_fallback, bit(capability::owns)>() == 0);
 static_assert(mismatches_over_toys<w_sharded, bit(capability::owns)>() == 0);  // Inner must have owns
@@ -329,7 +329,7 @@ BOOST_AUTO_TEST_CASE(every_wrapper_has_exactly_what_its_part_has) {
       {w_limited::name, mismatches_over_toys<w_limited>()},
       {w_logged::name, mismatches_over_toys<w_logged>()},
       {w_tracked::name, mismatches_over_toys<w_tracked>()},
-      {w_round_up::name, mismatches_over_toys<w_round_up>()},
+      {w_quantizer::name, mismatches_over_toys<w_quantizer>()},
       {w_segregator::name, mismatches_over_toys<w_segregator>()},
       {w_fallback::name, mismatches_over_toys<w_fallback, bit(capability::owns)>()},
       {w_sharded::name, mismatches_over_toys<w_sharded, bit(capability::owns)>()},

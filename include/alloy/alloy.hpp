@@ -31,6 +31,7 @@
 #include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/logged.hpp>
+#include <alloy/policy/quantizer.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/sharded.hpp>
 #include <alloy/policy/size_class_pool.hpp>

@@ -24,6 +24,7 @@
 #include <alloy/detail/align.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/policy/quantizer.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 #include <alloy/policy/virtual_arena.hpp>
@@ -44,52 +45,9 @@ struct caching_options {
 
 namespace detail {
 
-/// Rounds every request up to a multiple of `Rounding` before passing it to `Inner` (PyTorch's
-/// kRoundLarge), handing back blocks of the size asked for. Frees rebuild the rounded block from
-/// the size. Has exactly `Inner`'s capabilities (`detail::decorates`), plus `requested_bytes()`,
-/// which counts what callers asked for: only frees `Inner` accepted (over a part with
-/// `try_deallocate`), or, over a part that cannot tell, frees not larger than what is in use.
+/// Kept for code written before `quantizer` was public: the same class.
 template <allocator Inner, std::size_t Rounding>
-class round_up_requests : public decorates<round_up_requests<Inner, Rounding>, Inner> {
-  static_assert(is_power_of_two(Rounding));
-
- public:
-  static constexpr bool host_accessible = Inner::host_accessible;
-  static constexpr bool device_accessible = Inner::device_accessible;
-
-  round_up_requests() = default;
-  explicit round_up_requests(Inner inner) : inner_(std::move(inner)) {}
-
-  std::size_t requested_bytes() const noexcept { return requested_; }
-
-  Inner& inner() noexcept { return inner_; }
-  const Inner& inner() const noexcept { return inner_; }
-  auto parts() noexcept { return std::tie(inner_); }
-  auto parts() const noexcept { return std::tie(inner_); }
-
- private:
-  friend class decorates<round_up_requests, Inner>;
-
-  template <class Call, class GiveBack, class... Stream>
-  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, allocation_kind, Stream...) noexcept {
-    const std::size_t rounded = round_up(bytes, Rounding);
-    if (rounded == 0 && bytes != 0) return {};
-    const block b = call(rounded);
-    if (!b) return {};
-    requested_ += bytes;
-    return {b.ptr, bytes};
-  }
-  template <class Call, class... Stream>
-  bool on_free(block b, Call call, Stream...) noexcept {
-    if (!b) return true;
-    if (call(block{b.ptr, round_up(b.size, Rounding)}) == free_outcome::refused) return false;
-    if (b.size <= requested_) requested_ -= b.size;  // an unchecked bad free must not wrap
-    return true;
-  }
-
-  Inner inner_{};
-  std::size_t requested_ = 0;
-};
+using round_up_requests = quantizer<Inner, Rounding>;
 
 /// The small pool of `caching_allocator`: classes from 512 B (PyTorch's kMinBlockSize) with four
 /// steps per octave. Classes go to 2 MiB, above the 1 MiB threshold, so that requests near 1 MiB
@@ -97,7 +55,7 @@ class round_up_requests : public decorates<round_up_requests<Inner, Rounding>, I
 template <class Upstream>
 using caching_small_t = size_class_pool<Upstream, power2_classes<4, 512, (std::size_t{2} << 20)>>;
 template <class Upstream>
-using caching_huge_t = round_up_requests<best_fit_arena<Upstream>, (std::size_t{2} << 20)>;
+using caching_huge_t = quantizer<best_fit_arena<Upstream>, (std::size_t{2} << 20)>;
 template <class Upstream>
 using caching_large_t = segregator<(std::size_t{10} << 20) - 1, best_fit_arena<Upstream>, caching_huge_t<Upstream>>;
 template <class Upstream>

@@ -45,6 +45,15 @@ struct fallback {
   }
 };
 
+struct quantizer {
+  template <class U>
+  using type = alloy::quantizer<alloy::best_fit_arena<U>, 4096>;
+  template <class U>
+  static type<U> make(U up) {
+    return type<U>{alloy::best_fit_arena<U>{std::move(up)}};
+  }
+};
+
 struct synchronized_limited_fallback {
   template <class U>
   using type = alloy::synchronized<alloy::limited<fallback::type<U>>>;
@@ -57,7 +66,8 @@ struct synchronized_limited_fallback {
 }  // namespace recipes
 
 using all_recipes =
-    std::tuple<recipes::synchronized, recipes::limited, recipes::fallback, recipes::synchronized_limited_fallback>;
+    std::tuple<recipes::synchronized, recipes::limited, recipes::fallback, recipes::quantizer,
+               recipes::synchronized_limited_fallback>;
 
 BOOST_AUTO_TEST_SUITE(decorators)
 
@@ -113,6 +123,46 @@ BOOST_AUTO_TEST_CASE(limited_counts_refusals_as_ooms) {
   alloc.deallocate(a);
   alloc.release();
   BOOST_TEST(alloc.reserved_bytes() == 0u);
+}
+
+// The inner part sees only multiples of the rounding, callers the sizes they asked for;
+// requested_bytes() follows a randomized model, and bad frees the arena refuses change nothing.
+BOOST_AUTO_TEST_CASE(quantizer_rounds_what_inner_sees_and_counts_what_callers_asked) {
+  using arena = alloy::best_fit_arena<checking_upstream>;
+  alloy::quantizer<arena, 512> alloc{arena{checking_upstream{}}};
+  static_assert(alloy::quantizer<arena, 512>::rounding == 512);
+  std::mt19937_64 rng{20261124};
+  std::vector<alloy::block> live;
+  std::size_t model_requested = 0, model_rounded = 0;
+  for (int step = 0; step < 4000; ++step) {
+    if (live.empty() || rng() % 3 != 0) {
+      const std::size_t bytes = 1 + rng() % 20'000;
+      const alloy::block b = alloc.allocate(bytes, 256);
+      BOOST_REQUIRE(b);
+      BOOST_TEST(b.size == bytes);
+      live.push_back(b);
+      model_requested += bytes;
+      model_rounded += (bytes + 511) / 512 * 512;
+    } else {
+      const std::size_t i = rng() % live.size();
+      const alloy::block b = live[i];
+      live[i] = live.back();
+      live.pop_back();
+      // A wrong-size free (a different multiple of 512) is refused by the arena: nothing moves.
+      BOOST_TEST(!alloc.try_deallocate(alloy::block{b.ptr, b.size + 512}));
+      BOOST_TEST(alloc.try_deallocate(b));
+      BOOST_TEST(!alloc.try_deallocate(b), "a double free is refused");
+      model_requested -= b.size;
+      model_rounded -= (b.size + 511) / 512 * 512;
+    }
+    BOOST_TEST(alloc.requested_bytes() == model_requested);
+    BOOST_TEST(alloc.inner().bytes_in_use() == model_rounded, "the arena sees the rounded sizes");
+  }
+  for (const alloy::block b : live) alloc.deallocate(b);
+  BOOST_TEST(alloc.requested_bytes() == 0u);
+  BOOST_TEST(alloc.inner().bytes_in_use() == 0u);
+  BOOST_TEST(!alloc.allocate(std::numeric_limits<std::size_t>::max() - 10, 1), "rounding overflow fails");
+  BOOST_TEST(alloc.requested_bytes() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(limited_does_not_count_what_inner_failed) {

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+// alloy/policy/quantizer.hpp
+#pragma once
+
+#include <cstddef>
+#include <tuple>
+#include <utility>
+
+#include <alloy/concepts.hpp>
+#include <alloy/detail/align.hpp>
+#include <alloy/detail/forwarding.hpp>
+
+namespace alloy {
+
+/// `quantizer<Inner, Rounding>` rounds every request up to a multiple of `Rounding` before passing
+/// it to `Inner` (Phobos's `Quantizer`; PyTorch's kRoundLarge in `caching_allocator`).
+///
+/// - Strategy: `allocate(n)` asks `Inner` for `round_up(n, Rounding)` bytes and hands back a block
+///   of the `n` bytes asked for (DESIGN §2: a block's size is what the caller asked for). A free
+///   rebuilds the rounded block from the size and passes that on, so `Inner` always sees the
+///   sizes it served. Rounding fewer distinct sizes lets `Inner` reuse freed blocks for later
+///   requests of nearby sizes, at the price of the slack (under `Rounding` bytes per block).
+/// - `Rounding` must be a power of two (checked at compile time). A request whose rounded size
+///   overflows `std::size_t` fails with an empty block; `Inner` is not asked.
+/// - `requested_bytes()` counts what callers asked for and still hold. Frees are counted only when
+///   `Inner` accepted them (over a part with `try_deallocate`, e.g. `best_fit_arena`, a double,
+///   foreign, interior or wrong-size free changes nothing here); over a part that cannot tell, a
+///   free is counted unless it is larger than the count (which would make it wrap).
+/// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
+///   and checked frees rounded the same way, the queries passed on), plus `requested_bytes`, its
+///   own. Movable handles are not passed on (a handle's size is not rounded).
+/// - Complexity: O(1) on top of `Inner`. Metadata: one counter.
+/// - Thread safety: none (wrap in `synchronized`).
+template <allocator Inner, std::size_t Rounding>
+class quantizer : public detail::decorates<quantizer<Inner, Rounding>, Inner> {
+  static_assert(detail::is_power_of_two(Rounding), "quantizer: Rounding must be a power of two");
+
+ public:
+  static constexpr bool host_accessible = Inner::host_accessible;
+  static constexpr bool device_accessible = Inner::device_accessible;
+  static constexpr std::size_t rounding = Rounding;
+
+  quantizer() = default;
+  explicit quantizer(Inner inner) : inner_(std::move(inner)) {}
+
+  std::size_t requested_bytes() const noexcept { return requested_; }
+
+  Inner& inner() noexcept { return inner_; }
+  const Inner& inner() const noexcept { return inner_; }
+  auto parts() noexcept { return std::tie(inner_); }
+  auto parts() const noexcept { return std::tie(inner_); }
+
+ private:
+  friend class detail::decorates<quantizer, Inner>;
+
+  template <class Call, class GiveBack, class... Stream>
+  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind, Stream...) noexcept {
+    const std::size_t rounded = detail::round_up(bytes, Rounding);
+    if (rounded == 0 && bytes != 0) return {};  // rounding overflowed
+    const block b = call(rounded);
+    if (!b) return {};
+    requested_ += bytes;
+    return {b.ptr, bytes};
+  }
+  template <class Call, class... Stream>
+  bool on_free(block b, Call call, Stream...) noexcept {
+    if (!b) return true;
+    if (call(block{b.ptr, detail::round_up(b.size, Rounding)}) == detail::free_outcome::refused) return false;
+    if (b.size <= requested_) requested_ -= b.size;  // an unchecked bad free must not wrap
+    return true;
+  }
+
+  Inner inner_{};
+  std::size_t requested_ = 0;
+};
+
+}  // namespace alloy
