@@ -9,6 +9,7 @@
 #include <alloy/literals.hpp>
 #include <alloy/movable.hpp>
 #include <alloy/ref.hpp>
+#include <alloy/statistics.hpp>
 #include <alloy/stream.hpp>
 #include <alloy/host_stream.hpp>
 
