@@ -123,19 +123,11 @@ using default_base_t = segregator<(std::size_t{64} << 10), default_small_t<Upstr
 ///              first, doubling to 256 KiB),
 ///              best_fit_arena<U> (its default options)>
 ///
-/// Chosen by measurement (`bench/compositions`, tables in bench/README.md): every trace in
-/// ../shared/traces (PyTorch training and inference steps, MiniMalloc instances) and workload W1
-/// (1,000 live, 256 B-4 MiB) replayed through the arena alone, pools up to 16 / 64 / 256 KiB
-/// beside the arena, a pool with 2 MiB slabs up to 1 MiB beside the arena, and
-/// `caching_allocator`. Peak reserved ÷ peak live (geometric mean over the traces; W1) and W1
-/// time per pair, one run on a 2-core VM (2026-11-23, evening, idle):
-///   arena alone                                  1.599  1.141  53 ns
-///   pool <= 64 KiB, slabs 64 KiB..256 KiB + arena 1.619  1.143  43 ns  <- this one
-///   pool <= 64 KiB, slabs 64 KiB..2 MiB + arena   1.619  1.153  42 ns
-///   pool <= 256 KiB, slabs 64 KiB..2 MiB + arena  1.621  1.194  31 ns
-///   pool <= 1 MiB, 2 MiB slabs + arena            1.687  1.403  22 ns
-///   caching_allocator                             1.671  1.412  23 ns
-///   (thrust's disjoint pool, largest block 1 MiB / 4 MiB: W1 1.482 / 2.012 at 70 / 55 ns)
+/// Chosen by measurement (`bench/compositions`; the table it was chosen by, and the runs, are in
+/// bench/README.md): every trace in ../shared/traces and workload W1 replayed through the arena
+/// alone, pools of several thresholds and slab sizes beside the arena, and `caching_allocator`.
+/// Today's figure: peak reserved ÷ peak live 1.619 (geometric mean over the traces) and 1.143 on
+/// W1, at 43-46 ns per W1 pair (the arena alone: 1.599, 1.141, 53 ns).
 /// The reasons:
 /// - The arena carries the bytes: best fit with coalescing holds the least memory; every
 ///   composition's footprint is the arena's plus the pool's partly filled slabs.

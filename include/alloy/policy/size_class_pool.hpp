@@ -261,9 +261,8 @@ struct size_class_usage {
 ///   its slab, or not the aligned start of an over-aligned block), a double free (the block is
 ///   not allocated) and a wrong size (not the size it was allocated with). The free already
 ///   writes the block's entry in the slab's table, so comparing it first costs a dozen
-///   instructions and branches that are never taken (W2, `bench/small_blocks`, on 2026-11-24:
-///   about 25 more instructions per pair under cachegrind, time per pair unchanged within the
-///   shared machine's noise, 16.5-21.3 ns before and 16.6-17.9 ns after in three runs). The
+///   instructions and branches that are never taken (on W2, time per pair unchanged; the
+///   measurement is in bench/README.md). The
 ///   free is ignored (the block is left as it was, the pool consistent), counted in `misuses()`
 ///   (`misuse_count()`, `last_misuse()`) and passed to `options::on_misuse` with
 ///   `options::misuse_context`; with no handler, `ALLOY_CHECKED` builds print one line to
