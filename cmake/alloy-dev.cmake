@@ -30,6 +30,11 @@ target_compile_options(alloy_dev_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror=return-type>
   # CMake 3.25 has no CUDA20 dialect for nvcc 13, so the flag is spelled out.
   $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr -Xcompiler=-Wall>)
+if(ALLOY_WERROR)
+  # The project's own targets only (tests, benchmarks, examples, tools): users' flags are theirs.
+  target_compile_options(alloy_dev_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wshadow -Wconversion -Wsign-conversion -Werror>)
+endif()
 if(ALLOY_FUZZ)
   target_compile_options(alloy_dev_flags INTERFACE
     -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/policy/size_class_pool.hpp
 #pragma once
 
@@ -82,7 +83,7 @@ struct power2_classes {
   static constexpr std::size_t index(std::size_t bytes) noexcept {
     if (bytes <= Min) return 0;
     const std::size_t s = bytes - 1;
-    const int k = std::bit_width(s) - 1;  // 2^k <= s < 2^(k+1)
+    const int k = static_cast<int>(std::bit_width(s)) - 1;  // 2^k <= s < 2^(k+1); bit_width <= 64
     return first_[static_cast<std::size_t>(k)] + ((s - (std::size_t{1} << k)) >> step_shift(k)) + 1;
   }
 };
@@ -316,10 +317,11 @@ class size_class_pool {
   explicit size_class_pool(Upstream upstream) : size_class_pool(std::move(upstream), options{}) {}
   size_class_pool(Upstream upstream, options opts) : upstream_(std::move(upstream)), on_misuse_(opts.on_misuse), misuse_context_(opts.misuse_context) {
     constexpr std::size_t max_slab = std::size_t{1} << 30;
-    const std::size_t slab = std::clamp<std::size_t>(opts.slab_size, natural_alignment, max_slab);
-    const std::size_t initial =
-        opts.initial_slab_size == 0 ? slab : std::clamp<std::size_t>(opts.initial_slab_size, natural_alignment, slab);
-    slab_size_ = slab;
+    const std::size_t largest_slab = std::clamp<std::size_t>(opts.slab_size, natural_alignment, max_slab);
+    const std::size_t initial = opts.initial_slab_size == 0
+                                    ? largest_slab
+                                    : std::clamp<std::size_t>(opts.initial_slab_size, natural_alignment, largest_slab);
+    slab_size_ = largest_slab;
     std::size_t smallest = std::numeric_limits<std::size_t>::max();
     for (std::size_t i = 0; i < num_classes; ++i) {
       const std::size_t c = Classes::size(i);
@@ -329,7 +331,7 @@ class size_class_pool {
       cls.next_slab = slab_bytes_for(c, initial);
       smallest = std::min(smallest, cls.next_slab);
     }
-    granule_shift_ = std::bit_width(smallest) - 1;  // every slab spans at least one granule
+    granule_shift_ = static_cast<int>(std::bit_width(smallest)) - 1;  // every slab spans at least one granule
   }
 
   size_class_pool(const size_class_pool&) = delete;
