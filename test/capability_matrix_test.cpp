@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The capability matrix (issue 19): for every wrapper W and every optional capability C listed in
 // `alloy::detail::capability`, W<A> has C exactly when A has it, over toy parts that have every
 // capability, none, and each one alone. A wrapper's own capabilities (limited's `bytes_limit`)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/alloy.hpp: the core, the upstreams and every policy; no adaptor (DESIGN §6).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/showcase.hpp: ready-made compositions of the building blocks, to use as they are or to
 // copy and change.
 //

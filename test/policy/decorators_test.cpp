@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // synchronized, limited and fallback: the conformance suite over each, and what each adds.
 #include <boost/test/unit_test.hpp>
 
