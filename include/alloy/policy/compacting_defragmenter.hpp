@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/policy/compacting_defragmenter.hpp
 #pragma once
 
@@ -403,12 +404,12 @@ class compacting_defragmenter {
         const auto spans = [&] { return j > i && reinterpret_cast<std::uintptr_t>(end_of(j - 1)) >= aligned + need; };
         while (j < e && !spans()) {
           cost += cost_of(j);
-          count += pieces[j++].k == kind::movable ? 1 : 0;
+          count += pieces[j++].k == kind::movable ? std::size_t{1} : std::size_t{0};
         }
         if (spans() && count > 0) windows.push_back({cost, i, j});
         if (j > i) {
           cost -= cost_of(i);
-          count -= pieces[i].k == kind::movable ? 1 : 0;
+          count -= pieces[i].k == kind::movable ? std::size_t{1} : std::size_t{0};
         }
       }
       s = e;
