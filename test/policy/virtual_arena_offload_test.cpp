@@ -536,3 +536,35 @@ BOOST_AUTO_TEST_CASE(a_pmr_container_is_tagged_from_outside) {
   BOOST_TEST(a.bytes_in_use() == 0u);
   BOOST_TEST(a.check_invariants());
 }
+
+BOOST_AUTO_TEST_SUITE(offload_statistics_suite)
+
+// stats<> reports offloads as LMS's reclaims: bytes unmapped, one tag a single reclaim, every tag
+// a full one; reset_accumulated() starts them again from zero.
+BOOST_AUTO_TEST_CASE(stats_reports_offloads_as_reclaims) {
+  constexpr std::size_t granule = 64_KiB;
+  alloy::stats<virtual_arena<host_vmm>> s{virtual_arena<host_vmm>{host_vmm{{.capacity = 4_MiB, .granularity = granule}}}};
+  const block w = s.inner().allocate(3 * granule, 256, tag{1});  // three granules of tag 1
+  const block c = s.inner().allocate(granule, 256, tag{2});      // one of tag 2
+  BOOST_REQUIRE(w);
+  BOOST_REQUIRE(c);
+  BOOST_TEST(s.statistics().bytes_reclaimed == 0u);
+  BOOST_TEST(s.inner().offload(tag{1}) == offload_status::done);
+  alloy::statistics st = s.statistics();
+  BOOST_TEST(st.bytes_reclaimed == 3 * granule);
+  BOOST_TEST(st.num_single_reclaims == 1u);
+  BOOST_TEST(st.num_full_reclaims == 0u);
+  BOOST_TEST(s.inner().restore(tag{1}) == offload_status::done);
+  s.reset_accumulated();
+  BOOST_TEST(s.statistics().bytes_reclaimed == 0u);
+  s.inner().offload_all();
+  st = s.statistics();
+  BOOST_TEST(st.bytes_reclaimed == 4 * granule);
+  BOOST_TEST(st.num_full_reclaims == 1u);
+  BOOST_TEST(s.inner().restore(tag{1}) == offload_status::done);
+  BOOST_TEST(s.inner().restore(tag{2}) == offload_status::done);
+  s.inner().deallocate(w);
+  s.inner().deallocate(c);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

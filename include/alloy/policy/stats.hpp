@@ -72,6 +72,10 @@ template <class A>
 struct is_counting : std::bool_constant<counting_allocator<A>> {};
 template <class A>
 struct is_movable_counting : std::bool_constant<movable_counting_allocator<A>> {};
+/// Parts that offload tagged memory (`virtual_arena`, `virtual_allocator`): their reclaims are
+/// LMS's reclaims (one tag: single, every tag: full).
+template <class A>
+struct is_offloading : std::bool_constant<requires(const A& a) { a.offload_stats(); }> {};
 template <class A>
 struct has_bytes_limit : std::bool_constant<requires(const A& a) {
   { a.bytes_limit() } -> std::convertible_to<std::size_t>;
@@ -112,13 +116,7 @@ std::size_t reserved_in(A& a) noexcept {
 template <class A>
 allocator_counters counters_in(A& a) noexcept {
   allocator_counters sum{};
-  auto add = [&](auto& part) {
-    const allocator_counters c = part.counters();
-    sum.num_device_alloc += c.num_device_alloc;
-    sum.num_device_free += c.num_device_free;
-    sum.num_alloc_retries += c.num_alloc_retries;
-    sum.num_ooms += c.num_ooms;
-  };
+  auto add = [&](auto& part) { sum += part.counters(); };
   for_first_parts<is_counting>(a, add);
   return sum;
 }
@@ -143,6 +141,15 @@ movable_counters movable_in(A& a) noexcept {
     sum.num_moves += c.num_moves;
   };
   for_first_parts<is_movable_counting>(a, add);
+  auto add_offloads = [&](auto& part) {
+    const auto o = part.offload_stats();
+    sum.bytes_reclaimed += o.bytes_reclaimed;
+    sum.num_single_reclaims += o.num_single_reclaims;
+    sum.num_full_reclaims += o.num_full_reclaims;
+    sum.bytes_restored += o.bytes_copied_back;
+    sum.num_restores += o.num_restores;
+  };
+  for_first_parts<is_offloading>(a, add_offloads);
   return sum;
 }
 
@@ -319,7 +326,9 @@ class stats_core {
 ///     PyTorch's `segment` (device allocations minus frees, observed when reserved bytes change);
 ///   - movable parts (`movable_statistics()`): `bytes_active`, `bytes_inactive`,
 ///     `peak_bytes_active`, `bytes_reclaimed`, `num_single_reclaims`, `num_full_reclaims`,
-///     `num_defragmentations`, `bytes_defragged`;
+///     `num_defragmentations`, `bytes_defragged`; offloading parts (`offload_stats()`, a
+///     `virtual_arena` or `virtual_allocator`): `bytes_reclaimed` (physical bytes that offload
+///     and discard unmapped), `num_single_reclaims` (one tag), `num_full_reclaims` (every tag);
 ///   - `bytes_limit()` / `bytes_reservable_limit()` of any part (the smallest);
 ///   - introspection (`for_each_block`, O(blocks) at query time): `largest_free_block`,
 ///     `fragmentation`, PyTorch's `inactive_split`, `inactive_split_bytes` and
@@ -462,7 +471,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
         in, [](auto& p) { return p.bytes_reservable_limit(); });
     s.bytes_reserved = static_cast<std::size_t>(c.reserved[0].current);
     s.peak_bytes_reserved = static_cast<std::size_t>(c.reserved[0].peak);
-    if constexpr (detail::any_part<detail::is_movable_counting, Inner>()) {
+    if constexpr (detail::any_part<detail::is_movable_counting, Inner>() || detail::any_part<detail::is_offloading, Inner>()) {
       const movable_counters m = detail::movable_in(in);
       const movable_counters& b = c.baseline_movable;
       s.bytes_active = m.bytes_active;
@@ -527,7 +536,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
     refresh_reserved();
     core_.reset_accumulated();
     if constexpr (detail::any_part<detail::is_counting, Inner>()) core_.baseline_counters = detail::counters_in(inner_);
-    if constexpr (detail::any_part<detail::is_movable_counting, Inner>()) core_.baseline_movable = detail::movable_in(inner_);
+    if constexpr (detail::any_part<detail::is_movable_counting, Inner>() || detail::any_part<detail::is_offloading, Inner>()) core_.baseline_movable = detail::movable_in(inner_);
   }
 
   /// What `alloy::out_of_memory` reports when a request of `bytes` failed (the edges ask).
