@@ -49,7 +49,8 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
 ///   a request fails, as before.
 /// - Routing of frees: by `b.size`, the size the caller asked for (DESIGN §2), with the same
 ///   rule; the alignment is not known at free time, so a small-sized block goes to `Large` when
-///   blocks were sent there that way (`redirected_blocks()`, counted) and `Large.owns(b)`. While
+///   blocks were sent there that way (`redirected_blocks()`, counted) and the block is not
+///   `Small`'s (`!Small.owns(b)`; `Large.owns(b)` when `Small` cannot tell). While
 ///   none is live (the usual case) a free costs one comparison more than routing by size alone.
 ///   Statistics count a redirected block in the small pool (by its size) and its bytes in the
 ///   large pool's segments.
@@ -99,6 +100,17 @@ class segregator : public detail::two_parts<segregator<Threshold, Small, Large>,
   friend base;
   static constexpr bool can_redirect = owning_allocator<Large>;
 
+  /// Whether a small-sized block came from `Large`. `Small`'s word comes first where it can
+  /// tell: when both sides draw from one arena (virtual_allocator, a shared `ref`), `Large` owns
+  /// the small part's slabs too.
+  bool redirected(block b) const noexcept {
+    if constexpr (owning_allocator<Small>) {
+      return !small_.owns(b);
+    } else {
+      return large_.owns(b);
+    }
+  }
+
   Small& first_part() noexcept { return small_; }
   const Small& first_part() const noexcept { return small_; }
   Large& second_part() noexcept { return large_; }
@@ -120,7 +132,7 @@ class segregator : public detail::two_parts<segregator<Threshold, Small, Large>,
   bool route_free(block b, Call call) noexcept {
     if (!is_small(b.size)) return call(large_) != detail::free_outcome::refused;
     if constexpr (can_redirect) {
-      if (redirected_ != 0 && large_.owns(b)) [[unlikely]] {
+      if (redirected_ != 0 && redirected(b)) [[unlikely]] {
         if (call(large_) == detail::free_outcome::refused) return false;
         --redirected_;
         return true;
@@ -132,7 +144,7 @@ class segregator : public detail::two_parts<segregator<Threshold, Small, Large>,
   void route_use(block b, Call call) {
     if (!is_small(b.size)) return call(large_);
     if constexpr (can_redirect) {
-      if (redirected_ != 0 && large_.owns(b)) return call(large_);
+      if (redirected_ != 0 && redirected(b)) return call(large_);
     }
     call(small_);
   }
