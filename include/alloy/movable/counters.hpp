@@ -41,6 +41,23 @@ struct movable_counters {
   std::size_t bytes_defragged = 0;       ///< total: bytes copied by defragmentation
   std::size_t num_moves = 0;             ///< total: blocks moved by defragmentation
 
+  /// Adds another part's counters (statistics report the sum over a composition's parts).
+  movable_counters& operator+=(const movable_counters& o) noexcept {
+    bytes_active += o.bytes_active;
+    peak_bytes_active += o.peak_bytes_active;
+    bytes_inactive += o.bytes_inactive;
+    bytes_spilled += o.bytes_spilled;
+    bytes_reclaimed += o.bytes_reclaimed;
+    num_single_reclaims += o.num_single_reclaims;
+    num_full_reclaims += o.num_full_reclaims;
+    num_spills += o.num_spills;
+    bytes_restored += o.bytes_restored;
+    num_restores += o.num_restores;
+    num_defragmentations += o.num_defragmentations;
+    bytes_defragged += o.bytes_defragged;
+    num_moves += o.num_moves;
+    return *this;
+  }
   friend bool operator==(const movable_counters&, const movable_counters&) = default;
 };
 

@@ -124,22 +124,7 @@ allocator_counters counters_in(A& a) noexcept {
 template <class A>
 movable_counters movable_in(A& a) noexcept {
   movable_counters sum{};
-  auto add = [&](auto& part) {
-    const movable_counters c = part.movable_statistics();
-    sum.bytes_active += c.bytes_active;
-    sum.peak_bytes_active += c.peak_bytes_active;
-    sum.bytes_inactive += c.bytes_inactive;
-    sum.bytes_spilled += c.bytes_spilled;
-    sum.bytes_reclaimed += c.bytes_reclaimed;
-    sum.num_single_reclaims += c.num_single_reclaims;
-    sum.num_full_reclaims += c.num_full_reclaims;
-    sum.num_spills += c.num_spills;
-    sum.bytes_restored += c.bytes_restored;
-    sum.num_restores += c.num_restores;
-    sum.num_defragmentations += c.num_defragmentations;
-    sum.bytes_defragged += c.bytes_defragged;
-    sum.num_moves += c.num_moves;
-  };
+  auto add = [&](auto& part) { sum += part.movable_statistics(); };
   for_first_parts<is_movable_counting>(a, add);
   auto add_offloads = [&](auto& part) {
     const auto o = part.offload_stats();
