@@ -7,6 +7,7 @@
 // nothing of tags (Thrust, std::pmr containers) is tagged from outside.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 
@@ -71,11 +72,38 @@ struct offload_statistics {
   std::size_t num_discards = 0;
   std::size_t num_restores = 0;
   std::size_t num_refused_allocations = 0;  ///< allocations with an offloaded or discarded tag
+
+  /// Adds another part's counts (a `sharded` allocator reports the sum of its shards').
+  offload_statistics& operator+=(const offload_statistics& o) noexcept {
+    bytes_reclaimed += o.bytes_reclaimed;
+    num_single_reclaims += o.num_single_reclaims;
+    num_full_reclaims += o.num_full_reclaims;
+    bytes_on_host += o.bytes_on_host;
+    bytes_copied_to_host += o.bytes_copied_to_host;
+    bytes_copied_back += o.bytes_copied_back;
+    num_offloads += o.num_offloads;
+    num_discards += o.num_discards;
+    num_restores += o.num_restores;
+    num_refused_allocations += o.num_refused_allocations;
+    return *this;
+  }
+  friend bool operator==(const offload_statistics&, const offload_statistics&) = default;
+};
+
+/// An allocator with a current tag (`current_tag()`, `set_current_tag(tag)`): what `scoped_tag`
+/// needs. Every wrapper of such an allocator has it too (detail/forwarding.hpp).
+template <class A>
+concept tag_holding = requires(A& a, const A& c, tag t) {
+  { c.current_tag() } noexcept -> std::same_as<tag>;
+  { a.set_current_tag(t) } noexcept;
 };
 
 /// Sets `alloc`'s current tag for a scope and puts the previous one back at its end:
-/// `scoped_tag guard{alloc, tag{1}};`. `Alloc` offers `current_tag()` and `set_current_tag(tag)`.
-template <class Alloc>
+/// `scoped_tag guard{alloc, tag{1}};`. `Alloc` is any `tag_holding` allocator: a `virtual_arena`,
+/// a `virtual_allocator`, or any wrapper of one (`synchronized`, `stats`, `ref`, `sharded`, ...),
+/// whose `set_current_tag` reaches the part that allocates. The guard is not a lock: under
+/// `synchronized` another thread's plain allocations are tagged too while it lives.
+template <tag_holding Alloc>
 class scoped_tag {
  public:
   scoped_tag(Alloc& alloc, tag t) noexcept : alloc_(alloc), previous_(alloc.current_tag()) { alloc_.set_current_tag(t); }

@@ -544,6 +544,26 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
 
  private:
   friend decorated;
+  friend class detail::forwards_queries<stats, Inner>;
+
+  // The guard hook of the forwarded calls: a call that may change the part (`offload`,
+  // `discard`, `restore`, `offload_all`, `record_use`) is followed by a look at the reserved
+  // bytes, so that the reserved figures and their peak stay exact when an offload unmaps memory.
+  template <class F>
+  decltype(auto) guarded(F&& f) {
+    if constexpr (std::is_void_v<decltype(f(inner_))>) {
+      f(inner_);
+      check_reserved();
+    } else {
+      auto result = f(inner_);
+      check_reserved();
+      return result;
+    }
+  }
+  template <class F>
+  decltype(auto) guarded(F&& f) const {
+    return std::forward<F>(f)(inner_);
+  }
 
   template <class Call, class GiveBack, class... Stream>
   block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind kind,
