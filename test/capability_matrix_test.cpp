@@ -149,6 +149,16 @@ struct toy {
   {
     return true;
   }
+  alloy::block allocate_or_plan(std::size_t, std::size_t, alloy::growth_plan&) noexcept
+    requires(on(capability::planned_growth))
+  {
+    return {};
+  }
+  alloy::block allocate_planned(alloy::growth_plan&, std::size_t, std::size_t) noexcept
+    requires(on(capability::planned_growth))
+  {
+    return {};
+  }
 };
 
 /// The capabilities of `A`, as a mask.
@@ -242,9 +252,11 @@ struct w_sharded {
   template <class A>
   using type = alloy::sharded<A>;
   static constexpr unsigned own = 0;
-  // documented: no stream-ordered calls (a thread's cache has no stream) and no handles
-  static constexpr unsigned not_passed =
-      movable_group | bit(capability::stream_ordered) | bit(capability::try_deallocate_on_stream);
+  // documented: no stream-ordered calls (a thread's cache has no stream) and no handles; a
+  // planned growth is used inside (the upstream call without the shard's lock), not offered
+  static constexpr unsigned not_passed = movable_group | bit(capability::stream_ordered) |
+                                         bit(capability::try_deallocate_on_stream) |
+                                         bit(capability::planned_growth);
 };
 
 /// Capabilities where `W<toy<Mask>>` differs from what it should have (0 when it is right).
@@ -290,7 +302,7 @@ constexpr unsigned stream_ordered_mismatch() {
   constexpr unsigned m = Mask | bit(capability::allocate_keeping_cache);
   using A = toy<m>;
   constexpr unsigned passed = m & ~(movable_group | bit(capability::allocate_keeping_cache) |
-                                    bit(capability::try_deallocate_on_stream));
+                                    bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth));
   constexpr unsigned checked = (m & bit(capability::try_deallocate)) != 0
                                    ? bit(capability::try_deallocate) | bit(capability::try_deallocate_on_stream)
                                    : 0u;
@@ -317,6 +329,10 @@ static_assert(mask_of<alloy::stats<arena>>() == arena_mask);
 static_assert((mask_of<alloy::fallback<arena, arena>>() | limits) == (arena_mask | limits));
 static_assert(alloy::counting_allocator<alloy::synchronized<alloy::default_allocator<alloy::host_upstream>>>);
 static_assert(alloy::cache_keeping_allocator<alloy::limited<alloy::logged<alloy::tracked<arena>>>>);
+// Planned growth (issue 20) reaches synchronized through the showcase compositions and stats<>.
+static_assert(alloy::growth_planning_allocator<alloy::stats<alloy::default_allocator<alloy::host_upstream>>>);
+static_assert(alloy::growth_planning_allocator<alloy::caching_allocator<alloy::host_upstream>>);
+static_assert(!alloy::growth_planning_allocator<alloy::size_class_pool<alloy::ref<arena>>>);  // not thread safe
 
 }  // namespace
 

@@ -91,6 +91,61 @@ concept cache_keeping_allocator = allocator<A> && requires(A& a, std::size_t byt
   { a.allocate_keeping_cache(bytes, alignment) } noexcept -> std::same_as<block>;
 };
 
+/// An upstream that may be called from several threads at once (`U::thread_safe` is true:
+/// `host_upstream`, the CUDA runtime upstreams). Only over such an upstream may a policy offer
+/// `growth_planning_allocator`, whose upstream call runs outside the caller's lock.
+template <class U>
+concept thread_safe_upstream = requires {
+  requires static_cast<bool>(U::thread_safe);
+};
+
+/// One upstream call a policy wants made for it (a new segment or slab), planned under a lock and
+/// made outside it (`growth_planning_allocator`). Filled by the policy; `fetch()` and
+/// `give_back_unused()` are what the caller runs without its lock.
+struct growth_plan {
+  std::size_t bytes = 0;      ///< bytes to ask the upstream for; 0: no plan
+  std::size_t alignment = 0;  ///< alignment to ask for
+  void* upstream = nullptr;   ///< the policy's upstream (`thread_safe_upstream`)
+  block (*take)(void*, std::size_t, std::size_t) noexcept = nullptr;
+  void (*give)(void*, block) noexcept = nullptr;
+  block got{};  ///< what the upstream handed out (empty: not asked yet, or it failed)
+
+  explicit operator bool() const noexcept { return bytes != 0; }
+  /// The upstream call (no lock held).
+  void fetch() noexcept { got = take(upstream, bytes, alignment); }
+  /// Returns what the policy did not adopt (no lock held).
+  void give_back_unused() noexcept {
+    if (got) give(upstream, got);
+    got = {};
+  }
+  /// A plan for `up.allocate(bytes, alignment)`.
+  template <class Upstream>
+  static growth_plan of(Upstream& up, std::size_t bytes, std::size_t alignment) noexcept {
+    return {bytes, alignment, &up,
+            [](void* u, std::size_t n, std::size_t a) noexcept { return static_cast<Upstream*>(u)->allocate(n, a); },
+            [](void* u, block b) noexcept { static_cast<Upstream*>(u)->deallocate(b); }, block{}};
+  }
+};
+
+/// Growth in two phases, so that a lock need not be held across a slow upstream call
+/// (`cudaMalloc` of a new segment or slab; DESIGN §13). Under the caller's lock:
+/// `allocate_or_plan(bytes, alignment, plan)` returns a block when it can serve the request
+/// without its upstream; otherwise it changes nothing and returns an empty block, with `plan`
+/// filled when one upstream call would let it serve the request (else `plan` stays empty and the
+/// caller calls `allocate`, which does everything today's way: last resorts, release and retry,
+/// OOM). Without the lock: `plan.fetch()`. Under the lock again: `allocate_planned(plan, bytes,
+/// alignment)` adopts `plan.got` (as cache, even when another thread grew meanwhile; not when a
+/// limit would be passed) and then allocates exactly as `allocate` does (an upstream that failed
+/// gets today's answer: ask again, release, retry). Without the lock: `plan.give_back_unused()`.
+/// `detail::allocate_growing_unlocked` runs the whole sequence. Offered by `best_fit_arena` and
+/// `size_class_pool` over a `thread_safe_upstream`, passed on by every wrapper and composite.
+template <class A>
+concept growth_planning_allocator =
+    allocator<A> && requires(A& a, std::size_t bytes, std::size_t alignment, growth_plan& plan) {
+      { a.allocate_or_plan(bytes, alignment, plan) } noexcept -> std::same_as<block>;
+      { a.allocate_planned(plan, bytes, alignment) } noexcept -> std::same_as<block>;
+    };
+
 /// `record_use(block, stream)`: the block is used on `stream` too (see `alloy::record_use`).
 template <class A, class Stream>
 concept use_recording_allocator = allocator<A> && requires(A& a, block b, Stream stream) {

@@ -97,6 +97,10 @@ class basic_cuda_upstream : public cuda_error_slot {
   static constexpr bool host_accessible = Calls::host_accessible;
   static constexpr bool device_accessible = Calls::device_accessible;
   static constexpr std::size_t max_alignment = 256;  // what every CUDA allocation call guarantees
+  /// The runtime's calls may run on several threads at once (`thread_safe_upstream`); only
+  /// `last_error()` is not synchronized: read it from the thread whose call failed, while no
+  /// other call fails with a non-OOM error.
+  static constexpr bool thread_safe = true;
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (!is_power_of_two(alignment) || alignment > max_alignment) return {};

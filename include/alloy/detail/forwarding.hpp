@@ -28,6 +28,7 @@
 #include <concepts>
 #include <cstddef>
 #include <type_traits>
+#include <mutex>
 #include <utility>
 
 #include <alloy/block.hpp>
@@ -90,13 +91,14 @@ enum class capability : unsigned {
   reset_movable_peak,
   is_live,
   serves,
+  planned_growth,  ///< `allocate_or_plan` + `allocate_planned` (growth_planning_allocator)
   count_  ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 20;
+inline constexpr unsigned forwarded_capabilities = 21;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
@@ -126,6 +128,7 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::reset_movable_peak) return has_reset_movable_peak<A>;
   else if constexpr (C == capability::is_live) return has_is_live<A>;
   else if constexpr (C == capability::serves) return request_screening_allocator<A>;
+  else if constexpr (C == capability::planned_growth) return growth_planning_allocator<A>;
   else static_assert(no_such_capability<A>, "capability without a test in has_capability");
 }
 
@@ -268,6 +271,16 @@ class forwards_everything : public forwards_queries<Derived, Inner> {
   {
     return call([&](auto& in) { return in.allocate_keeping_cache(bytes, alignment); });
   }
+  block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
+    requires growth_planning_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.allocate_or_plan(bytes, alignment, plan); });
+  }
+  block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires growth_planning_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.allocate_planned(plan, bytes, alignment); });
+  }
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
@@ -369,6 +382,23 @@ class decorates : public forwards_queries<Derived, Inner> {
     return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate_keeping_cache(n, alignment); },
                               [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
   }
+  /// The planning phase is, to the decorator, a call that may fail without being a failure yet
+  /// (`keeping_cache`): an empty block is followed by `allocate_planned` or `allocate`, which is
+  /// counted.
+  block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
+    requires growth_planning_allocator<Inner>
+  {
+    Inner& in = self().inner();
+    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate_or_plan(n, alignment, plan); },
+                              [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
+  }
+  block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires growth_planning_allocator<Inner>
+  {
+    Inner& in = self().inner();
+    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate_planned(plan, n, alignment); },
+                              [&](block b) { in.deallocate(b); }, allocation_kind::plain);
+  }
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
@@ -414,6 +444,10 @@ class decorates : public forwards_queries<Derived, Inner> {
 ///       returns whether the free was accepted (an `unchecked` free counts as accepted).
 ///   template <class Call> void route_use(block b, Call call);
 ///       the part that holds `b`.
+///   block route_planning(bytes, alignment, growth_plan& plan);
+///   block route_planned(growth_plan& plan, bytes, alignment);
+///       the two phases of `growth_planning_allocator`; the second must reach the part that
+///       made the plan.
 ///
 /// Limits (`bytes_limit`, `bytes_reservable_limit`) and movable handles are not combined: what
 /// the limit of two parts is depends on the composite, and neither composite routes handles.
@@ -476,6 +510,16 @@ class two_parts {
     return self().route_allocation(bytes, alignment,
                                    [&](auto& part) { return part.allocate_keeping_cache(bytes, alignment); });
   }
+  block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
+    requires growth_planning_allocator<First> && growth_planning_allocator<Second>
+  {
+    return self().route_planning(bytes, alignment, plan);
+  }
+  block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires growth_planning_allocator<First> && growth_planning_allocator<Second>
+  {
+    return self().route_planned(plan, bytes, alignment);
+  }
   template <class Stream>
     requires stream_ordered_allocator<First, Stream> && stream_ordered_allocator<Second, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
@@ -506,5 +550,42 @@ class two_parts {
   First& first() noexcept { return static_cast<Derived&>(*this).first_part(); }
   Second& second() noexcept { return static_cast<Derived&>(*this).second_part(); }
 };
+
+// ---- growth outside a lock ------------------------------------------------------------------------
+
+/// The rest of a planned growth, `plan` made under `mutex` (now not held): the upstream call,
+/// then adoption and allocation under the lock, then the give-back of what was not adopted.
+template <class Mutex, class Inner>
+[[gnu::noinline]] block finish_growth_unlocked(Mutex& mutex, Inner& inner, growth_plan& plan, std::size_t bytes,
+                                               std::size_t alignment) noexcept {
+  plan.fetch();
+  block b;
+  {
+    std::lock_guard lock(mutex);
+    b = inner.allocate_planned(plan, bytes, alignment);
+  }
+  plan.give_back_unused();
+  return b;
+}
+
+/// `inner.allocate(bytes, alignment)` with `mutex` held, except for the upstream call of a growth
+/// when `Inner` can plan one (`growth_planning_allocator`): that call, and giving back a segment
+/// that was not adopted, run without the lock. `Mutex` is locked and unlocked as a
+/// `std::lock_guard` would.
+template <class Mutex, class Inner>
+block allocate_growing_unlocked(Mutex& mutex, Inner& inner, std::size_t bytes, std::size_t alignment) noexcept {
+  if constexpr (growth_planning_allocator<Inner>) {
+    growth_plan plan;
+    {
+      std::lock_guard lock(mutex);
+      if (const block b = inner.allocate_or_plan(bytes, alignment, plan)) return b;
+      if (!plan) [[unlikely]] return inner.allocate(bytes, alignment);
+    }
+    return finish_growth_unlocked(mutex, inner, plan, bytes, alignment);
+  } else {
+    std::lock_guard lock(mutex);
+    return inner.allocate(bytes, alignment);
+  }
+}
 
 }  // namespace alloy::detail

@@ -190,8 +190,30 @@ class best_fit_arena {
     return allocate_impl(bytes, alignment, false);
   }
 
+  /// Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only): a block
+  /// when a free chunk serves the request; else an empty block, the arena unchanged, with `plan`
+  /// set to the segment `allocate` would take first (the preferred size, within
+  /// `maximum_size`), or left empty when the request needs more than one plain upstream call
+  /// (the caller then calls `allocate`).
+  block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
+    requires thread_safe_upstream<Upstream>
+  {
+    return allocate_impl(bytes, alignment, true, &plan);
+  }
+  /// Adopts `plan.got` as a new segment (a free chunk: cache, whatever happened meanwhile),
+  /// unless that would pass `maximum_size` or host metadata cannot grow (it is then left in
+  /// `plan.got` for the caller to give back, counted as taken and given back), then allocates as
+  /// `allocate` does.
+  block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires thread_safe_upstream<Upstream>
+  {
+    if (plan.got) adopt_segment(plan, detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding));
+    return allocate_impl(bytes, alignment, true);
+  }
+
  private:
-  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
+  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
+                                             growth_plan* plan = nullptr) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
     const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
     if (rounded == 0) return {};
@@ -201,11 +223,17 @@ class best_fit_arena {
       need = rounded + alignment - opts_.rounding;
     }
     if (!reserve_metadata()) [[unlikely]] {
-      ++counters_.num_ooms;
+      if (plan == nullptr) ++counters_.num_ooms;  // else the caller calls allocate
       return {};
     }
     std::uint32_t c = find_fit(rounded, need, alignment);
-    if (c == detail::best_fit_npos) c = grow_for(rounded, need, may_release);
+    if (c == detail::best_fit_npos) {
+      if (plan != nullptr) {
+        plan_growth(rounded, need, *plan);
+        return {};
+      }
+      c = grow_for(rounded, need, may_release);
+    }
     if (c == detail::best_fit_npos) {
       if (may_release) ++counters_.num_ooms;  // else the caller retries with release
       return {};
@@ -465,11 +493,12 @@ class best_fit_arena {
     return start - node.addr <= node.size() - rounded;
   }
 
-  /// Grows the arena for a request that found no chunk; returns the chunk to serve it from.
-  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, bool may_release) noexcept {
+  /// The segment size a growth for a request asks for first, and whether taking it advances the
+  /// doubling.
+  std::size_t preferred_growth(std::size_t rounded, std::size_t need, bool& advances) const noexcept {
     const std::size_t max_split = opts_.max_split_size;
     std::size_t preferred = need;
-    bool advances = false;
+    advances = false;
     if (rounded > max_split) {
       preferred = need;  // oversize requests get a segment of their own size (as PyTorch)
     } else if (opts_.growth == best_fit_growth::fixed) {
@@ -480,7 +509,50 @@ class best_fit_arena {
     }
     if (rounded <= max_split && max_split != std::numeric_limits<std::size_t>::max())
       preferred = std::min(preferred, std::max(need, detail::round_up(max_split, opts_.rounding)));
-    preferred = std::max(detail::round_up(preferred, opts_.rounding), need);
+    return std::max(detail::round_up(preferred, opts_.rounding), need);
+  }
+
+  /// Fills `plan` with the segment `grow_for` would ask for first, when one plain upstream call
+  /// can give it (within `maximum_size`, at an alignment the upstream promises).
+  [[gnu::noinline]] void plan_growth(std::size_t rounded, std::size_t need, growth_plan& plan) noexcept {
+    if (opts_.rounding > upstream_alignment()) return;  // segments may need a second call to align
+    const std::size_t room = opts_.maximum_size - reserved_;
+    if (need > room) return;
+    bool advances = false;
+    const std::size_t preferred = std::min(preferred_growth(rounded, need, advances), room);
+    plan = growth_plan::of(upstream_, preferred, opts_.rounding);
+  }
+
+  /// Makes `plan.got` a segment (see `allocate_planned`); `rounded` is the request's size.
+  [[gnu::noinline]] void adopt_segment(growth_plan& plan, std::size_t rounded) noexcept {
+    const std::size_t size = plan.bytes;
+    const auto base = reinterpret_cast<std::uintptr_t>(plan.got.ptr);
+    bool fits = (base & (opts_.rounding - 1)) == 0 && size <= opts_.maximum_size - reserved_ && reserve_metadata();
+    if (fits) {
+      try {
+        detail::reserve_room(segments_, segments_.size() + 1);
+      } catch (const std::bad_alloc&) {
+        fits = false;
+      }
+    }
+    ++counters_.num_device_alloc;
+    if (!fits) {
+      ++counters_.num_device_free;  // the caller gives it back
+      return;
+    }
+    index_segment(plan.got, base, size);
+    plan.got = {};
+    bool advances = false;
+    (void)preferred_growth(rounded, rounded, advances);
+    if (advances && size >= next_growth_ && next_growth_ < opts_.max_growth_size)
+      next_growth_ = next_growth_ > opts_.max_growth_size / 2 ? opts_.max_growth_size : next_growth_ * 2;
+  }
+
+  /// Grows the arena for a request that found no chunk; returns the chunk to serve it from.
+  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, bool may_release) noexcept {
+    const std::size_t max_split = opts_.max_split_size;
+    bool advances = false;
+    const std::size_t preferred = preferred_growth(rounded, need, advances);
 
     bool upstream_failed = false;
     std::uint32_t c = grow_by(preferred, need, upstream_failed);
@@ -547,6 +619,12 @@ class best_fit_arena {
       }
     }
     ++counters_.num_device_alloc;
+    return index_segment(got, base, size);
+  }
+
+  /// Indexes a segment the upstream handed out (`got`, starting at `base`, aligned, `size` bytes)
+  /// as one free chunk. Room for one segment record and one node must have been reserved.
+  std::uint32_t index_segment(block got, std::uintptr_t base, std::size_t size) noexcept {
     const std::uint32_t c = pool_.take();
     detail::best_fit_chunk& node = pool_[c];
     node.addr = base;

@@ -17,8 +17,9 @@ namespace alloy {
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes`, `counters` (the sums), `bytes_in_use` and `requested_bytes`
 ///   (the sums), introspection, checked frees (`try_deallocate`), stream-ordered calls,
-///   `allocate_keeping_cache`, `record_use` and `serves`. Not limits or movable handles. Memory kind: what
-///   both parts share.
+///   `allocate_keeping_cache`, `record_use`, `serves` and planned growth (`Primary`'s growth is
+///   planned; `Secondary` is then called plainly, under the caller's lock, when `Primary` fails for
+///   good). Not limits or movable handles. Memory kind: what both parts share.
 /// - Failure: an empty block when both fail; a failed `Primary` is not retried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: none of its own.
 template <owning_allocator Primary, allocator Secondary>
@@ -59,6 +60,17 @@ class fallback : public detail::two_parts<fallback<Primary, Secondary>, Primary,
     if (const block b = call(primary_)) return b;
     return call(secondary_);
   }
+  // A planned growth is `Primary`'s only: when `Primary` can neither serve nor plan, the caller
+  // falls back to `allocate` (both parts, today's way); `Secondary` is asked only once `Primary`
+  // has failed for good.
+  block route_planning(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept {
+    return primary_.allocate_or_plan(bytes, alignment, plan);
+  }
+  block route_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const block b = primary_.allocate_planned(plan, bytes, alignment)) return b;
+    return secondary_.allocate(bytes, alignment);
+  }
+
   template <class Call>
   bool route_free(block b, Call call) noexcept {
     return (primary_.owns(b) ? call(primary_) : call(secondary_)) != detail::free_outcome::refused;

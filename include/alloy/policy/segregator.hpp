@@ -57,8 +57,10 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes` (the sum), `counters` (the sums), `bytes_in_use` and
 ///   `requested_bytes` (the sums), introspection (`Small`'s blocks, then `Large`'s), checked frees
-///   (`try_deallocate`), stream-ordered calls, `allocate_keeping_cache`, `record_use` and `serves`.
-///   Not limits or movable handles. Memory kind: what both parts share.
+///   (`try_deallocate`), stream-ordered calls, `allocate_keeping_cache`, `record_use`, `serves`
+///   and planned growth (`allocate_or_plan` / `allocate_planned`, routed as an allocation, so
+///   that `synchronized<default_allocator>` calls the upstream outside its lock). Not limits or
+///   movable handles. Memory kind: what both parts share.
 /// - Failure: an empty block when the chosen part fails; the other part is not tried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: one counter; O(1) overhead.
 template <std::size_t Threshold, allocator Small, allocator Large>
@@ -115,6 +117,15 @@ class segregator : public detail::two_parts<segregator<Threshold, Small, Large>,
   const Small& first_part() const noexcept { return small_; }
   Large& second_part() noexcept { return large_; }
   const Large& second_part() const noexcept { return large_; }
+
+  // Both phases of a planned growth take the same route (it depends on size and alignment only),
+  // so the part that planned is the part that adopts.
+  block route_planning(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept {
+    return route_allocation(bytes, alignment, [&](auto& part) { return part.allocate_or_plan(bytes, alignment, plan); });
+  }
+  block route_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept {
+    return route_allocation(bytes, alignment, [&](auto& part) { return part.allocate_planned(plan, bytes, alignment); });
+  }
 
   template <class Call>
   block route_allocation(std::size_t bytes, std::size_t alignment, Call call) noexcept {

@@ -70,10 +70,16 @@ struct alignas(64) thread_slot {
 ///   taken from `Inner` at their class size and alignment 256 (the request's when larger), so
 ///   any thread's cache can take any of them back.
 /// - Under a shard's lock: the `Inner` call itself (and, for a refill or a flush, the batch of
-///   them). When `Inner` must go to its upstream (`cudaMalloc`, a new slab or segment), that
-///   happens under the shard's lock, which `sharded` cannot avoid without `Inner`'s help: only
-///   threads of that shard wait, and a slab serves many requests. The table and the caches take
-///   no lock; a thread's first call claims its entry with one compare-exchange.
+///   them), except the upstream call of a growth when `Inner` plans its growth
+///   (`growth_planning_allocator`: `default_allocator`, `caching_allocator` and `stats<>` of them
+///   over a `thread_safe_upstream`): the shard is asked under its lock to serve or plan, the
+///   upstream call (`cudaMalloc` of a new slab or segment) runs without it, and the shard adopts
+///   the result under its lock again (a refill stops where its shard would grow, and grows that
+///   way for one block when it got none). Still under the lock: a growth that needs more than one
+///   plain upstream call (failure, release and retry), `allocate_keeping_cache`, frees and
+///   `release()`; over an `Inner` without planned growth (`virtual_arena`'s maps), every
+///   upstream call. The table and the caches take no lock; a thread's first call claims its
+///   entry with one compare-exchange.
 /// - Complexity: a cached request or free, O(1) (a hash of the thread id, a class index, a stack);
 ///   a refill or flush, up to 16 `Inner` calls and, for a flush, an `owns` per block and shard
 ///   tried; an uncached request, `Inner`'s allocate under one lock (more when shards fail); an
@@ -195,7 +201,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         return block{k.blocks[c][--k.count[c]], bytes};
       }
     }
-    return allocate_direct(shard_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
+    return allocate_direct<true>(shard_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
       return in.allocate(n, a);
     });
   }
@@ -211,7 +217,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
     requires cache_keeping_allocator<Inner>
   {
-    return allocate_direct(shard_of(my_slot()), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
+    return allocate_direct<false>(shard_of(my_slot()), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
       return in.allocate_keeping_cache(n, a);
     });
   }
@@ -421,8 +427,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   /// One block from shard `first`, or from the others in turn, through `call(inner, bytes,
   /// alignment)`; small requests (when caching) at their class size and alignment 256 or more,
-  /// as the caches hold them, so that any thread's cache may take the block back.
-  template <class Call>
+  /// as the caches hold them, so that any thread's cache may take the block back. A plain
+  /// allocate (`Plain`) over an `Inner` that plans its growth makes the upstream call without
+  /// the shard's lock (`planned_growth`).
+  template <bool Plain, class Call>
   block allocate_direct(std::size_t first, std::size_t bytes, std::size_t alignment, Call call) noexcept {
     std::size_t inner_bytes = bytes, inner_alignment = alignment;
     if (is_cached_size(bytes) && is_power_of_two(alignment)) {
@@ -431,14 +439,45 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
     for (std::size_t n = 0; n < count_; ++n) {
       shard& s = shards_[(first + n) % count_];
-      std::lock_guard lock(s.mutex);
-      const block b = call(s.inner, inner_bytes, inner_alignment);
-      if (b) {
-        if (count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
-        return block{b.ptr, bytes};
+      block b;
+      if constexpr (Plain && growth_planning_allocator<Inner>) {
+        growth_plan plan;
+        {
+          std::lock_guard lock(s.mutex);
+          b = s.inner.allocate_or_plan(inner_bytes, inner_alignment, plan);
+          if (!b && !plan) [[unlikely]] b = call(s.inner, inner_bytes, inner_alignment);
+          if (b) return remembered(s, b, bytes);
+          if (!plan) continue;
+        }
+        b = grow_unlocked(s, plan, inner_bytes, inner_alignment);
+        if (b) return block{b.ptr, bytes};
+      } else {
+        std::lock_guard lock(s.mutex);
+        b = call(s.inner, inner_bytes, inner_alignment);
+        if (b) return remembered(s, b, bytes);
       }
     }
     return {};
+  }
+  /// `b` handed out by shard `s` (its lock held), remembered for its free; as the caller sees it.
+  block remembered(shard& s, block b, std::size_t bytes) noexcept {
+    if (count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
+    return block{b.ptr, bytes};
+  }
+  /// The rest of a growth planned under `s`'s lock (not held now): the upstream call, then the
+  /// adoption and allocation under the lock, then the give-back of what was not adopted.
+  [[gnu::noinline]] block grow_unlocked(shard& s, growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires growth_planning_allocator<Inner>
+  {
+    plan.fetch();
+    block b;
+    {
+      std::lock_guard lock(s.mutex);
+      b = s.inner.allocate_planned(plan, bytes, alignment);
+      if (b && count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
+    }
+    plan.give_back_unused();
+    return b;
   }
 
   /// A free from any thread: small blocks to the thread's cache, others to their shard.
@@ -512,8 +551,27 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// Fills half of class `c`'s capacity from shard `first` (or one block from any shard).
   void refill(std::size_t first, cache& k, std::size_t c) noexcept {
     const std::size_t size = classes::size(c);
-    {
-      shard& s = shards_[first];
+    shard& s = shards_[first];
+    if constexpr (growth_planning_allocator<Inner>) {
+      // Planned growth: the refill stops where the shard would call its upstream; when it got
+      // nothing, that call is made without the lock for one block (the slab serves the next).
+      growth_plan plan;
+      {
+        std::lock_guard lock(s.mutex);
+        const std::uint32_t want = capacity_[c] / 2;
+        while (k.count[c] < want) {
+          const block b = s.inner.allocate_or_plan(size, cache_alignment, plan);
+          if (!b) break;
+          k.blocks[c][k.count[c]++] = b.ptr;
+        }
+        if (k.count[c] == 0 && !plan) {  // neither served nor planned: today's way
+          if (const block b = s.inner.allocate(size, cache_alignment)) k.blocks[c][k.count[c]++] = b.ptr;
+        }
+      }
+      if (k.count[c] == 0 && plan) {
+        if (const block b = grow_unlocked(s, plan, size, cache_alignment)) k.blocks[c][k.count[c]++] = b.ptr;
+      }
+    } else {
       std::lock_guard lock(s.mutex);
       const std::uint32_t want = capacity_[c] / 2;
       while (k.count[c] < want) {
@@ -523,7 +581,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       }
     }
     if (k.count[c] == 0 && count_ > 1) {
-      const block b = allocate_direct((first + 1) % count_, size, cache_alignment,
+      const block b = allocate_direct<true>((first + 1) % count_, size, cache_alignment,
                                       [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
       if (b) k.blocks[c][k.count[c]++] = b.ptr;
     }

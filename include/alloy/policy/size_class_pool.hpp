@@ -386,18 +386,58 @@ class size_class_pool {
     return allocate_impl(bytes, alignment, false);
   }
 
+  /// Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only): a block
+  /// when the class has a free or uncarved block; else an empty block, the pool unchanged, with
+  /// `plan` set to the class's next slab (or left empty for a request the pool refuses).
+  block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
+    requires thread_safe_upstream<Upstream>
+  {
+    return allocate_impl(bytes, alignment, true, &plan);
+  }
+  /// Adopts `plan.got` as the class's new slab when the class still has no free or uncarved
+  /// block (else, or when host metadata cannot grow, it is left in `plan.got` for the caller to
+  /// give back, counted as taken and given back), then allocates as `allocate` does.
+  block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires thread_safe_upstream<Upstream>
+  {
+    if (plan.got) adopt_slab(plan, bytes, alignment);
+    return allocate_impl(bytes, alignment, true);
+  }
+
  private:
-  block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release) noexcept {
-    if (!detail::is_power_of_two(alignment)) return {};
+  static constexpr std::size_t no_class = std::numeric_limits<std::size_t>::max();
+  /// The class a request goes to, or `no_class` for one the pool refuses.
+  static std::size_t class_for(std::size_t bytes, std::size_t alignment) noexcept {
+    if (!detail::is_power_of_two(alignment)) return no_class;
     std::size_t need = bytes;
     if (alignment > natural_alignment) {
       // The block starts up to alignment - 256 bytes into its slot and must keep its first byte
       // (a zero-byte block too) inside the slot.
-      if (alignment > Classes::max_size || bytes > Classes::max_size) return {};
+      if (alignment > Classes::max_size || bytes > Classes::max_size) return no_class;
       need = std::max<std::size_t>(bytes, 1) + (alignment - natural_alignment);
     }
-    if (need > Classes::max_size) return {};
-    const std::size_t ci = Classes::index(need);
+    if (need > Classes::max_size) return no_class;
+    return Classes::index(need);
+  }
+
+  [[gnu::noinline]] void adopt_slab(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept {
+    const std::size_t ci = class_for(bytes, alignment);
+    ++counters_.num_device_alloc;
+    if (ci != no_class) {
+      const class_state& cls = classes_[ci];
+      if (cls.free.empty() && cls.bump_slab == none && plan.bytes % cls.size == 0 &&
+          install_slab(ci, plan.got, plan.bytes)) {
+        plan.got = {};
+        return;
+      }
+    }
+    ++counters_.num_device_free;  // the caller gives it back
+  }
+
+  block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
+                      growth_plan* plan = nullptr) noexcept {
+    const std::size_t ci = class_for(bytes, alignment);
+    if (ci == no_class) return {};
     class_state& cls = classes_[ci];
     std::uint32_t id, index;
     if (!cls.free.empty()) {
@@ -410,6 +450,10 @@ class size_class_pool {
       index = cls.bump_next++;
       if (cls.bump_next == slabs_[id].capacity) cls.bump_slab = none;
     } else {
+      if (plan != nullptr) {
+        *plan = growth_plan::of(upstream_, cls.next_slab, natural_alignment);
+        return {};
+      }
       if (!new_slab(ci, may_release)) return {};
       id = cls.bump_slab;
       index = cls.bump_next++;
@@ -604,9 +648,7 @@ class size_class_pool {
   /// Takes a slab for class `ci` and makes it the class's bump slab. Leaves everything as it was
   /// on failure (upstream or host metadata).
   bool new_slab(std::size_t ci, bool may_release) noexcept {
-    class_state& cls = classes_[ci];
-    const std::size_t bytes = cls.next_slab;
-    const std::size_t capacity = bytes / cls.size;
+    const std::size_t bytes = classes_[ci].next_slab;
     block got = upstream_.allocate(bytes, natural_alignment);
     if (!got && !may_release) return false;  // not an OOM yet: the caller retries with release
     if (!got) {
@@ -618,6 +660,20 @@ class size_class_pool {
         return false;
       }
     }
+    if (install_slab(ci, got, bytes)) {
+      ++counters_.num_device_alloc;
+      return true;
+    }
+    upstream_.deallocate(got);
+    ++counters_.num_ooms;
+    return false;
+  }
+
+  /// Makes `got` (`bytes`, a whole number of class `ci`'s blocks) the class's bump slab. False,
+  /// with nothing changed, when host metadata cannot grow.
+  bool install_slab(std::size_t ci, block got, std::size_t bytes) noexcept {
+    class_state& cls = classes_[ci];
+    const std::size_t capacity = bytes / cls.size;
     std::uint32_t id = none;
     try {
       const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(got.ptr) >> granule_shift_;
@@ -644,11 +700,8 @@ class size_class_pool {
       s.releasing = false;
       for (std::uintptr_t g = first; g <= last; ++g) granules_.add(g, id);  // room reserved above
     } catch (...) {
-      upstream_.deallocate(got);
-      ++counters_.num_ooms;
       return false;
     }
-    ++counters_.num_device_alloc;
     reserved_ += bytes;
     cls.carved += capacity;
     ++cls.slabs;

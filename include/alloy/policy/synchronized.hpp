@@ -13,9 +13,25 @@ namespace alloy {
 
 /// `synchronized<Inner, Mutex>` makes a composition safe to share between threads.
 ///
-/// - Strategy: every call takes `Mutex` (a `std::mutex` unless given) for its whole duration and
-///   forwards to `Inner`. It is the one place locking happens: every other policy is
-///   unsynchronized and says so, so a composition pays for one lock, at its outermost layer.
+/// - Strategy: every call takes `Mutex` (a `std::mutex` unless given) and forwards to `Inner`. It
+///   is the one place locking happens: every other policy is unsynchronized and says so, so a
+///   composition pays for one lock, at its outermost layer.
+/// - Under the lock: everything `Inner` does, except the upstream call of a growth when `Inner`
+///   can plan one (`growth_planning_allocator`: `best_fit_arena` and `size_class_pool` over a
+///   `thread_safe_upstream` such as `cuda_malloc_upstream`, `cuda_async_upstream` or
+///   `host_upstream`, and every wrapper or composite of them: `default_allocator`,
+///   `caching_allocator`, `stats<...>` of them). There `allocate` takes the lock to serve the
+///   request from cache or plan the segment or slab (no upstream call), releases it for the
+///   upstream call (`cudaMalloc`: milliseconds, while other threads allocate and free from the
+///   cache), and takes it again to adopt the segment and allocate (another thread that grew
+///   meanwhile just leaves more cache; limits hold, nothing leaks). A segment the part does not
+///   adopt goes back to the upstream after the lock is released. Still under the lock: a growth
+///   that needs more than one plain call (the upstream failed: ask again, release free segments
+///   and retry; the last resorts), `allocate_keeping_cache`, stream-ordered and movable calls,
+///   `release()` and every free (a free never calls the upstream, except through `release()`).
+///   Over a `virtual_arena` (`virtual_allocator`) the `cuMemMap`s of a growth still happen
+///   under the lock: its parts offer no planned growth (their upstream, `ref<virtual_arena>`, is
+///   not `thread_safe_upstream`).
 /// - Capabilities: exactly those of `Inner` (every entry of `detail::capability`: queries such as
 ///   `counters()` and `bytes_in_use()`, checked frees, keeping-cache, stream-ordered and movable
 ///   calls), each one locked. They are passed on by `detail::forwards_everything`, with the lock
@@ -33,6 +49,12 @@ class synchronized : public detail::forwards_everything<synchronized<Inner, Mute
 
   synchronized() = default;
   explicit synchronized(Inner inner) : inner_(std::move(inner)) {}
+
+  /// `Inner::allocate` under the lock, except for a planned growth's upstream call (see above).
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return detail::allocate_growing_unlocked(mutex_, inner_, bytes, alignment);
+  }
+  using detail::forwards_everything<synchronized<Inner, Mutex>, Inner>::allocate;
 
   /// Runs `f(inner())` with the lock held and returns what it returns.
   template <class F>

@@ -25,6 +25,8 @@ class cuda_async_upstream : public detail::cuda_error_slot {
   static constexpr bool host_accessible = false;
   static constexpr bool device_accessible = true;
   static constexpr std::size_t max_alignment = 256;
+  /// As `cuda_malloc_upstream` (`thread_safe_upstream`; `last_error()` excepted).
+  static constexpr bool thread_safe = true;
 
   struct options {
     cudaMemPool_t pool = nullptr;    ///< allocate from this pool; null = the device's default pool

@@ -22,6 +22,8 @@ class host_upstream {
  public:
   static constexpr bool host_accessible = true;
   static constexpr bool device_accessible = false;
+  /// Safe to call from several threads at once (`thread_safe_upstream`).
+  static constexpr bool thread_safe = true;
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
