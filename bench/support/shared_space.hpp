@@ -48,6 +48,9 @@ class shared_counting_upstream {
  public:
   static constexpr bool host_accessible = true;
   static constexpr bool device_accessible = false;
+  /// Safe from several threads (atomics): `synchronized` and `sharded` call it without their
+  /// locks for a planned growth, as they call `cudaMalloc`.
+  static constexpr bool thread_safe = true;
   explicit shared_counting_upstream(shared_space* s) : space_(s) {}
   block allocate(std::size_t bytes, std::size_t align) noexcept {
     if (align > 4096) return {};
