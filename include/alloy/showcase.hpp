@@ -140,7 +140,9 @@ using default_base_t = segregator<(std::size_t{64} << 10), default_small_t<Upstr
 ///   `options::small.slab_size = 2 MiB` trades that space for fewer calls.
 /// - Classes go to 128 KiB, above the threshold, so that requests near 64 KiB with alignments up
 ///   to 64 KiB still fit the pool (see `size_class_pool`).
-/// Memory kind: the upstream's. Not synchronized.
+/// Memory kind: the upstream's. Not synchronized; over a `thread_safe_upstream` (the CUDA
+/// runtime's, `host_upstream`) its growth is planned (`growth_planning_allocator`), so that
+/// `synchronized<default_allocator<U>>` and `sharded<...>` call `cudaMalloc` without their lock.
 template <allocator Upstream>
 class default_allocator : public detail::default_base_t<Upstream> {
   using base = detail::default_base_t<Upstream>;

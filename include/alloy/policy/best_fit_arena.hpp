@@ -99,6 +99,12 @@ using arena_misuse_counts = misuse_counts;
 ///   retry on upstream failure), which makes it a valid inner part of `stream_ordered`, the
 ///   policy that gives it stream-ordered calls.
 /// - Destruction returns every segment to the upstream, live blocks or not.
+/// - Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only):
+///   `allocate_or_plan` serves from a free chunk or names the segment `allocate` would take first
+///   (changing nothing), `allocate_planned` adopts it as a free chunk (also when another thread
+///   grew meanwhile: more cache; refused past `maximum_size` or when host metadata cannot grow,
+///   then handed back, counted as taken and freed) and allocates as `allocate`; so that
+///   `synchronized` and `sharded` make the upstream call without their lock.
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena may
 ///   only be destroyed or assigned to.
 template <allocator Upstream>

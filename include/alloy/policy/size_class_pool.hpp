@@ -277,6 +277,12 @@ struct size_class_usage {
 ///   `allocate_keeping_cache` (no release and retry on upstream failure), which makes it a valid
 ///   inner part of `stream_ordered`, the policy that gives it stream-ordered calls. Memory kind:
 ///   the upstream's.
+/// - Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only):
+///   `allocate_or_plan` serves from the class or names its next slab (changing nothing);
+///   `allocate_planned` installs the slab when the class still has no free or uncarved block
+///   (else, or when host metadata cannot grow, hands it back, counted as taken and freed) and
+///   allocates as `allocate`; so that `synchronized` and `sharded` make the upstream call
+///   without their lock.
 /// - Thread safety: none (wrap in `synchronized`).
 template <allocator Upstream, class Classes = power2_classes<>>
 class size_class_pool {
