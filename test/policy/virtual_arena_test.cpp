@@ -149,7 +149,8 @@ BOOST_AUTO_TEST_CASE(address_space_defaults_and_options) {
 BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
   host_vmm v{{.granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};  // every wholly free granule is unmapped at once
+    // Every wholly free granule is unmapped at once (no threshold, no share of the touched ones).
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .release_threshold_divisor = 0}};
     std::mt19937_64 rng(17);
     std::vector<alloy::testing::live_block> live;
     std::uint64_t next_id = 1;
@@ -253,6 +254,37 @@ BOOST_AUTO_TEST_CASE(release_threshold_keeps_the_most_recently_freed) {
   BOOST_TEST(a.free_mapped_bytes() == 0u);
   BOOST_TEST(a.reserved_bytes() == 320_KiB);
   BOOST_TEST(a.check_invariants());
+}
+
+BOOST_AUTO_TEST_CASE(release_threshold_divisor_keeps_a_share_of_the_touched_granules) {
+  // Threshold 0, divisor 4: a free keeps floor(touched granules / 4) free mapped granules.
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 4}};
+  std::vector<block> blocks;
+  for (int i = 0; i < 12; ++i) {
+    blocks.push_back(a.allocate(64_KiB, 64_KiB));  // one granule each
+    BOOST_REQUIRE(blocks.back());
+  }
+  struct step {
+    int freed;
+    std::size_t kept, unmaps;
+  };
+  // touched after each free: 11 -> keep 2, 10 -> 2, 9 -> 2, 8 -> 2, 7 -> 1, 6 -> 1.
+  for (const step s : {step{0, 1, 0}, step{2, 2, 0}, step{4, 2, 1}, step{6, 2, 2}, step{8, 1, 4}, step{10, 1, 5}}) {
+    a.deallocate(blocks[static_cast<std::size_t>(s.freed)]);
+    BOOST_TEST(a.free_mapped_bytes() == s.kept * 64_KiB, "after freeing block " << s.freed);
+    BOOST_TEST(a.counters().num_unmaps == s.unmaps, "after freeing block " << s.freed);
+  }
+  BOOST_TEST(a.reserved_bytes() == 7 * 64_KiB);
+  // Divisor 0: only the threshold counts (0 here: every wholly free granule goes at once).
+  host_arena b{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0}};
+  const block x = b.allocate(64_KiB, 64_KiB), y = b.allocate(64_KiB, 64_KiB);
+  BOOST_REQUIRE(x);
+  BOOST_REQUIRE(y);
+  b.deallocate(x);
+  BOOST_TEST(b.free_mapped_bytes() == 0u);
+  BOOST_TEST(b.counters().num_unmaps == 1u);
+  BOOST_TEST(a.check_invariants());
+  BOOST_TEST(b.check_invariants());
 }
 
 // ---- capacity -----------------------------------------------------------------------------------------
@@ -678,13 +710,14 @@ bool marks_hold(const model::entry& e) {
   return std::memcmp(e.b.ptr, &head, 8) == 0 && std::memcmp(static_cast<char*>(e.b.ptr) + e.b.size - 8, &tail, 8) == 0;
 }
 
-void run_model(std::uint64_t seed, std::size_t operations) {
+/// `threshold`: the arena's release_threshold; `divisor` its release_threshold_divisor (a free
+/// keeps free mapped granules up to the larger of the threshold and the touched bytes ÷ divisor).
+void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold = 4_MiB, std::size_t divisor = 32) {
   constexpr std::size_t g = 64_KiB;
   constexpr std::size_t capacity = 32_MiB;
-  constexpr std::size_t threshold = 4_MiB;
   host_vmm v{{.capacity = capacity, .granularity = g}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = threshold}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = threshold, .release_threshold_divisor = divisor}};
     model m{.rounding = 256, .g = g, .base = 0, .live = {}, .touched = {}, .addresses = {}};
     m.base = reinterpret_cast<std::uintptr_t>(
         [&] {
@@ -700,7 +733,8 @@ void run_model(std::uint64_t seed, std::size_t operations) {
     auto check_accounting = [&] {
       // Mapped bytes == the granules live chunks touch + the free mapped granules kept.
       BOOST_REQUIRE(a.mapped_bytes() == (m.touched.size() * g) + a.free_mapped_bytes());
-      BOOST_REQUIRE(a.free_mapped_bytes() <= threshold);
+      const std::size_t share = divisor == 0 ? 0 : (m.touched.size() * g / divisor) / g * g;
+      BOOST_REQUIRE(a.free_mapped_bytes() <= std::max(threshold, share));
       BOOST_REQUIRE(v.physical_bytes() == a.mapped_bytes());
       BOOST_REQUIRE(a.allocated_chunk_count() == m.live.size());
     };
@@ -768,6 +802,10 @@ void run_model(std::uint64_t seed, std::size_t operations) {
 
 BOOST_AUTO_TEST_CASE(model_based_randomized) {
   for (std::uint64_t seed : {1u, 2u}) run_model(seed, 1'000'000);
+  // A threshold of 4 granules, below the share of 1/32 of up to 512 touched granules (16), and
+  // the share turned off: both bounds hold exactly as the rule says.
+  run_model(3, 1'000'000, 256_KiB, 32);
+  run_model(4, 500'000, 256_KiB, 0);
 }
 
 // ---- statistics ---------------------------------------------------------------------------------------
