@@ -13,12 +13,12 @@ using namespace alloy::literals;
 template <class Heap>
 bool serves_32_mib_after_fragmenting(Heap& heap) {
   std::vector<alloy::block> blocks;
-  for (int i = 0; i < 16; ++i) blocks.push_back(heap.allocate(4_MiB, 256));
-  for (int i = 0; i < 16; i += 2) heap.deallocate(blocks[i]);  // 32 MiB free, in 4 MiB holes
+  for (std::size_t i = 0; i < 16; ++i) blocks.push_back(heap.allocate(4_MiB, 256));
+  for (std::size_t i = 0; i < 16; i += 2) heap.deallocate(blocks[i]);  // 32 MiB free, in 4 MiB holes
   const alloy::block big = heap.allocate(32_MiB, 256);
   const bool served = static_cast<bool>(big);
   heap.deallocate(big);
-  for (int i = 1; i < 16; i += 2) heap.deallocate(blocks[i]);
+  for (std::size_t i = 1; i < 16; i += 2) heap.deallocate(blocks[i]);
   return served;
 }
 

@@ -221,14 +221,14 @@ virtual_memory_summary virtual_memory_of(S& s) {
 
 inline std::string make_memory_summary(const std::map<std::string, std::int64_t>& m, const alloy::statistics& s,
                                        bool pools, const virtual_memory_summary& vm = {}) {
-  constexpr int width = 79;
+  constexpr std::size_t width = 79;
   const std::string rule_double = "|" + std::string(width - 2, '=') + "|\n";
   const std::string rule_single = "|" + std::string(width - 2, '-') + "|\n";
   std::string out;
   auto centered = [&](const std::string& text) {
-    const int pad = width - 2 - static_cast<int>(text.size());
-    const int left = pad > 0 ? pad / 2 : 0;
-    const int right = pad > 0 ? pad - left : 0;
+    const std::size_t pad = text.size() < width - 2 ? width - 2 - text.size() : 0;
+    const std::size_t left = pad / 2;
+    const std::size_t right = pad - left;
     out += "|" + std::string(left, ' ') + text + std::string(right, ' ') + "|\n";
   };
   auto two = [&](const std::string& l, const std::string& r) {

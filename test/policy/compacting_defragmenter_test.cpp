@@ -271,6 +271,8 @@ BOOST_AUTO_TEST_CASE(introspection_reports_active_and_inactive) {
       case alloy::block_state::inactive: ++inactive; break;
       case alloy::block_state::allocated: ++allocated; break;
       case alloy::block_state::free: ++free; break;
+      case alloy::block_state::unmapped:
+      case alloy::block_state::offloaded: BOOST_ERROR("a defragmenter has no unmapped or offloaded blocks"); break;
     }
   });
   BOOST_TEST(active == 1u);

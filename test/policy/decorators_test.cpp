@@ -194,10 +194,10 @@ BOOST_AUTO_TEST_CASE(fallback_routes_frees_to_the_owner) {
 BOOST_AUTO_TEST_CASE(synchronized_is_safe_across_threads) {
   alloy::synchronized<alloy::limited<checking_upstream>> alloc;
   const auto records = alloc.inner().inner().records();
-  constexpr int threads = 4;
+  constexpr std::uint64_t threads = 4;
   std::atomic<int> corrupted{0};
   std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t) {
+  for (std::uint64_t t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
       std::mt19937_64 rng(t);
       std::vector<alloy::testing::live_block> live;

@@ -252,7 +252,7 @@ BOOST_AUTO_TEST_CASE(single_stream_fast_path) {
   host_stream a, b;
   ordered_arena<checking_upstream> alloc{arena_over<checking_upstream>{checking_upstream{}}};
   std::vector<block> blocks;
-  for (int round = 0; round < 100; ++round) {
+  for (std::size_t round = 0; round < 100; ++round) {
     blocks.push_back(alloc.allocate(1000 + 64 * round, 256, &a));
     if (round % 3 == 0) {
       alloc.deallocate(blocks.front(), &a);
@@ -342,20 +342,20 @@ BOOST_AUTO_TEST_CASE(memory_stats_counts_waits_for_all_streams) {
 // as a content mismatch; the same workload without ordering is run as a control.
 template <bool Ordered, class Alloc>
 std::size_t random_stream_rounds(Alloc& alloc, std::uintptr_t base, std::size_t capacity, int rounds) {
-  constexpr int streams = 4;
+  constexpr std::size_t streams = 4;
   std::vector<std::unique_ptr<host_stream>> s;
-  for (int i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
+  for (std::size_t i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
   std::vector<std::int16_t> shadow(capacity, -1);  // expected byte, -1 unknown
   std::atomic<std::size_t> mismatches{0};
   struct live_block {
     block b;
-    int owner;
+    std::size_t owner;
   };
   std::vector<live_block> live;
   std::mt19937_64 rng(2026);
   auto expected_of = [&](block b) {
     const std::size_t off = reinterpret_cast<std::uintptr_t>(b.ptr) - base;
-    return std::vector<std::int16_t>(shadow.begin() + off, shadow.begin() + off + b.size);
+    return std::vector<std::int16_t>(shadow.data() + off, shadow.data() + off + b.size);
   };
   auto checker = [&mismatches](block b, std::vector<std::int16_t> expected) {
     return [&mismatches, b, expected = std::move(expected)] {
@@ -369,7 +369,7 @@ std::size_t random_stream_rounds(Alloc& alloc, std::uintptr_t base, std::size_t 
     };
   };
   for (int round = 0; round < rounds; ++round) {
-    const int on = static_cast<int>(rng() % streams);
+    const std::size_t on = rng() % streams;
     const bool allocate = live.size() < 8 || (live.size() < 48 && rng() % 2 == 0);
     if (allocate) {
       const std::size_t bytes = 256 + rng() % (24 * 1024);
@@ -383,21 +383,21 @@ std::size_t random_stream_rounds(Alloc& alloc, std::uintptr_t base, std::size_t 
       const auto pattern = static_cast<unsigned char>(1 + round % 251);
       s[on]->enqueue(checker(b, expected_of(b)));
       s[on]->enqueue([b, pattern] {
-        auto* bytes = static_cast<unsigned char*>(b.ptr);
+        auto* memory = static_cast<unsigned char*>(b.ptr);
         for (std::size_t i = 0; i < b.size; i += 4096) {
-          std::memset(bytes + i, pattern, std::min<std::size_t>(4096, b.size - i));
+          std::memset(memory + i, pattern, std::min<std::size_t>(4096, b.size - i));
           std::this_thread::yield();
         }
       });
       const std::size_t off = reinterpret_cast<std::uintptr_t>(b.ptr) - base;
-      std::fill(shadow.begin() + off, shadow.begin() + off + b.size, pattern);
+      std::fill(shadow.data() + off, shadow.data() + off + b.size, pattern);
       live.push_back({b, on});
     } else {
       const std::size_t pick = rng() % live.size();
       const live_block victim = live[pick];
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
       if (rng() % 4 == 0) {  // another stream reads it before the free
-        const int reader = static_cast<int>((victim.owner + 1 + rng() % (streams - 1)) % streams);
+        const std::size_t reader = (victim.owner + 1 + rng() % (streams - 1)) % streams;
         if constexpr (Ordered) alloy::record_use(alloc, victim.b, s[reader].get());
         alloy::host_event written;
         alloy::stream_traits<host_stream*>::record(written, s[victim.owner].get());
@@ -465,10 +465,10 @@ BOOST_AUTO_TEST_CASE(pytorch_traces_on_two_and_four_streams) {
     const alloy::bench::rmm_trace trace = alloy::bench::read_trace(entry.path().string());
     std::size_t peak_single = 0;
     std::vector<bool> served_single;
-    for (int streams : {1, 2, 4}) {
+    for (std::size_t streams : {1u, 2u, 4u}) {
       simulated_device device(80_GiB);
       std::vector<std::unique_ptr<host_stream>> s;
-      for (int i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
+      for (std::size_t i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
       alloy::stream_ordered<arena_over<device_upstream>, host_stream*> alloc{arena_over<device_upstream>{device_upstream{device}}};
       std::vector<block> blocks(trace.allocations);
       std::vector<bool> served(trace.allocations, false);

@@ -189,7 +189,7 @@ constexpr bool running_under_asan() {
 
 template <allocator A>
 void check_bad_arguments(A& a, const conformance_options& opts = {}) {
-  for (std::size_t alignment : {0, 3, 6, 12, 1000, 4097}) {
+  for (std::size_t alignment : {0u, 3u, 6u, 12u, 1000u, 4097u}) {
     const block b = a.allocate(64, alignment);
     BOOST_TEST(!b, "alignment " << alignment << " is not a power of two and must be refused");
     if (b) a.deallocate(b);
@@ -197,7 +197,7 @@ void check_bad_arguments(A& a, const conformance_options& opts = {}) {
   if (!opts.huge_requests) return;
   constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
   for (std::size_t bytes : {max, max - 1, max - 255, max / 2 + 1, max / 2}) {
-    for (std::size_t alignment : {1, 256, 4096}) {
+    for (std::size_t alignment : {1u, 256u, 4096u}) {
       const block b = a.allocate(bytes, alignment);
       BOOST_TEST(!b, "allocate(" << bytes << ") cannot succeed");
       if (b) a.deallocate(b);
@@ -326,7 +326,7 @@ std::size_t failure_workload(A& a) {
 
 template <allocator A>
 void check_bad_arguments_when_failing(A& a) {
-  for (std::size_t alignment : {0, 3, 1000}) {
+  for (std::size_t alignment : {0u, 3u, 1000u}) {
     const block b = a.allocate(64, alignment);
     BOOST_TEST(!b);
     if (b) a.deallocate(b);

@@ -157,12 +157,12 @@ BOOST_AUTO_TEST_CASE(release_punches_the_memory_out_of_the_file) {
   const alloy::address_range r = v.reserve(8_MiB);
   BOOST_REQUIRE(r);
   alloy::physical_memory pieces[3];
-  for (int i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i < 3; ++i) {
     pieces[i] = v.create(2_MiB);
     BOOST_REQUIRE(pieces[i]);
     void* at = static_cast<char*>(r.ptr) + i * 2_MiB;
     BOOST_REQUIRE(v.map(at, pieces[i]));
-    std::memset(at, i + 1, 2_MiB);  // every page touched
+    std::memset(at, static_cast<int>(i + 1), 2_MiB);  // every page touched (a byte value, 1 to 3)
   }
   BOOST_TEST(file_bytes(v) >= 6_MiB, "the file holds the touched pages: " << file_bytes(v));
   v.unmap(static_cast<char*>(r.ptr) + 2_MiB, 2_MiB);
@@ -176,7 +176,7 @@ BOOST_AUTO_TEST_CASE(release_punches_the_memory_out_of_the_file) {
   BOOST_TEST(reused.id == pieces[1].id);
   BOOST_REQUIRE(v.map(static_cast<char*>(r.ptr) + 2_MiB, reused));
   BOOST_TEST(static_cast<unsigned char*>(r.ptr)[2_MiB + 100] == 0u);
-  for (int i = 0; i < 3; ++i) v.unmap(static_cast<char*>(r.ptr) + i * 2_MiB, 2_MiB);
+  for (std::size_t i = 0; i < 3; ++i) v.unmap(static_cast<char*>(r.ptr) + i * 2_MiB, 2_MiB);
   v.release(pieces[0]);
   v.release(reused);
   v.release(pieces[2]);
