@@ -64,7 +64,7 @@ void check_bad_input_through_thrust(A& a, const std::string& name) {
   expect_observation(base, observe(a), 2, 2, name + ": thrust_allocator valid free");
   {
     thrust::device_vector<int, alloy::thrust_allocator<int, A>> keys(10'000, 0, ints);
-    for (int i = 0; i < 10'000; ++i) keys[i] = 10'000 - i;
+    for (std::size_t i = 0; i < 10'000; ++i) keys[i] = static_cast<int>(10'000 - i);  // at most 10,000
     thrust::sort(alloy::thrust_policy(a), keys.begin(), keys.end());
     BOOST_TEST(keys[0] == 1);
   }
