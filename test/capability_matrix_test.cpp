@@ -159,6 +159,64 @@ struct toy {
   {
     return {};
   }
+  alloy::tag current_tag() const noexcept
+    requires(on(capability::current_tag))
+  {
+    return {};
+  }
+  void set_current_tag(alloy::tag) noexcept
+    requires(on(capability::current_tag))
+  {}
+  alloy::block allocate(std::size_t, std::size_t, alloy::tag) noexcept
+    requires(on(capability::tagged_allocate))
+  {
+    return {};
+  }
+  alloy::offload_status offload(alloy::tag) noexcept
+    requires(on(capability::offload))
+  {
+    return {};
+  }
+  alloy::offload_status discard(alloy::tag) noexcept
+    requires(on(capability::offload))
+  {
+    return {};
+  }
+  alloy::offload_status restore(alloy::tag) noexcept
+    requires(on(capability::offload))
+  {
+    return {};
+  }
+  alloy::tag_state state(alloy::tag) const noexcept
+    requires(on(capability::offload))
+  {
+    return {};
+  }
+  alloy::offload_statistics offload_stats() const noexcept
+    requires(on(capability::offload))
+  {
+    return {};
+  }
+  alloy::offload_status offload_all() noexcept
+    requires(on(capability::offload_all))
+  {
+    return {};
+  }
+  std::size_t host_bytes(alloy::tag) const noexcept
+    requires(on(capability::tag_figures))
+  {
+    return 0;
+  }
+  std::size_t mapped_bytes(alloy::tag) const noexcept
+    requires(on(capability::tag_figures))
+  {
+    return 0;
+  }
+  std::size_t live_bytes(alloy::tag) const noexcept
+    requires(on(capability::tag_figures))
+  {
+    return 0;
+  }
 };
 
 /// The capabilities of `A`, as a mask.
@@ -301,8 +359,11 @@ template <unsigned Mask>
 constexpr unsigned stream_ordered_mismatch() {
   constexpr unsigned m = Mask | bit(capability::allocate_keeping_cache);
   using A = toy<m>;
+  // documented: stream_ordered allocates through the part's keeping-cache call, which takes the
+  // part's current tag, so a tag reaches it by `scoped_tag`, not per call
   constexpr unsigned passed = m & ~(movable_group | bit(capability::allocate_keeping_cache) |
-                                    bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth));
+                                    bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth) |
+                                    bit(capability::tagged_allocate));
   constexpr unsigned checked = (m & bit(capability::try_deallocate)) != 0
                                    ? bit(capability::try_deallocate) | bit(capability::try_deallocate_on_stream)
                                    : 0u;
@@ -329,6 +390,25 @@ static_assert(mask_of<alloy::stats<arena>>() == arena_mask);
 static_assert((mask_of<alloy::fallback<arena, arena>>() | limits) == (arena_mask | limits));
 static_assert(alloy::counting_allocator<alloy::synchronized<alloy::default_allocator<alloy::host_upstream>>>);
 static_assert(alloy::cache_keeping_allocator<alloy::limited<alloy::logged<alloy::tracked<arena>>>>);
+// Tags and offload (issue 21) reach every wrapper of a virtual arena and of virtual_allocator.
+using varena = alloy::virtual_arena<alloy::host_vmm>;
+using vallocator = alloy::virtual_allocator<alloy::host_vmm>;
+constexpr unsigned tag_group = bit(capability::current_tag) | bit(capability::tagged_allocate) |
+                               bit(capability::offload) | bit(capability::offload_all) | bit(capability::tag_figures);
+static_assert((mask_of<varena>() & tag_group) == tag_group);
+static_assert(mask_of<alloy::synchronized<varena>>() == mask_of<varena>());
+static_assert(mask_of<alloy::ref<varena>>() == mask_of<varena>());
+static_assert(mask_of<alloy::stats<varena>>() == mask_of<varena>());
+static_assert(mask_of<alloy::tracked<varena>>() == mask_of<varena>());
+static_assert(mask_of<alloy::logged<varena>>() == mask_of<varena>());
+static_assert(mask_of<alloy::limited<varena>>() == (mask_of<varena>() | bit(capability::bytes_limit)));
+static_assert((mask_of<alloy::sharded<varena>>() & tag_group) == tag_group);
+static_assert((mask_of<alloy::segregator<4096, varena, varena>>() & tag_group) == tag_group);
+static_assert(mask_of<alloy::synchronized<alloy::stats<vallocator>>>() == mask_of<vallocator>());
+static_assert(alloy::tagging_allocator<alloy::synchronized<alloy::stats<vallocator>>>);
+static_assert(alloy::offloading_allocator<alloy::synchronized<alloy::stats<vallocator>>>);
+// A composite of a tagging part and a part without tags has none (documented in two_parts).
+static_assert((mask_of<alloy::fallback<varena, arena>>() & tag_group) == 0);
 // Planned growth (issue 20) reaches synchronized through the showcase compositions and stats<>.
 static_assert(alloy::growth_planning_allocator<alloy::stats<alloy::default_allocator<alloy::host_upstream>>>);
 static_assert(alloy::growth_planning_allocator<alloy::caching_allocator<alloy::host_upstream>>);

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include <alloy/block.hpp>
+#include <alloy/tag.hpp>
 
 namespace alloy {
 
@@ -228,6 +229,43 @@ concept movable_allocator = allocator<A> && requires(A& a, handle h, std::size_t
   { a.lock(h) } -> std::same_as<void*>;
   { a.unlock(h) };
   { a.deallocate(h) };
+};
+
+/// Tags (DESIGN §12, alloy/tag.hpp): `current_tag()` / `set_current_tag(tag)` (`tag_holding`,
+/// what `scoped_tag` needs) and `allocate(bytes, alignment, tag) noexcept -> block`, an
+/// allocation with that tag (empty while the tag is offloaded or discarded). `virtual_arena`,
+/// `virtual_allocator` and every wrapper of them.
+template <class A>
+concept tagging_allocator =
+    allocator<A> && tag_holding<A> && requires(A& a, std::size_t bytes, std::size_t alignment, tag t) {
+      { a.allocate(bytes, alignment, t) } noexcept -> std::same_as<block>;
+    };
+
+/// Pointer-stable offload (DESIGN §12): `offload(tag)`, `discard(tag)`, `restore(tag)` (each an
+/// `offload_status`; anything but `done` changed nothing), `state(tag)` and `offload_stats()`.
+/// `virtual_arena`, `virtual_allocator` and every wrapper of them.
+template <class A>
+concept offloading_allocator = allocator<A> && requires(A& a, const A& c, tag t) {
+  { a.offload(t) } noexcept -> std::same_as<offload_status>;
+  { a.discard(t) } noexcept -> std::same_as<offload_status>;
+  { a.restore(t) } noexcept -> std::same_as<offload_status>;
+  { c.state(t) } noexcept -> std::same_as<tag_state>;
+  { c.offload_stats() } noexcept -> std::convertible_to<offload_statistics>;
+};
+
+/// `offload_all()`: offloads every resident tag with live blocks (LMS's full reclaim).
+template <class A>
+concept offloading_all_allocator = offloading_allocator<A> && requires(A& a) {
+  { a.offload_all() } noexcept -> std::same_as<offload_status>;
+};
+
+/// The per-tag figures of `virtual_arena`: `host_bytes(tag)` (its host copy), `mapped_bytes(tag)`
+/// (mapped granules its live blocks touch), `live_bytes(tag)` (requested bytes of its live blocks).
+template <class A>
+concept tag_reporting_allocator = allocator<A> && requires(const A& c, tag t) {
+  { c.host_bytes(t) } noexcept -> std::convertible_to<std::size_t>;
+  { c.mapped_bytes(t) } noexcept -> std::convertible_to<std::size_t>;
+  { c.live_bytes(t) } noexcept -> std::convertible_to<std::size_t>;
 };
 
 /// Composites expose their parts as a tuple of references through `parts()`; `find` and the

@@ -21,6 +21,15 @@
 //   combined (sums, both-or-either) and the allocating calls through the routing hooks
 //   `route_allocation`, `route_free` and `route_use`.
 //
+// Tags and offload (DESIGN §12) are capabilities like the others: `current_tag` /
+// `set_current_tag` and `offload` / `discard` / `restore` / `state` / `offload_stats` /
+// `offload_all` / the per-tag figures are queries (they neither allocate nor free a block), so
+// they go through the guard (`synchronized` locks, `ref` follows, `sharded` reaches every shard);
+// `allocate(bytes, alignment, tag)` is an allocating call (`decorates`: through `on_allocate`,
+// counted exactly like a plain one). A decorator's own counts do not change on offload: a block
+// of an offloaded tag is still the caller's until freed (`stats` bytes in use, `limited`'s
+// count); the physical side (reserved = mapped bytes) falls, as the part reports it.
+//
 // The capability matrix test (test/capability_matrix_test.cpp) checks, for every wrapper and every
 // entry of `capability`, that the wrapper has it exactly when its part has it.
 #pragma once
@@ -66,6 +75,14 @@ template <class A>
 concept has_is_live = requires(const A& a, handle h) {
   { a.is_live(h) } -> std::convertible_to<bool>;
 };
+template <class A>
+concept has_tagged_allocate = requires(A& a, std::size_t bytes, std::size_t alignment, tag t) {
+  { a.allocate(bytes, alignment, t) } noexcept -> std::same_as<block>;
+};
+template <class A>
+concept has_offload_all = requires(A& a) {
+  { a.offload_all() } noexcept -> std::same_as<offload_status>;
+};
 
 /// Every optional capability (DESIGN §2 and the informal ones the statistics read). Adding one
 /// here means: give it a test in `has_capability`, pass it on in the bases below (and raise
@@ -92,13 +109,18 @@ enum class capability : unsigned {
   is_live,
   serves,
   planned_growth,  ///< `allocate_or_plan` + `allocate_planned` (growth_planning_allocator)
+  current_tag,     ///< `current_tag` + `set_current_tag` (tag_holding: `scoped_tag` works)
+  tagged_allocate,  ///< `allocate(bytes, alignment, tag)`
+  offload,         ///< `offload`, `discard`, `restore`, `state`, `offload_stats` (offloading_allocator)
+  offload_all,     ///< `offload_all()`
+  tag_figures,     ///< `host_bytes(tag)`, `mapped_bytes(tag)`, `live_bytes(tag)` (tag_reporting_allocator)
   count_  ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 21;
+inline constexpr unsigned forwarded_capabilities = 26;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
@@ -129,6 +151,11 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::is_live) return has_is_live<A>;
   else if constexpr (C == capability::serves) return request_screening_allocator<A>;
   else if constexpr (C == capability::planned_growth) return growth_planning_allocator<A>;
+  else if constexpr (C == capability::current_tag) return tag_holding<A>;
+  else if constexpr (C == capability::tagged_allocate) return has_tagged_allocate<A>;
+  else if constexpr (C == capability::offload) return offloading_allocator<A>;
+  else if constexpr (C == capability::offload_all) return has_offload_all<A>;
+  else if constexpr (C == capability::tag_figures) return tag_reporting_allocator<A>;
   else static_assert(no_such_capability<A>, "capability without a test in has_capability");
 }
 
@@ -225,6 +252,65 @@ class forwards_queries {
     return call([&](const auto& in) { return static_cast<bool>(in.serves(bytes, alignment)); });
   }
 
+  // Tags and offload (DESIGN §12): setting the current tag and offloading neither allocate nor
+  // free a block, so they are passed on here, through the guard, with the queries.
+  tag current_tag() const noexcept
+    requires tag_holding<Inner>
+  {
+    return call([](const auto& in) { return in.current_tag(); });
+  }
+  void set_current_tag(tag t) noexcept
+    requires tag_holding<Inner>
+  {
+    call([&](auto& in) { in.set_current_tag(t); });
+  }
+  offload_status offload(tag t) noexcept
+    requires offloading_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.offload(t); });
+  }
+  offload_status discard(tag t) noexcept
+    requires offloading_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.discard(t); });
+  }
+  offload_status restore(tag t) noexcept
+    requires offloading_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.restore(t); });
+  }
+  tag_state state(tag t) const noexcept
+    requires offloading_allocator<Inner>
+  {
+    return call([&](const auto& in) { return in.state(t); });
+  }
+  /// A copy, taken under the guard.
+  offload_statistics offload_stats() const noexcept
+    requires offloading_allocator<Inner>
+  {
+    return call([](const auto& in) { return offload_statistics(in.offload_stats()); });
+  }
+  offload_status offload_all() noexcept
+    requires has_offload_all<Inner>
+  {
+    return call([](auto& in) { return in.offload_all(); });
+  }
+  std::size_t host_bytes(tag t) const noexcept
+    requires tag_reporting_allocator<Inner>
+  {
+    return call([&](const auto& in) { return static_cast<std::size_t>(in.host_bytes(t)); });
+  }
+  std::size_t mapped_bytes(tag t) const noexcept
+    requires tag_reporting_allocator<Inner>
+  {
+    return call([&](const auto& in) { return static_cast<std::size_t>(in.mapped_bytes(t)); });
+  }
+  std::size_t live_bytes(tag t) const noexcept
+    requires tag_reporting_allocator<Inner>
+  {
+    return call([&](const auto& in) { return static_cast<std::size_t>(in.live_bytes(t)); });
+  }
+
  protected:
   /// The guard hook's default: no guard.
   template <class F>
@@ -257,6 +343,11 @@ class forwards_everything : public forwards_queries<Derived, Inner> {
  public:
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return call([&](auto& in) { return in.allocate(bytes, alignment); });
+  }
+  block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
+    requires has_tagged_allocate<Inner>
+  {
+    return call([&](auto& in) { return in.allocate(bytes, alignment, t); });
   }
   void deallocate(block b) noexcept {
     call([&](auto& in) { in.deallocate(b); });
@@ -369,6 +460,15 @@ class decorates : public forwards_queries<Derived, Inner> {
     return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment); },
                               [&](block b) { in.deallocate(b); }, allocation_kind::plain);
   }
+  /// A tagged allocation is counted as a plain one (a refused one, its tag offloaded, as a
+  /// failure); a block of an offloaded tag stays counted until it is freed.
+  block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
+    requires has_tagged_allocate<Inner>
+  {
+    Inner& in = self().inner();
+    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment, t); },
+                              [&](block b) { in.deallocate(b); }, allocation_kind::plain);
+  }
   void deallocate(block b) noexcept { (void)free_through(b); }
   bool try_deallocate(block b) noexcept
     requires checked_deallocating_allocator<Inner>
@@ -430,6 +530,66 @@ class decorates : public forwards_queries<Derived, Inner> {
   }
 };
 
+// ---- tags over several parts (two_parts, sharded) ------------------------------------------------
+
+/// `offload`, `discard`, `restore`, `state` of an allocator made of `n` parts that each hold some
+/// blocks of every tag (shards, or the two parts of a composite): the tag is one thing to the
+/// caller, so each call reaches every part. `at(i, f)` runs `f(part i)` (under the part's guard)
+/// and returns what it returns.
+///
+/// - `state(t)`: `resident` when every part is; else the first part's that is not (parts differ
+///   only after a failed undo, below; `restore` then completes the tag).
+/// - `offload(t)`, `discard(t)`: `not_resident`, nothing changed, unless every part is resident.
+///   Then each part in turn; when part k fails, parts 0..k-1 are restored (an offload's content
+///   comes back from the host copy; a discard's parts are mapped again, their content then
+///   unspecified as after any discard) and part k's status is returned. The undo maps what was
+///   unmapped a moment ago; should another user of a shared backend have taken that memory
+///   meanwhile, the part stays offloaded (its content safe on the host), `state` says so, and
+///   `restore(t)` brings it back.
+/// - `restore(t)`: `already_resident` when every part is; else each part that is not, in turn;
+///   the first failure is returned and the parts restored before it stay resident (restoring
+///   again completes the rest: nothing is lost, nothing half-mapped within a part).
+template <class At>
+tag_state tag_state_of_parts(std::size_t n, At at, tag t) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const tag_state s = at(i, [&](const auto& part) { return part.state(t); });
+    if (s != tag_state::resident) return s;
+  }
+  return tag_state::resident;
+}
+template <class At>
+offload_status offload_parts(std::size_t n, At at, tag t, bool copy) noexcept {
+  if (tag_state_of_parts(n, at, t) != tag_state::resident) return offload_status::not_resident;
+  for (std::size_t i = 0; i < n; ++i) {
+    const offload_status s = at(i, [&](auto& part) { return copy ? part.offload(t) : part.discard(t); });
+    if (s == offload_status::done) continue;
+    for (std::size_t j = 0; j < i; ++j) (void)at(j, [&](auto& part) { return part.restore(t); });
+    return s;
+  }
+  return offload_status::done;
+}
+template <class At>
+offload_status restore_parts(std::size_t n, At at, tag t) noexcept {
+  bool any = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (at(i, [&](const auto& part) { return part.state(t); }) == tag_state::resident) continue;
+    any = true;
+    const offload_status s = at(i, [&](auto& part) { return part.restore(t); });
+    if (s != offload_status::done) return s;
+  }
+  return any ? offload_status::done : offload_status::already_resident;
+}
+/// `offload_all()` of every part in turn, stopping at the first failure (as one arena's: the tags
+/// offloaded before stay offloaded). Each part counts its own full reclaim.
+template <class At>
+offload_status offload_all_parts(std::size_t n, At at) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const offload_status s = at(i, [](auto& part) { return part.offload_all(); });
+    if (s != offload_status::done) return s;
+  }
+  return offload_status::done;
+}
+
 // ---- two parts with a routing hook (segregator, fallback) ----------------------------------------
 
 /// The capabilities of a composite of two parts: each exists when both parts have it. Queries
@@ -451,6 +611,15 @@ class decorates : public forwards_queries<Derived, Inner> {
 ///
 /// Limits (`bytes_limit`, `bytes_reservable_limit`) and movable handles are not combined: what
 /// the limit of two parts is depends on the composite, and neither composite routes handles.
+///
+/// Tags (DESIGN §12) follow the same rule, each capability when both parts have it: the current
+/// tag is set in both parts (read from the first); a tagged allocation goes through
+/// `route_allocation` like a plain one; `offload`, `discard`, `restore`, `state`, `offload_all`
+/// reach both parts as `offload_parts` and its neighbours above say; `offload_stats` and the
+/// per-tag figures are sums. A composite of a tagging part and a part without tags has no tags:
+/// the second part's blocks could not be offloaded with their tag, so the composite could not
+/// keep the promise. A composite that routes tags itself (tag 0 to a pool, other tags to the
+/// arena: `virtual_allocator`) declares them itself.
 /// `Derived` provides `first()` and `second()`.
 template <class Derived, class First, class Second>
 class two_parts {
@@ -493,8 +662,72 @@ class two_parts {
     second().for_each_block(visit);
   }
 
+  tag current_tag() const noexcept
+    requires tag_holding<First> && tag_holding<Second>
+  {
+    return first().current_tag();
+  }
+  void set_current_tag(tag t) noexcept
+    requires tag_holding<First> && tag_holding<Second>
+  {
+    first().set_current_tag(t);
+    second().set_current_tag(t);
+  }
+  offload_status offload(tag t) noexcept
+    requires offloading_allocator<First> && offloading_allocator<Second>
+  {
+    return offload_parts(2, each_part(), t, true);
+  }
+  offload_status discard(tag t) noexcept
+    requires offloading_allocator<First> && offloading_allocator<Second>
+  {
+    return offload_parts(2, each_part(), t, false);
+  }
+  offload_status restore(tag t) noexcept
+    requires offloading_allocator<First> && offloading_allocator<Second>
+  {
+    return restore_parts(2, each_part(), t);
+  }
+  tag_state state(tag t) const noexcept
+    requires offloading_allocator<First> && offloading_allocator<Second>
+  {
+    return tag_state_of_parts(2, each_part(), t);
+  }
+  offload_statistics offload_stats() const noexcept
+    requires offloading_allocator<First> && offloading_allocator<Second>
+  {
+    offload_statistics sum(first().offload_stats());
+    sum += second().offload_stats();
+    return sum;
+  }
+  offload_status offload_all() noexcept
+    requires has_offload_all<First> && has_offload_all<Second>
+  {
+    return offload_all_parts(2, each_part());
+  }
+  std::size_t host_bytes(tag t) const noexcept
+    requires tag_reporting_allocator<First> && tag_reporting_allocator<Second>
+  {
+    return first().host_bytes(t) + second().host_bytes(t);
+  }
+  std::size_t mapped_bytes(tag t) const noexcept
+    requires tag_reporting_allocator<First> && tag_reporting_allocator<Second>
+  {
+    return first().mapped_bytes(t) + second().mapped_bytes(t);
+  }
+  std::size_t live_bytes(tag t) const noexcept
+    requires tag_reporting_allocator<First> && tag_reporting_allocator<Second>
+  {
+    return first().live_bytes(t) + second().live_bytes(t);
+  }
+
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return self().route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment); });
+  }
+  block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
+    requires has_tagged_allocate<First> && has_tagged_allocate<Second>
+  {
+    return self().route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment, t); });
   }
   void deallocate(block b) noexcept {
     (void)self().route_free(b, [&](auto& part) { return free_in(part, b); });
@@ -549,6 +782,13 @@ class two_parts {
   const Second& second() const noexcept { return static_cast<const Derived&>(*this).second_part(); }
   First& first() noexcept { return static_cast<Derived&>(*this).first_part(); }
   Second& second() noexcept { return static_cast<Derived&>(*this).second_part(); }
+  /// The parts as `offload_parts` visits them: `at(0, f)` is `f(first())`, `at(1, f)` `f(second())`.
+  auto each_part() noexcept {
+    return [this](std::size_t i, auto&& f) { return i == 0 ? f(first()) : f(second()); };
+  }
+  auto each_part() const noexcept {
+    return [this](std::size_t i, auto&& f) { return i == 0 ? f(first()) : f(second()); };
+  }
 };
 
 // ---- growth outside a lock ------------------------------------------------------------------------

@@ -140,7 +140,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   struct options {
     std::size_t shards = 0;  ///< number of shards; 0: `std::thread::hardware_concurrency()`
     /// Bytes each thread may cache per size class (0: no cache).
-    std::size_t thread_cache = detail::keeps_statistics<Inner> ? 0 : std::size_t{128} << 10;
+    /// Always 0 over a tagging `Inner` (`tag_holding`): a cached block has no tag.
+    std::size_t thread_cache = detail::keeps_statistics<Inner> || tag_holding<Inner> ? 0 : std::size_t{128} << 10;
   };
 
   sharded() : sharded(options{}) {}
@@ -162,7 +163,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       const std::size_t keep = std::min<std::size_t>(per_class_max, opts.thread_cache / classes::size(c));
       capacity_[c] = static_cast<std::uint32_t>(keep >= 2 ? keep : 0);
     }
-    caching_ = opts.thread_cache != 0;
+    caching_ = opts.thread_cache != 0 && !tag_holding<Inner>;
   }
   /// Takes the shards, the thread table and the caches; `other` is left with no shard and must
   /// only be destroyed. Neither object may be in use by another thread meanwhile.
@@ -220,6 +221,61 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return allocate_direct<false>(shard_of(my_slot()), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
       return in.allocate_keeping_cache(n, a);
     });
+  }
+
+  // ---- tags and offload (DESIGN §12), over every shard -------------------------------------------
+  // A tag is one thing to the caller: its blocks are in every shard, so each call below reaches
+  // every shard (under its lock), combined as `detail::offload_parts` says: offload and discard
+  // all or nothing (the shards done are restored when one fails), restore shard by shard (the
+  // first failure returned, a retry completes it), `state` resident only when every shard is.
+  // `offload_stats()` and the per-tag figures are the shards' added up (one offload here is one
+  // per shard in `num_offloads`). There is no thread cache over a tagging `Inner`: a cached block
+  // has no tag.
+
+  /// Allocates with tag `t` from the thread's shard (or the others in turn).
+  block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
+    requires detail::has_tagged_allocate<Inner>
+  {
+    return allocate_direct<false>(shard_of(my_slot()), bytes, alignment,
+                                  [t](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, t); });
+  }
+  /// Shard 0's (every shard gets the same from `set_current_tag`).
+  tag current_tag() const noexcept
+    requires tag_holding<Inner>
+  {
+    std::lock_guard lock(shards_[0].mutex);
+    return shards_[0].inner.current_tag();
+  }
+  /// Sets the current tag of every shard (plain allocations of every thread take it).
+  void set_current_tag(tag t) noexcept
+    requires tag_holding<Inner>
+  {
+    queries::set_current_tag(t);
+  }
+  offload_status offload(tag t) noexcept
+    requires offloading_allocator<Inner>
+  {
+    return detail::offload_parts(count_, each_shard(), t, true);
+  }
+  offload_status discard(tag t) noexcept
+    requires offloading_allocator<Inner>
+  {
+    return detail::offload_parts(count_, each_shard(), t, false);
+  }
+  offload_status restore(tag t) noexcept
+    requires offloading_allocator<Inner>
+  {
+    return detail::restore_parts(count_, each_shard(), t);
+  }
+  tag_state state(tag t) const noexcept
+    requires offloading_allocator<Inner>
+  {
+    return detail::tag_state_of_parts(count_, each_shard(), t);
+  }
+  offload_status offload_all() noexcept
+    requires detail::has_offload_all<Inner>
+  {
+    return detail::offload_all_parts(count_, each_shard());
   }
 
   // ---- capabilities of Inner, over every shard -------------------------------------------------
@@ -417,6 +473,13 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   }
 
   bool is_cached_size(std::size_t bytes) const noexcept { return caching_ && bytes <= cached_size_limit; }
+  /// `f(shard i's Inner)` under the shard's lock, as `detail::offload_parts` visits parts.
+  auto each_shard() const noexcept {
+    return [this](std::size_t i, auto&& f) {
+      std::lock_guard lock(shards_[i].mutex);
+      return f(shards_[i].inner);
+    };
+  }
   /// Without `std::has_single_bit`, which GCC compiles to a call to libgcc's popcount unless the
   /// target has POPCNT.
   static constexpr bool is_power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
