@@ -29,7 +29,10 @@ namespace alloy {
 ///   `bytes_limit`, its own. `counters()` adds the refusals to `Inner`'s `num_ooms` (to a caller
 ///   they are out-of-memory failures). Movable handles are not passed on: the cap is on raw
 ///   blocks, so put `limited` under a `host_spill_reclaimer`, as its device side, to give movable
-///   memory a capacity.
+///   memory a capacity. Tags (`allocate(bytes, alignment, tag)`, `scoped_tag`) and offload are
+///   passed on; a block of an offloaded tag still counts until it is freed (the cap is on the
+///   blocks the caller holds, not on the memory behind them), and an allocation the part refuses
+///   for its offloaded tag is neither counted nor a refusal of the limit.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: three counters.
 template <allocator Inner>
 class limited : public detail::decorates<limited<Inner>, Inner> {

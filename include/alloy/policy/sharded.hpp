@@ -99,8 +99,9 @@ struct alignas(64) thread_slot {
 ///   `detail::forwards_queries`, whose guard hook runs them on every shard under its lock and adds
 ///   the answers up (owns: any shard); `record_use` on the owning shard; `try_deallocate`;
 ///   `allocate_keeping_cache` (past the thread cache); `statistics()` (the shards' added up;
-///   peaks as the sum of the shards' peaks, an upper bound). Not passed on: stream-ordered calls
-///   and movable handles. `Inner` must have `owns`. Blocks in a thread's cache are in use as far
+///   peaks as the sum of the shards' peaks, an upper bound); tags and offload, each call reaching
+///   every shard (all or nothing for `offload`/`discard`; "tags and offload" below). Not passed
+///   on: stream-ordered calls and movable handles. `Inner` must have `owns`. Blocks in a thread's cache are in use as far
 ///   as the shards (and their `bytes_in_use`) can tell; `release()` first gives back the calling
 ///   thread's cache, `flush_thread_caches()` every thread's (only while no other thread uses the
 ///   object; the destructor does it). Exact statistics: `stats<sharded<...>>` (counts what

@@ -338,6 +338,13 @@ class stats_core {
 /// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
 ///   calls and checked frees counted like the others; movable ones, counted when `Inner` can say
 ///   a handle's size; the queries passed on), plus `bytes_in_use` and `oom_report_for`.
+/// - Tags and offload (DESIGN §12), when `Inner` has them: `allocate(bytes, alignment, tag)` is
+///   counted as a plain allocation (refused for an offloaded tag: an OOM here, a refusal in the
+///   arena's `offload_stats()`); `offload`, `discard`, `restore`, `offload_all` are followed by a
+///   look at the reserved bytes, so `bytes_reserved` and its peak stay exact as memory is unmapped
+///   and mapped again. A block of an offloaded tag is still the caller's: it stays in
+///   `bytes_in_use` (and PyTorch's allocated bytes) until freed; the snapshot, `memory_summary`
+///   and `virtual_memory_of` show it as offloaded.
 /// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
 template <allocator Inner>
 class stats : public detail::decorates<stats<Inner>, Inner> {
