@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(pool_blocks_free_while_a_redirected_block_lives) {
   const alloy::block redirected = a.allocate(64, 1_MiB);  // no class of the pool aligns to 1 MiB
   BOOST_REQUIRE(redirected);
   std::vector<alloy::block> small;
-  for (std::size_t bytes : {16, 1000, 4096, 60'000}) small.push_back(a.allocate(bytes, 16));
+  for (std::size_t bytes : {16u, 1000u, 4096u, 60'000u}) small.push_back(a.allocate(bytes, 16));
   for (const alloy::block& b : small) BOOST_REQUIRE(b);
   const std::size_t in_use_with_small = a.bytes_in_use();
   for (const alloy::block& b : small) BOOST_TEST(a.try_deallocate(b), "the pool takes back " << b.size << " bytes");
@@ -174,6 +174,28 @@ BOOST_AUTO_TEST_CASE(capacity_runs_out_then_serves_again) {
   BOOST_TEST(a.bytes_in_use() == 0u);
   check_books(a, d);
   BOOST_TEST(a.counters().num_ooms == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(empty_slabs_go_back_before_a_large_request_fails) {
+  simulated_vm_device d(8_MiB);
+  sim_allocator a{sim_vm{d}};
+  std::vector<alloy::block> small;
+  for (int i = 0; i < 1000; ++i) small.push_back(a.allocate(4_KiB, 256));  // about 4 MiB of slabs
+  for (const auto& b : small) BOOST_TEST_REQUIRE(static_cast<bool>(b));
+  for (const auto& b : small) a.deallocate(b);
+  const std::size_t slabs = a.small().reserved_bytes();
+  BOOST_TEST_REQUIRE(slabs >= 3_MiB, "the pool keeps its empty slabs while nothing presses");
+  // The whole device in one block: only when the pool's empty slabs go back to the arena first.
+  const alloy::block all = a.allocate(8_MiB, 256);
+  BOOST_TEST_REQUIRE(static_cast<bool>(all));
+  BOOST_TEST(a.small().reserved_bytes() == 0u);
+  BOOST_TEST(a.counters().num_ooms == 0u);
+  // A request that cannot be served even so fails cleanly, counted once.
+  BOOST_TEST(!a.allocate(4_KiB, 256));
+  BOOST_TEST(a.counters().num_ooms == 1u);
+  a.deallocate(all);
+  BOOST_TEST(a.bytes_in_use() == 0u);
+  check_books(a, d);
 }
 
 BOOST_AUTO_TEST_CASE(moving_keeps_the_arena_in_place) {

@@ -251,6 +251,7 @@ class virtual_allocator {
     block b;
     if (t.value == 0) [[likely]] {
       b = heap_.allocate(bytes, alignment);
+      if (!b && release_empty_slabs()) b = heap_.allocate(bytes, alignment);
     } else {
       b = arena_->allocate(bytes, alignment, t);
       if (b && b.size <= threshold) tagged_small_ = true;
@@ -345,6 +346,14 @@ class virtual_allocator {
   const arena_type& arena() const noexcept { return *arena_; }
 
  private:
+  /// A request failed: the pool's wholly free slabs go back to the arena, where they merge with
+  /// their neighbours and their granules can be unmapped for the retry. True when any went.
+  [[gnu::cold]] bool release_empty_slabs() noexcept {
+    const std::size_t before = heap_.small().reserved_bytes();
+    heap_.small().release();
+    return heap_.small().reserved_bytes() != before;
+  }
+
   std::unique_ptr<arena_type> arena_;
   heap_type heap_;
   std::size_t ooms_ = 0;

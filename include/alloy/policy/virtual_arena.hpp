@@ -618,7 +618,7 @@ class virtual_arena {
     }
     std::uintptr_t start = pool_[c].addr;
     if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
-    if (pool_[c].size() != rounded) start = mapped_end_of(c, start, rounded, alignment);
+    if (pool_[c].size() != rounded) start = placement_in(c, start, rounded, alignment);
     if (tags_in_use_) [[unlikely]] {
       if (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t)) {
         std::tie(c, start) = beside_own_tag(t, rounded, alignment);
@@ -642,25 +642,64 @@ class virtual_arena {
     return carve(c, start, rounded, bytes);
   }
 
-  /// Granules of [first, last] with no physical piece (those an allocation there would map).
-  std::size_t unmapped_in(std::size_t first, std::size_t last) const noexcept {
-    std::size_t n = 0;
-    for (std::size_t g = first; g <= last; ++g) n += g >= granules_.size() || granules_[g].piece == 0;
-    return n;
+  /// What placing a block on granules [first, last] costs, compared in this order: granules no
+  /// live chunk touches yet (physical memory the block adds), granules spanned (a block that
+  /// straddles one more granule than it must keeps it after its neighbours go), granules
+  /// without a physical piece (driver calls now).
+  struct placement_cost {
+    std::size_t untouched = 0, spanned = 0, unmapped = 0;
+    bool operator<(const placement_cost& o) const noexcept {
+      return std::tie(untouched, spanned, unmapped) < std::tie(o.untouched, o.spanned, o.unmapped);
+    }
+  };
+  placement_cost cost_at(std::uintptr_t start, std::size_t rounded) const noexcept {
+    const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
+    // Granules spanned count for blocks of whole granules only: other blocks packed end to end
+    // fill granules better than blocks each moved to a boundary (measured on every trace).
+    placement_cost cost{0, rounded % opts_.granularity == 0 ? last - first + 1 : 0, 0};
+    const std::size_t known = std::min(last + 1, granules_.size());
+    for (std::size_t g = first; g < known; ++g) {
+      cost.untouched += granules_[g].live == 0;
+      cost.unmapped += granules_[g].piece == 0;
+    }
+    if (last + 1 > known) {
+      const std::size_t beyond = last + 1 - std::max(first, known);
+      cost.untouched += beyond;
+      cost.unmapped += beyond;
+    }
+    return cost;
   }
-  /// Where in free chunk `c` the block goes: at its front (`front`, best fit's place) unless its
-  /// back end needs fewer granules mapped (a hole whose front granules were unmapped while the
-  /// back ones are still mapped): free mapped memory is used before fresh memory is mapped.
-  std::uintptr_t mapped_end_of(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
-                               std::size_t alignment) const noexcept {
-    const std::size_t first = granule_of(front), last = granule_of(front + rounded - 1);
-    const std::size_t at_front = unmapped_in(first, last);
-    if (at_front == 0) [[likely]] return front;
+  /// Where in free chunk `c` the block goes. Best fit's place is its front (`front`); when that
+  /// adds granules, its front and back ends, each also moved to a granule boundary, are compared
+  /// by `placement_cost` and the cheapest taken (the earliest of equals): a block uses granules
+  /// live chunks already touch before untouched ones, does not straddle a granule it need not
+  /// (a block of whole granules placed off a boundary holds one more), and uses free mapped
+  /// granules before unmapped ones. The back is not tried in the last chunk (the untouched
+  /// rest of the range): blocks stay at the low end.
+  std::uintptr_t placement_in(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
+                              std::size_t alignment) const noexcept {
+    const placement_cost at_front = cost_at(front, rounded);
+    if (at_front.untouched == 0 && at_front.unmapped == 0) [[likely]] return front;
     const std::uintptr_t chunk_end = pool_[c].addr + pool_[c].size();
-    const std::uintptr_t back =
-        (chunk_end - rounded) & ~static_cast<std::uintptr_t>(std::max(alignment, opts_.rounding) - 1);
-    if (back <= front) return front;
-    return unmapped_in(granule_of(back), granule_of(back + rounded - 1)) < at_front ? back : front;
+    const std::uintptr_t on_granule = std::max(alignment, opts_.granularity) - 1;
+    std::uintptr_t best = front;
+    placement_cost best_cost = at_front;
+    const auto consider = [&](std::uintptr_t start) {
+      if (start < pool_[c].addr || start > chunk_end - rounded || start == best) return;
+      const placement_cost cost = cost_at(start, rounded);
+      if (cost < best_cost) {
+        best = start;
+        best_cost = cost;
+      }
+    };
+    const std::uintptr_t front_on_granule = (front + on_granule) & ~on_granule;
+    if (front_on_granule >= front) consider(front_on_granule);
+    if (c != tail_) {
+      const std::uintptr_t back = (chunk_end - rounded) & ~static_cast<std::uintptr_t>(std::max(alignment, opts_.rounding) - 1);
+      consider(back);
+      consider(back & ~on_granule);
+    }
+    return best;
   }
 
   std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> gshift_; }
