@@ -1,7 +1,8 @@
 // README "Offload": an RL-style step on one device. The model weights (tag 1) go to host memory,
 // the KV cache (tag 2) is dropped, training takes the whole device, then both come back at the
 // same addresses: every pointer held elsewhere (kernels, CUDA graphs, tensors) stays valid, and
-// the weights hold the same bytes.
+// the weights hold the same bytes. The arena is used as a program would hold it, shared by threads
+// and counted: tags and offload pass through `synchronized` and `stats` (any wrapper).
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -34,7 +35,8 @@ bool same(const std::vector<alloy::block>& layers, const std::vector<void*>& at)
 
 int main() {
   // 64 MiB of physical memory in 2 MiB granules (cuda_vmm on a GPU; host_vmm is the same on the host).
-  alloy::virtual_arena<alloy::host_vmm> heap{alloy::host_vmm{{.capacity = 64_MiB}}};
+  using arena = alloy::virtual_arena<alloy::host_vmm>;
+  alloy::synchronized<alloy::stats<arena>> heap{alloy::stats<arena>{arena{alloy::host_vmm{{.capacity = 64_MiB}}}}};
   constexpr alloy::tag weights{1}, kv_cache{2}, training{3};
 
   std::vector<alloy::block> layers;
@@ -53,11 +55,14 @@ int main() {
                     heap.restore(kv_cache) == alloy::offload_status::done;
 
   const bool intact = same(layers, before);
-  const alloy::offload_statistics& s = heap.offload_stats();
+  const alloy::offload_statistics s = heap.offload_stats();
+  const alloy::statistics counted = heap.with_lock([](auto& st) { return st.statistics(); });
   std::printf("offload: %s, training 60 MiB: %s, restore: %s, weights intact at the same addresses: %s\n",
               slept ? "done" : "failed", step ? "served" : "failed", woke ? "done" : "failed", intact ? "yes" : "no");
   std::printf("reclaimed %zu MiB in %zu single reclaims, %zu MiB copied to the host and back\n",
               s.bytes_reclaimed >> 20, s.num_single_reclaims, s.bytes_copied_back >> 20);
+  std::printf("stats<>: %zu MiB in use, %zu MiB reserved (peak %zu MiB), %zu MiB reclaimed\n", counted.bytes_in_use >> 20,
+              counted.bytes_reserved >> 20, counted.peak_bytes_reserved >> 20, counted.bytes_reclaimed >> 20);
   for (const alloy::block& b : layers) heap.deallocate(b);
   heap.deallocate(cache);
   return slept && step && woke && intact ? 0 : 1;
