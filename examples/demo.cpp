@@ -55,7 +55,7 @@ workload synthetic_training_loop() {
     return w.allocations++;
   };
   std::vector<std::size_t> weights;
-  for (int layer = 0; layer < 24; ++layer) weights.push_back(allocate(16_MiB + layer * 4_KiB));
+  for (std::size_t layer = 0; layer < 24; ++layer) weights.push_back(allocate(16_MiB + layer * 4_KiB));
   for (int step = 0; step < 20; ++step) {
     std::vector<std::pair<std::size_t, std::size_t>> activations;
     for (int layer = 0; layer < 24; ++layer) {

@@ -41,11 +41,11 @@ struct outcome {
 
 /// Replays `trace` with `allocate(bytes, stream_index)` / `deallocate(block, stream_index)`.
 template <class Allocate, class Deallocate>
-std::size_t replay(const alloy::bench::rmm_trace& trace, int streams, Allocate&& allocate, Deallocate&& deallocate) {
+std::size_t replay(const alloy::bench::rmm_trace& trace, std::size_t streams, Allocate&& allocate, Deallocate&& deallocate) {
   std::vector<block> blocks(trace.allocations);
   std::size_t failed = 0;
   for (const auto& e : trace.events) {
-    const int s = static_cast<int>(e.allocation % static_cast<std::size_t>(streams));
+    const std::size_t s = e.allocation % streams;
     if (e.action == alloy::bench::trace_action::allocate) {
       blocks[e.allocation] = allocate(e.size, s);
       failed += !blocks[e.allocation];
@@ -55,35 +55,35 @@ std::size_t replay(const alloy::bench::rmm_trace& trace, int streams, Allocate&&
     }
   }
   for (std::size_t i = 0; i < blocks.size(); ++i)
-    if (blocks[i]) deallocate(blocks[i], static_cast<int>(i % static_cast<std::size_t>(streams)));
+    if (blocks[i]) deallocate(blocks[i], i % streams);
   return failed;
 }
 
-outcome run_alloy(const alloy::bench::rmm_trace& trace, int streams) {
+outcome run_alloy(const alloy::bench::rmm_trace& trace, std::size_t streams) {
   simulated_device device(80_GiB);
   std::vector<std::unique_ptr<host_stream>> s;
-  for (int i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
+  for (std::size_t i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
   outcome out;
   {
     alloy::stream_ordered<arena_t, host_stream*> alloc{arena_t{device_upstream{device}}};
     out.failed = replay(
-        trace, streams, [&](std::size_t n, int i) { return alloc.allocate(n, 256, s[i].get()); },
-        [&](block b, int i) { alloc.deallocate(b, s[i].get()); });
+        trace, streams, [&](std::size_t n, std::size_t i) { return alloc.allocate(n, 256, s[i].get()); },
+        [&](block b, std::size_t i) { alloc.deallocate(b, s[i].get()); });
     out.order = alloc.order_counters();
   }
   out.peak_reserved = device.peak_reserved();
   return out;
 }
 
-outcome run_per_stream(const alloy::bench::rmm_trace& trace, int streams) {
+outcome run_per_stream(const alloy::bench::rmm_trace& trace, std::size_t streams) {
   simulated_device device(80_GiB);
   outcome out;
   {
     std::vector<arena_t> arenas;
-    for (int i = 0; i < streams; ++i) arenas.emplace_back(device_upstream{device});
+    for (std::size_t i = 0; i < streams; ++i) arenas.emplace_back(device_upstream{device});
     out.failed = replay(
-        trace, streams, [&](std::size_t n, int i) { return arenas[i].allocate(n, 256); },
-        [&](block b, int i) { arenas[i].deallocate(b); });
+        trace, streams, [&](std::size_t n, std::size_t i) { return arenas[i].allocate(n, 256); },
+        [&](block b, std::size_t i) { arenas[i].deallocate(b); });
   }
   out.peak_reserved = device.peak_reserved();
   return out;
@@ -109,10 +109,10 @@ int main(int argc, char** argv) {
     std::string name = file.filename().string();
     name = name.substr(0, name.find(".rmm.csv"));
     const double live = static_cast<double>(std::max<std::size_t>(trace.peak_live_bytes, 1));
-    for (int streams : {1, 2, 4}) {
+    for (std::size_t streams : {1u, 2u, 4u}) {
       const outcome a = run_alloy(trace, streams);
       const outcome p = run_per_stream(trace, streams);
-      std::printf("| %s | %d | %.3f | %.3f | %.3f | %zu | %zu | %zu | %zu / %zu |\n", name.c_str(), streams,
+      std::printf("| %s | %zu | %.3f | %.3f | %.3f | %zu | %zu | %zu | %zu / %zu |\n", name.c_str(), streams,
                   static_cast<double>(a.peak_reserved) / live, static_cast<double>(p.peak_reserved) / live,
                   static_cast<double>(p.peak_reserved) / static_cast<double>(a.peak_reserved), a.order.events_recorded,
                   a.order.stream_waits, a.order.host_synchronizations, a.failed, p.failed);
