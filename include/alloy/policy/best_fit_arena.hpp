@@ -482,8 +482,9 @@ class best_fit_arena {
     }
   }
 
-  /// The best free chunk for a request, or npos when none may serve it.
-  std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
+  /// The best free chunk for a request, or npos when none may serve it. Inlined: with three
+  /// callers of `allocate_impl` GCC stopped inlining it, which cost 14 instructions a W1 pair.
+  [[gnu::always_inline]] std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
     std::uint32_t c = index_.best_fit(pool_, rounded);
     if (c == detail::best_fit_npos) return c;
     if (alignment > opts_.rounding && !fits_aligned(c, rounded, alignment)) {

@@ -51,7 +51,7 @@ class synchronized : public detail::forwards_everything<synchronized<Inner, Mute
   explicit synchronized(Inner inner) : inner_(std::move(inner)) {}
 
   /// `Inner::allocate` under the lock, except for a planned growth's upstream call (see above).
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[gnu::always_inline]] block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return detail::allocate_growing_unlocked(mutex_, inner_, bytes, alignment);
   }
   using detail::forwards_everything<synchronized<Inner, Mutex>, Inner>::allocate;
