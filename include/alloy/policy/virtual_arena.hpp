@@ -29,7 +29,12 @@ namespace alloy {
 ///   split into *chunks* as `best_fit_arena` splits a segment: a request is rounded up to a
 ///   multiple of `rounding` (default 256 B) and served by the smallest free chunk that holds it
 ///   (same index, same ties), the rest split off; a freed chunk merges at once with its free
-///   address neighbours. There is one range, so no boundary ever keeps two free chunks apart.
+///   address neighbours. Where inside that chunk the block goes is chosen by granules: when its
+///   front would add granules, the front, the back and both moved to a granule boundary are
+///   compared, fewest granules no live chunk touches first, then (blocks of whole granules) fewest
+///   granules spanned, then fewest unmapped (O(granules of the block), only when granules are
+///   added): memory already held is used first, and a block of whole granules does not straddle
+///   one more (on the shipped traces: smallest device geometric mean 1.037 -> 1.021). There is one range, so no boundary ever keeps two free chunks apart.
 ///   At first the whole range is one free chunk; it is the largest, so best fit takes it last and
 ///   the used part of the range grows upward from its start. When nothing fits, the arena
 ///   reserves more addresses and keeps them only when they lie right after its range (it grows in
@@ -38,9 +43,10 @@ namespace alloy {
 ///   every granule an allocated chunk touches is mapped, one physical piece per granule, so
 ///   that any wholly free granule anywhere can go back. A granule whose last allocated chunk
 ///   goes is *free mapped*: kept (ready for the next chunk there, no driver call) while free
-///   mapped granules total at most `release_threshold` bytes; beyond that the one freed longest
-///   ago is unmapped and released (least recently freed first; a hot granule stays).
-///   Default threshold 32 MiB (see `options::release_threshold` and the measured figures below).
+///   mapped granules total at most `release_threshold` bytes, or 1/`release_threshold_divisor`
+///   of the granules live chunks touch when that is more; beyond that the one freed longest ago
+///   is unmapped and released (least recently freed first; a hot granule stays). Defaults 32 MiB
+///   and 1/32 (see `options` and the measured figures below).
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
 ///   not mapped (a `create` and a `map` each; none when its granules are mapped already); a
 ///   deallocate unmaps and releases the granules trimmed beyond `release_threshold` (an `unmap`
@@ -678,8 +684,15 @@ class virtual_arena {
   /// rest of the range): blocks stay at the low end.
   std::uintptr_t placement_in(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
                               std::size_t alignment) const noexcept {
+    const std::size_t first = granule_of(front), last = granule_of(front + rounded - 1);
+    if (last < granules_.size() && granules_[first].live != 0 && granules_[last].live != 0 && last - first <= 1) [[likely]]
+      return front;  // within granules live chunks touch: nothing to gain
+    return placement_among(c, front, rounded, alignment);
+  }
+  [[gnu::noinline]] std::uintptr_t placement_among(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
+                                                   std::size_t alignment) const noexcept {
     const placement_cost at_front = cost_at(front, rounded);
-    if (at_front.untouched == 0 && at_front.unmapped == 0) [[likely]] return front;
+    if (at_front.untouched == 0 && at_front.unmapped == 0) return front;
     const std::uintptr_t chunk_end = pool_[c].addr + pool_[c].size();
     const std::uintptr_t on_granule = std::max(alignment, opts_.granularity) - 1;
     std::uintptr_t best = front;
