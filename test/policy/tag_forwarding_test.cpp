@@ -27,10 +27,12 @@
 #include <alloy/literals.hpp>
 #include <alloy/memory_stats.hpp>
 #include <alloy/policy/limited.hpp>
+#include <alloy/policy/quantizer.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/synchronized.hpp>
+#include <alloy/policy/tracked.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/ref.hpp>
 #include <alloy/showcase.hpp>
@@ -570,4 +572,65 @@ BOOST_AUTO_TEST_CASE(a_pmr_vector_is_tagged_through_the_decorators) {
   }
   BOOST_TEST(alloc.current_tag().value == 0u);
   BOOST_TEST(alloc.bytes_in_use() == 0u);
+}
+
+// Tagged allocations through a stack of counting decorators and a ref: each counts them exactly
+// as plain ones (tracked's outstanding blocks, the quantizer's requested bytes, the arena's
+// rounded chunks), scoped_tag on the outermost object reaches the arena, and the per-tag figures
+// and offload pass through every layer.
+BOOST_AUTO_TEST_CASE(decorator_stack_counts_tagged_blocks_as_plain_ones) {
+  using arena_t = alloy::virtual_arena<host_vmm>;
+  arena_t heap{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  alloy::tracked<alloy::quantizer<alloy::ref<arena_t>, 4096>> stack{
+      alloy::quantizer<alloy::ref<arena_t>, 4096>{alloy::ref<arena_t>{heap}}};
+  std::vector<block> blocks;
+  std::mt19937_64 rng{9};
+  std::size_t requested[3] = {};
+  for (int i = 0; i < 60; ++i) {
+    const auto t = static_cast<std::uint16_t>(i % 3);
+    const std::size_t bytes = 1 + rng() % 20000;
+    block b;
+    if (i % 2 == 0) {
+      b = stack.allocate(bytes, 64, tag{t});
+    } else {
+      scoped_tag guard{stack, tag{t}};
+      BOOST_TEST(heap.current_tag().value == t);
+      b = stack.allocate(bytes, 64);
+    }
+    BOOST_REQUIRE(b);
+    BOOST_TEST(b.size == bytes);
+    fill_pattern(b, 300 + i);
+    blocks.push_back(b);
+    requested[t] += bytes;
+  }
+  BOOST_TEST(heap.current_tag().value == 0u);
+  BOOST_TEST(stack.outstanding_count() == 60u);
+  BOOST_TEST(stack.outstanding_bytes() == requested[0] + requested[1] + requested[2]);
+  BOOST_TEST(stack.requested_bytes() == requested[0] + requested[1] + requested[2]);
+  for (std::uint16_t t = 0; t < 3; ++t) {
+    // The arena sees the quantizer's rounded sizes.
+    std::size_t rounded = 0;
+    for (int i = t; i < 60; i += 3) rounded += (blocks[static_cast<std::size_t>(i)].size + 4095) / 4096 * 4096;
+    BOOST_TEST(stack.live_bytes(tag{t}) == rounded);
+  }
+  const std::size_t mapped = stack.mapped_bytes(tag{1});
+  const std::size_t physical = heap.reserved_bytes();
+  BOOST_TEST(stack.offload(tag{1}) == offload_status::done);
+  BOOST_TEST(heap.reserved_bytes() == physical - mapped);
+  BOOST_TEST(stack.outstanding_count() == 60u);  // still the caller's
+  BOOST_TEST(stack.allocate(10, 8, tag{1}).ptr == nullptr);
+  BOOST_TEST(stack.outstanding_count() == 60u);
+  BOOST_TEST(stack.offload_all() == offload_status::done);  // tags 0 and 2
+  BOOST_TEST(heap.reserved_bytes() == 0u);
+  for (std::uint16_t t = 0; t < 3; ++t) BOOST_TEST(stack.restore(tag{t}) == offload_status::done);
+  for (std::size_t i = 0; i < blocks.size(); ++i) BOOST_TEST(has_pattern(blocks[i], 300 + i));
+  for (const block& b : blocks) stack.deallocate(b);
+  BOOST_TEST(stack.outstanding_count() == 0u);
+  BOOST_TEST(stack.unknown_frees() == 0u);
+  BOOST_TEST(heap.bytes_in_use() == 0u);
+  const alloy::offload_statistics o = stack.offload_stats();
+  BOOST_TEST(o.num_offloads == 3u);
+  BOOST_TEST(o.num_full_reclaims == 1u);
+  BOOST_TEST(o.num_single_reclaims == 1u);
+  BOOST_TEST(o.num_refused_allocations == 1u);
 }
