@@ -13,6 +13,7 @@
 
 #include <alloy/concepts.hpp>
 #include <alloy/detail/align.hpp>
+#include <alloy/detail/movable_bookkeeping.hpp>
 #include <alloy/movable.hpp>
 
 namespace alloy {
@@ -104,8 +105,7 @@ class compacting_defragmenter {
       options_ = other.options_;
       copier_ = other.copier_;
       counters_ = other.counters_;
-      absorbed_ooms_ = other.absorbed_ooms_;
-      rescued_ = other.rescued_;
+      rescues_ = other.rescues_;
     }
     return *this;
   }
@@ -139,25 +139,19 @@ class compacting_defragmenter {
   /// The block's address, fixed until the last `unlock` (never nullptr for a live handle).
   void* lock(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "lock");
-    if (e.locks++ == 0) {
-      counters_.bytes_inactive -= e.b.size;
-      detail::note_active(counters_, e.b.size);
-    }
+    if (e.locks++ == 0) detail::note_locked(counters_, e.b.size);
     return e.b.ptr;
   }
 
   void unlock(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "unlock");
-    if (e.locks == 0) throw logic_error("unlock of a handle that is not locked (id " + std::to_string(h.id) + ")");
-    if (--e.locks == 0) {
-      counters_.bytes_active -= e.b.size;
-      counters_.bytes_inactive += e.b.size;
-    }
+    detail::check_locked(e.locks, h);
+    if (--e.locks == 0) detail::note_unlocked(counters_, e.b.size);
   }
 
   void deallocate(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "deallocate");
-    if (e.locks > 0) throw logic_error("deallocate of a locked handle (id " + std::to_string(h.id) + ")");
+    detail::check_unlocked(e.locks, h);
     counters_.bytes_inactive -= e.b.size;
     arena_.deallocate(e.b);
     table_.erase(h);
@@ -224,10 +218,7 @@ class compacting_defragmenter {
   allocator_counters counters() const noexcept
     requires counting_allocator<Arena>
   {
-    allocator_counters c = arena_.counters();
-    c.num_ooms -= absorbed_ooms_;
-    c.num_alloc_retries += rescued_;
-    return c;
+    return rescues_.adjust(arena_.counters());
   }
   /// The arena's cap on reserved bytes, when it has one.
   std::size_t bytes_reservable_limit() const noexcept
@@ -238,19 +229,9 @@ class compacting_defragmenter {
   /// The arena's pieces, with pieces holding movable blocks reported `active` or `inactive`.
   template <class F>
   void for_each_block(F&& visit) const {
-    std::unordered_map<const void*, bool> movable;  // ptr -> locked
-    table_.for_each([&](handle, const entry& e) { movable.emplace(e.b.ptr, e.locks > 0); });
-    arena_.for_each_block([&](const block_info& info) {
-      if (info.state == block_state::allocated) {
-        if (const auto found = movable.find(info.ptr); found != movable.end()) {
-          block_info copy = info;
-          copy.state = found->second ? block_state::active : block_state::inactive;
-          visit(copy);
-          return;
-        }
-      }
-      visit(info);
-    });
+    detail::for_each_block_showing_movable(
+        arena_, [&](auto note) { table_.for_each([&](handle, const entry& e) { note(e.b.ptr, e.locks > 0); }); },
+        visit);
   }
 
   const options& get_options() const noexcept { return options_; }
@@ -332,24 +313,9 @@ class compacting_defragmenter {
     return true;
   }
 
-  std::size_t arena_ooms() const noexcept {
-    if constexpr (counting_allocator<Arena>) {
-      return arena_.counters().num_ooms;
-    } else {
-      return 0;
-    }
-  }
-
   /// After the arena failed a request: defragment and retry, keeping the counters honest.
   block rescue(std::size_t bytes, std::size_t alignment) noexcept {
-    const std::size_t before = arena_ooms();
-    const block b = defragment_and_retry(bytes, alignment);
-    absorbed_ooms_ += arena_ooms() - before;
-    if (b) {
-      ++absorbed_ooms_;  // the first failure (a real one: defragmentation only runs for those)
-      ++rescued_;
-    }
-    return b;
+    return rescues_.rescue(arena_, [&] { return defragment_and_retry(bytes, alignment); });
   }
 
   block defragment_and_retry(std::size_t bytes, std::size_t alignment) noexcept {
@@ -655,8 +621,7 @@ class compacting_defragmenter {
   options options_{};
   copy_engine copier_{};
   movable_counters counters_{};
-  std::size_t absorbed_ooms_ = 0;  // arena OOMs that were not failures of a request
-  std::size_t rescued_ = 0;        // requests served after a defragmentation
+  detail::rescue_tally rescues_{};  // requests served after a defragmentation
 };
 
 }  // namespace alloy

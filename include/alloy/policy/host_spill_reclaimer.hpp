@@ -12,6 +12,7 @@
 
 #include <alloy/concepts.hpp>
 #include <alloy/detail/align.hpp>
+#include <alloy/detail/movable_bookkeeping.hpp>
 #include <alloy/movable.hpp>
 
 namespace alloy {
@@ -91,8 +92,7 @@ class host_spill_reclaimer {
       options_ = other.options_;
       copier_ = other.copier_;
       counters_ = other.counters_;
-      absorbed_ooms_ = other.absorbed_ooms_;
-      rescued_ = other.rescued_;
+      rescues_ = other.rescues_;
     }
     return *this;
   }
@@ -162,15 +162,14 @@ class host_spill_reclaimer {
     unlocked_.erase({e.size, h.id});
     e.locks = 1;
     e.locked = p;
-    counters_.bytes_inactive -= e.size;
-    detail::note_active(counters_, e.size);
+    detail::note_locked(counters_, e.size);
     return p;
   }
 
   /// Undoes one `lock`; after the last one the block may be moved or spilled.
   void unlock(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "unlock");
-    if (e.locks == 0) throw logic_error("unlock of a handle that is not locked (id " + std::to_string(h.id) + ")");
+    detail::check_locked(e.locks, h);
     if (e.locks > 1) {
       --e.locks;
       return;
@@ -179,14 +178,13 @@ class host_spill_reclaimer {
     e.locks = 0;
     e.locked = nullptr;
     unpin(e.dev);
-    counters_.bytes_active -= e.size;
-    counters_.bytes_inactive += e.size;
+    detail::note_unlocked(counters_, e.size);
   }
 
   /// Frees the block, wherever it is. Throws for a locked, empty, unknown or stale handle.
   void deallocate(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "deallocate");
-    if (e.locks > 0) throw logic_error("deallocate of a locked handle (id " + std::to_string(h.id) + ")");
+    detail::check_unlocked(e.locks, h);
     if (e.dev) {
       unlocked_.erase({e.size, h.id});
       counters_.bytes_inactive -= e.size;
@@ -254,10 +252,7 @@ class host_spill_reclaimer {
   allocator_counters counters() const noexcept
     requires counting_allocator<Device>
   {
-    allocator_counters c = device_.counters();
-    c.num_ooms -= absorbed_ooms_;
-    c.num_alloc_retries += rescued_;
-    return c;
+    return rescues_.adjust(device_.counters());
   }
   /// The device side's pieces; with a raw `Device`, pieces holding movable blocks are reported
   /// `active` (locked) or `inactive` (unlocked) instead of `allocated`.
@@ -267,21 +262,14 @@ class host_spill_reclaimer {
     if constexpr (device_is_movable) {
       device_.for_each_block(visit);
     } else {
-      std::unordered_map<const void*, bool> movable;  // ptr -> locked
-      table_.for_each([&](handle, const entry& e) {
-        if (e.dev) movable.emplace(e.dev.raw.ptr, e.locks > 0);
-      });
-      device_.for_each_block([&](const block_info& info) {
-        if (info.state == block_state::allocated) {
-          if (const auto found = movable.find(info.ptr); found != movable.end()) {
-            block_info copy = info;
-            copy.state = found->second ? block_state::active : block_state::inactive;
-            visit(copy);
-            return;
-          }
-        }
-        visit(info);
-      });
+      detail::for_each_block_showing_movable(
+          device_,
+          [&](auto note) {
+            table_.for_each([&](handle, const entry& e) {
+              if (e.dev) note(e.dev.raw.ptr, e.locks > 0);
+            });
+          },
+          visit);
     }
   }
 
@@ -520,26 +508,11 @@ class host_spill_reclaimer {
     return true;
   }
 
-  std::size_t device_ooms() const noexcept {
-    if constexpr (counting_allocator<Device>) {
-      return device_.counters().num_ooms;
-    } else {
-      return 0;
-    }
-  }
-
   /// reclaim_and_retry, keeping the device's counters honest: device failures that a reclaim made
   /// good are retries, not OOMs.
   template <class Attempt>
   auto counted_reclaim(std::size_t bytes, std::size_t alignment, Attempt&& attempt) noexcept -> decltype(attempt()) {
-    const std::size_t before = device_ooms();
-    auto r = reclaim_and_retry(bytes, alignment, attempt);
-    absorbed_ooms_ += device_ooms() - before;
-    if (r) {
-      if constexpr (counting_allocator<Device>) ++absorbed_ooms_;  // the failure that started the reclaim
-      ++rescued_;
-    }
-    return r;
+    return rescues_.rescue(device_, [&] { return reclaim_and_retry(bytes, alignment, attempt); });
   }
 
   /// Single reclaim, then full reclaim, retrying `attempt` after each.
@@ -591,8 +564,7 @@ class host_spill_reclaimer {
   options options_{};
   copy_engine copier_{};
   movable_counters counters_{};
-  std::size_t absorbed_ooms_ = 0;  // device OOMs that were not failures of a request
-  std::size_t rescued_ = 0;        // requests served after a reclaim
+  detail::rescue_tally rescues_{};  // requests served after a reclaim
 };
 
 }  // namespace alloy
