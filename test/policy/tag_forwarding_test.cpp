@@ -30,7 +30,9 @@
 #include <alloy/policy/quantizer.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/sharded.hpp>
+#include <alloy/host_stream.hpp>
 #include <alloy/policy/stats.hpp>
+#include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/policy/tracked.hpp>
 #include <alloy/policy/virtual_arena.hpp>
@@ -633,4 +635,34 @@ BOOST_AUTO_TEST_CASE(decorator_stack_counts_tagged_blocks_as_plain_ones) {
   BOOST_TEST(o.num_full_reclaims == 1u);
   BOOST_TEST(o.num_single_reclaims == 1u);
   BOOST_TEST(o.num_refused_allocations == 1u);
+}
+
+// stream_ordered over a virtual arena: its stream-ordered calls allocate through the arena's
+// keeping-cache call, which takes the current tag, so scoped_tag on the stream_ordered object
+// tags them (there is no per-call tag there; the capability matrix records it), and offload and
+// restore pass through.
+BOOST_AUTO_TEST_CASE(stream_ordered_allocations_are_tagged_by_scoped_tag) {
+  using arena_t = alloy::virtual_arena<host_vmm>;
+  alloy::host_stream stream;
+  alloy::stream_ordered<arena_t, alloy::host_stream*> ordered{
+      arena_t{host_vmm{{.granularity = granule}}, {.release_threshold = 0}}};
+  block weights;
+  {
+    scoped_tag guard{ordered, tag{4}};
+    weights = ordered.allocate(3 * granule, 256, &stream);
+  }
+  BOOST_REQUIRE(weights);
+  const block other = ordered.allocate(granule, 256, &stream);  // tag 0
+  BOOST_REQUIRE(other);
+  stream.synchronize();
+  fill_pattern(weights, 77);
+  BOOST_TEST(ordered.live_bytes(tag{4}) == 3 * granule);
+  BOOST_TEST(ordered.mapped_bytes(tag{4}) == 3 * granule);
+  BOOST_TEST(ordered.offload(tag{4}) == offload_status::done);
+  BOOST_TEST(ordered.reserved_bytes() == granule);
+  BOOST_TEST(ordered.restore(tag{4}) == offload_status::done);
+  BOOST_TEST(has_pattern(weights, 77));
+  ordered.deallocate(weights, &stream);
+  ordered.deallocate(other, &stream);
+  stream.synchronize();
 }
