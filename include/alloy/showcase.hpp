@@ -195,9 +195,9 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   "Virtual memory"): the arena alone and pools up to 16 KiB / 64 KiB / 256 KiB / 1 MiB with
 ///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,
 ///   over every shipped trace (smallest device ÷ peak live, 2 MiB granules) and W1 over five
-///   seeds. The pool up to 64 KiB with slabs of 64 KiB doubling to 256 KiB needs the smallest
-///   devices of the pooled layouts (geometric mean 1.038, the arena alone 1.037; worst PyTorch
-///   trace 1.180, the arena alone 1.207; slabs of 2 MiB: 1.081 and 1.594) and takes the many small
+///   seeds. The pool up to 64 KiB with slabs of 64 KiB doubling to 256 KiB needs about the smallest
+///   devices of the pooled layouts (geometric mean 1.027 in that table, the arena alone 1.021;
+///   worst PyTorch trace 1.145 both; slabs of 2 MiB: 1.078 and 1.594) and takes the many small
 ///   requests off the arena's index (W1: 1.04-1.18x default_allocator's time, the arena alone
 ///   about 1.4x). The release threshold does not change the smallest device (under pressure the
 ///   arena unmaps free granules anyway) but sets the driver calls and the memory held when there
@@ -214,7 +214,8 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore` of the arena work per tag). Frees check the pool's `owns`
 ///   only once a small tagged block was served, so untagged use costs one branch.
-/// - Failure: an empty block (the arena has unmapped every free granule first). Thread safety:
+/// - Failure: an empty block, after the pool's wholly free slabs went back to the arena and the
+///   request was tried again (the arena has unmapped every free granule first). Thread safety:
 ///   none (wrap in `synchronized`).
 template <virtual_memory Vmm>
 class virtual_allocator {

@@ -658,22 +658,25 @@ class virtual_arena {
       return std::tie(untouched, spanned, unmapped) < std::tie(o.untouched, o.spanned, o.unmapped);
     }
   };
+  static constexpr std::size_t not_counted = std::numeric_limits<std::size_t>::max();
+  /// The cost of a block at `start` inside a free chunk, O(1): granules strictly inside the block
+  /// lie inside the free chunk, so no live chunk touches them; only its first and last granule
+  /// can be shared. Unmapped granules are counted only when needed (`count_unmapped`).
   placement_cost cost_at(std::uintptr_t start, std::size_t rounded) const noexcept {
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
     // Granules spanned count for blocks of whole granules only: other blocks packed end to end
     // fill granules better than blocks each moved to a boundary (measured on every trace).
-    placement_cost cost{0, rounded % opts_.granularity == 0 ? last - first + 1 : 0, 0};
-    const std::size_t known = std::min(last + 1, granules_.size());
-    for (std::size_t g = first; g < known; ++g) {
-      cost.untouched += granules_[g].live == 0;
-      cost.unmapped += granules_[g].piece == 0;
-    }
-    if (last + 1 > known) {
-      const std::size_t beyond = last + 1 - std::max(first, known);
-      cost.untouched += beyond;
-      cost.unmapped += beyond;
-    }
+    placement_cost cost{0, rounded % opts_.granularity == 0 ? last - first + 1 : 0, not_counted};
+    const auto untouched = [&](std::size_t g) { return std::size_t{g >= granules_.size() || granules_[g].live == 0}; };
+    cost.untouched = untouched(first) + (last > first ? untouched(last) + (last - first - 1) : 0);
     return cost;
+  }
+  std::size_t count_unmapped(std::uintptr_t start, std::size_t rounded) const noexcept {
+    const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
+    const std::size_t known = std::min(last + 1, granules_.size());
+    std::size_t n = last + 1 > known ? last + 1 - std::max(first, known) : 0;
+    for (std::size_t g = first; g < known; ++g) n += granules_[g].piece == 0;
+    return n;
   }
   /// Where in free chunk `c` the block goes. Best fit's place is its front (`front`); when that
   /// adds granules, its front and back ends, each also moved to a granule boundary, are compared
@@ -691,15 +694,22 @@ class virtual_arena {
   }
   [[gnu::noinline]] std::uintptr_t placement_among(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
                                                    std::size_t alignment) const noexcept {
-    const placement_cost at_front = cost_at(front, rounded);
-    if (at_front.untouched == 0 && at_front.unmapped == 0) return front;
+    placement_cost at_front = cost_at(front, rounded);
+    if (at_front.untouched == 0) {
+      at_front.unmapped = count_unmapped(front, rounded);
+      if (at_front.unmapped == 0) return front;
+    }
     const std::uintptr_t chunk_end = pool_[c].addr + pool_[c].size();
     const std::uintptr_t on_granule = std::max(alignment, opts_.granularity) - 1;
     std::uintptr_t best = front;
     placement_cost best_cost = at_front;
     const auto consider = [&](std::uintptr_t start) {
       if (start < pool_[c].addr || start > chunk_end - rounded || start == best) return;
-      const placement_cost cost = cost_at(start, rounded);
+      placement_cost cost = cost_at(start, rounded);
+      if (std::tie(cost.untouched, cost.spanned) == std::tie(best_cost.untouched, best_cost.spanned)) {
+        if (best_cost.unmapped == not_counted) best_cost.unmapped = count_unmapped(best, rounded);
+        cost.unmapped = count_unmapped(start, rounded);
+      }
       if (cost < best_cost) {
         best = start;
         best_cost = cost;
