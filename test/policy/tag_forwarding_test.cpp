@@ -340,7 +340,7 @@ BOOST_AUTO_TEST_CASE(misuse_and_failures_through_decorators_leave_the_tag_intact
   const failing observer = backend;  // shares the failure options and counts
   alloy::synchronized<alloy::stats<arena_t>> alloc{alloy::stats<arena_t>{arena_t{backend, {.release_threshold = 0}}}};
   std::vector<block> weights;
-  for (int i = 0; i < 5; ++i) {
+  for (std::size_t i = 0; i < 5; ++i) {
     weights.push_back(alloc.allocate(2 * granule - 64 * (i + 1), granule, tag{1}));  // two granules each
     BOOST_REQUIRE(weights.back());
     fill_pattern(weights.back(), 10 + i);
@@ -456,7 +456,7 @@ BOOST_AUTO_TEST_CASE(sharded_offload_is_all_or_nothing) {
                {.shards = 2}};
   worker left, right;
   std::vector<block> blocks;
-  for (int i = 0; i < 8; ++i) {
+  for (std::size_t i = 0; i < 8; ++i) {
     block b;
     (i % 2 == 0 ? left : right).run([&] { b = alloc.allocate(granule / 2 + 64 * i, 64, tag{3}); });
     BOOST_REQUIRE(b);
@@ -588,7 +588,7 @@ BOOST_AUTO_TEST_CASE(decorator_stack_counts_tagged_blocks_as_plain_ones) {
   std::vector<block> blocks;
   std::mt19937_64 rng{9};
   std::size_t requested[3] = {};
-  for (int i = 0; i < 60; ++i) {
+  for (std::size_t i = 0; i < 60; ++i) {
     const auto t = static_cast<std::uint16_t>(i % 3);
     const std::size_t bytes = 1 + rng() % 20000;
     block b;
@@ -612,7 +612,7 @@ BOOST_AUTO_TEST_CASE(decorator_stack_counts_tagged_blocks_as_plain_ones) {
   for (std::uint16_t t = 0; t < 3; ++t) {
     // The arena sees the quantizer's rounded sizes.
     std::size_t rounded = 0;
-    for (int i = t; i < 60; i += 3) rounded += (blocks[static_cast<std::size_t>(i)].size + 4095) / 4096 * 4096;
+    for (std::size_t i = t; i < 60; i += 3) rounded += (blocks[i].size + 4095) / 4096 * 4096;
     BOOST_TEST(stack.live_bytes(tag{t}) == rounded);
   }
   const std::size_t mapped = stack.mapped_bytes(tag{1});
