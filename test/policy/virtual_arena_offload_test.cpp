@@ -340,7 +340,7 @@ BOOST_AUTO_TEST_CASE(randomized_cycles_of_random_tags) {
     std::size_t checks = 0, max_ratio_excess = 0, refused_restores = 0;
     double worst_ratio = 0;
     for (int step = 0; step < 20000; ++step) {
-      const unsigned op = rng() % 100;
+      const auto op = rng() % 100;
       const auto t = static_cast<std::uint16_t>(rng() % tags);
       if (op < 50) {
         const block b = a.allocate(1 + rng() % (granule * 3 / 2), std::size_t{8} << (rng() % 8), tag{t});
