@@ -203,13 +203,15 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   arena unmaps free granules anyway) but sets the driver calls and the memory held when there
 ///   is room: none (free granules stay mapped until the device runs short or `release()`) makes
 ///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
-///   makes 290-51,000; it holds 1.00-1.24x peak live on the PyTorch traces without a limit (0:
+///   makes 290-51,000; it holds 1.00-1.21x peak live on the PyTorch traces without a limit (0:
 ///   1.00-1.18x), less than default_allocator's 1.02-2.10x. Set `options::arena.release_threshold`
 ///   to give memory back to other processes sooner.
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
-///   device ÷ peak live 1.004-1.180 (geometric mean 1.038; default_allocator 1.004-1.742, 1.305);
-///   replay time 0.86-2.17x default_allocator's on the PyTorch traces, 3-6x on the MiniMalloc
-///   instances (first mappings: 1 GiB in 2 MiB granules over about 600 operations).
+///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
+///   replay time 1.2-2.1x default_allocator's on the PyTorch traces, 4-8x on the MiniMalloc
+///   instances (busy 2-core VM; first mappings: 1 GiB in 2 MiB granules over about 600
+///   operations), 8-335 and 990-2,820 map + unmap calls per 1,000 operations; W1 1.17-1.19x
+///   default_allocator's time, mapped ÷ live 1.11-1.14.
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore` of the arena work per tag). Frees check the pool's `owns`
