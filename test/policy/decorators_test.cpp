@@ -10,6 +10,7 @@
 
 #include <alloy/alloy.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/showcase.hpp>
 
 #include "support/conformance.hpp"
 
@@ -101,6 +102,22 @@ BOOST_AUTO_TEST_CASE(limited_refuses_past_the_limit_without_asking_inner) {
   BOOST_TEST(!alloc.allocate(std::numeric_limits<std::size_t>::max(), 1));
   alloc.set_bytes_limit(std::numeric_limits<std::size_t>::max());
   BOOST_TEST(!alloc.allocate(std::numeric_limits<std::size_t>::max(), 1), "no overflow in the limit check");
+  BOOST_TEST(alloc.bytes_in_use() == 0u);
+}
+
+// Under synchronized over a thread-safe upstream an allocation is planned first (a keeping-cache
+// call) and then made plainly: a refusal is one refusal, not one per phase.
+BOOST_AUTO_TEST_CASE(limited_counts_a_refusal_once_under_planned_growth) {
+  using inner = alloy::limited<alloy::default_allocator<alloy::host_upstream>>;
+  static_assert(alloy::growth_planning_allocator<inner>, "the planned path is the one under test");
+  alloy::synchronized<inner> alloc{inner{alloy::default_allocator<alloy::host_upstream>{}, {.bytes_limit = 1000}}};
+  const alloy::block a = alloc.allocate(800, 256);
+  BOOST_REQUIRE(a);
+  BOOST_TEST(!alloc.allocate(300, 256));
+  BOOST_TEST(!alloc.allocate(std::size_t{8} << 20, 256));
+  BOOST_TEST(alloc.inner().num_refused() == 2u);
+  BOOST_TEST(alloc.counters().num_ooms == 2u);
+  alloc.deallocate(a);
   BOOST_TEST(alloc.bytes_in_use() == 0u);
 }
 

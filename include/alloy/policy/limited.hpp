@@ -70,10 +70,11 @@ class limited : public detail::decorates<limited<Inner>, Inner> {
   friend class detail::decorates<limited, Inner>;
 
   template <class Call, class GiveBack, class... Stream>
-  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind,
+  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind kind,
                     Stream...) noexcept {
     if (!(in_use_ <= limit_ && bytes <= limit_ - in_use_)) {
-      ++refused_;
+      // A keeping-cache or planning attempt is followed by a plain call, which counts the refusal.
+      if (kind != detail::allocation_kind::keeping_cache) ++refused_;
       return {};
     }
     const block b = call(bytes);
