@@ -214,8 +214,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   default_allocator's time, mapped ÷ live 1.11-1.14.
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
-///   `offload`, `discard`, `restore` of the arena work per tag). Frees check the pool's `owns`
-///   only once a small tagged block was served, so untagged use costs one branch.
+///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
+///   tag). Offloading tag 0 takes the pool's slabs with it; until it is restored, tag-0 requests
+///   are refused and counted as the arena refuses any offloaded tag's. Frees check the pool's
+///   `owns` only once a small tagged block was served, so untagged use costs one branch.
 /// - Failure: an empty block, after the pool's wholly free slabs went back to the arena and the
 ///   request was tried again (the arena has unmapped every free granule first). Thread safety:
 ///   none (wrap in `synchronized`).
@@ -252,10 +254,12 @@ class virtual_allocator {
   /// that no slab mixes tags (a small tagged block then takes a chunk of the arena).
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept {
     block b;
-    if (t.value == 0) [[likely]] {
+    if (t.value == 0 && arena_->state(t) == tag_state::resident) [[likely]] {
       b = heap_.allocate(bytes, alignment);
       if (!b && release_empty_slabs()) b = heap_.allocate(bytes, alignment);
     } else {
+      // Another tag, or tag 0 while offloaded (the pool's slabs are unmapped then): the arena
+      // serves it or refuses it and counts the refusal.
       b = arena_->allocate(bytes, alignment, t);
       if (b && b.size <= threshold) tagged_small_ = true;
     }
@@ -287,6 +291,11 @@ class virtual_allocator {
   offload_status restore(tag t) noexcept { return arena_->restore(t); }
   tag_state state(tag t) const noexcept { return arena_->state(t); }
   const offload_statistics& offload_stats() const noexcept { return arena_->offload_stats(); }
+  offload_status offload_all() noexcept { return arena_->offload_all(); }
+  /// Per-tag figures, the arena's: for tag 0 the pool's slabs count as its live chunks.
+  std::size_t host_bytes(tag t) const noexcept { return arena_->host_bytes(t); }
+  std::size_t mapped_bytes(tag t) const noexcept { return arena_->mapped_bytes(t); }
+  std::size_t live_bytes(tag t) const noexcept { return arena_->live_bytes(t); }
 
   bool owns(block b) const noexcept { return arena_->owns(b); }
   /// Gives the pool's wholly free slabs to the arena, then every free mapped granule back.
