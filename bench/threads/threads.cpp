@@ -99,8 +99,8 @@ std::vector<scenario> scenarios() {
   out.push_back({"W1", mode::own_live_set, std::size_t{4} << 20, {}});
   out.push_back({"producer/consumer", mode::producer_consumer, std::size_t{64} << 10, {}});
   for (int t = 0; t < max_threads; ++t) {
-    out[0].per_thread.push_back(make_workload(params(16, 20261124 + t)));
-    out[1].per_thread.push_back(make_workload(params(22, 20261124 + t)));
+    out[0].per_thread.push_back(make_workload(params(16, static_cast<std::uint64_t>(20261124 + t))));
+    out[1].per_thread.push_back(make_workload(params(22, static_cast<std::uint64_t>(20261124 + t))));
   }
   out[2].per_thread = out[0].per_thread;
   return out;

@@ -164,7 +164,7 @@ BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
       }
     };
     grow(400);
-    for (int round = 0; round < 20; ++round) {
+    for (std::size_t round = 0; round < 20; ++round) {
       // Free every other block (in address order): their granules that hold nothing else go.
       std::sort(live.begin(), live.end(), [](const auto& l, const auto& r) { return l.b.ptr < r.b.ptr; });
       const std::size_t unmaps_before = a.counters().num_unmaps;
@@ -235,7 +235,7 @@ BOOST_AUTO_TEST_CASE(release_threshold_keeps_the_most_recently_freed) {
   }
   BOOST_TEST(a.reserved_bytes() == 512_KiB);
   // Free granules 0, 2, 4, 6 in that order: three are kept, the oldest (0) goes.
-  for (int i : {0, 2, 4, 6}) a.deallocate(blocks[i]);
+  for (std::size_t i : {0u, 2u, 4u, 6u}) a.deallocate(blocks[i]);
   BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
   BOOST_TEST(a.reserved_bytes() == 448_KiB);
   BOOST_TEST(a.counters().num_unmaps == 1u);
@@ -590,8 +590,8 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
     shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .on_misuse = &misuse_log::record, .misuse_context = &log}};
     constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
     for (std::size_t bytes : {max, max - 1, max - 255, max / 2 + 1, max / 2, std::size_t{1} << 44})
-      for (std::size_t alignment : {1, 256, 4096, 1 << 20}) BOOST_TEST(!a.allocate(bytes, alignment));
-    for (std::size_t alignment : {0, 3, 6, 12, 1000, 4097}) BOOST_TEST(!a.allocate(64, alignment));
+      for (std::size_t alignment : {1u, 256u, 4096u, 1u << 20}) BOOST_TEST(!a.allocate(bytes, alignment));
+    for (std::size_t alignment : {0u, 3u, 6u, 12u, 1000u, 4097u}) BOOST_TEST(!a.allocate(64, alignment));
     BOOST_TEST(v.physical_bytes() == 0u, "nothing was created for impossible requests");
     BOOST_TEST(a.check_invariants());
 
