@@ -114,15 +114,12 @@ struct alignas(64) thread_slot {
 ///   cannot be seen.
 /// - Movable (not while in use), not copyable; the shards stay where they are (one allocation).
 /// - Measured (bench/threads, `sharded<default_allocator>` against one `default_allocator` per
-///   thread and the synchronized peers; 2-core VM, 2026-11-24, seven full runs while other work
-///   kept it busy, so that two threads seldom ran at once: see bench/threads/README.md): one
-///   thread 0.55-0.91x the bare allocator's CPU time on W2, 1.11-1.46x on W1 (its large blocks
-///   take the shard's lock); at 2 threads 1.33-3.80x the best synchronized peer on W2, 0.71-0.97x
-///   on W1, 0.86-1.82x on producer/consumer (one look with the machine idle, at the first
-///   version of this class: 9.3x on W2, 3.4x on W1, scaling 2T/1T as the limit does); peak
-///   reserved / peak live at 4 threads 0.79-0.83x (W2) and 0.86-0.88x (W1) the 1-thread one. Under
-///   cachegrind, instructions per pair on one thread: W2 427 against the bare allocator's 439,
-///   W1 675 against 536.
+///   thread and the synchronized peers; 2-core VM, quiet, two runs of 2026-11-24, history in
+///   bench/threads/README.md): at 2 threads 9.8-15.0x the best synchronized peer on W2, 2.7-3.7x
+///   on W1, 10.8x on producer/consumer (2.3-6.6x at 4 and 8 threads); 2T/1T throughput 1.92x on
+///   W2 and 1.75-1.95x on W1 where one unshared allocator per thread scales 1.74-1.85x; one
+///   thread 0.74x the bare allocator's CPU time on W2, 1.16-1.25x on W1 (its large blocks take
+///   the shard's lock); peak reserved / peak live at 4 threads 0.84-0.89x the 1-thread one.
 template <allocator Inner, class Mutex = std::mutex>
 class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using queries = detail::forwards_queries<sharded<Inner, Mutex>, Inner>;
