@@ -23,11 +23,9 @@
 #include <alloy/tag.hpp>
 #include <alloy/vmm/host_vmm.hpp>
 
-using namespace alloy::literals;
+#include "support/tag_printing.hpp"
 
-namespace alloy {
-std::ostream& operator<<(std::ostream& o, offload_status s) { return o << to_string(s); }
-}  // namespace alloy
+using namespace alloy::literals;
 
 static_assert(THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CPP, "these tests run Thrust's host backend");
 

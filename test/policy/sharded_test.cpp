@@ -27,6 +27,7 @@
 #include <alloy/vmm/host_vmm.hpp>
 
 #include "support/conformance.hpp"
+#include "support/sanitizers.hpp"
 
 using namespace alloy::literals;
 using alloy::testing::checking_upstream;
@@ -35,17 +36,7 @@ using alloy::testing::ledger;
 
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool under_tsan = true;
-#elif defined(__has_feature)
-#  if __has_feature(thread_sanitizer)
-constexpr bool under_tsan = true;
-#  else
-constexpr bool under_tsan = false;
-#  endif
-#else
-constexpr bool under_tsan = false;
-#endif
+using alloy::testing::under_tsan;
 
 /// 10^6 operations over 4 threads; under ThreadSanitizer (every access checked, 5-15x slower)
 /// 2 * 10^5, so that the TSan stage stays near a minute.

@@ -28,6 +28,7 @@
 #include "replay/simulated_device.hpp"
 #include "replay/trace_reader.hpp"
 #include "support/conformance.hpp"
+#include "support/sanitizers.hpp"
 
 using namespace alloy::literals;
 using namespace std::chrono_literals;
@@ -37,17 +38,7 @@ using alloy::testing::checking_upstream;
 
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool under_tsan = true;
-#elif defined(__has_feature)
-#  if __has_feature(thread_sanitizer)
-constexpr bool under_tsan = true;
-#  else
-constexpr bool under_tsan = false;
-#  endif
-#else
-constexpr bool under_tsan = false;
-#endif
+using alloy::testing::under_tsan;
 
 template <class U>
 using arena_over = alloy::best_fit_arena<U>;

@@ -43,6 +43,7 @@
 
 #include "support/conformance.hpp"
 #include "support/failing_vmm.hpp"
+#include "support/tag_printing.hpp"
 
 using namespace alloy::literals;
 using alloy::block;
@@ -53,11 +54,6 @@ using alloy::tag;
 using alloy::tag_state;
 using alloy::testing::fill_pattern;
 using alloy::testing::has_pattern;
-
-namespace alloy {
-std::ostream& operator<<(std::ostream& o, offload_status s) { return o << to_string(s); }
-std::ostream& operator<<(std::ostream& o, tag_state s) { return o << to_string(s); }
-}  // namespace alloy
 
 namespace {
 

@@ -41,21 +41,13 @@
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/showcase.hpp>
 
+#include "support/sanitizers.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool under_tsan = true;
-#elif defined(__has_feature)
-#  if __has_feature(thread_sanitizer)
-constexpr bool under_tsan = true;
-#  else
-constexpr bool under_tsan = false;
-#  endif
-#else
-constexpr bool under_tsan = false;
-#endif
+using alloy::testing::under_tsan;
 
 /// What every copy of a `gated_upstream` shares: counters, the gate, the failure script.
 struct upstream_state {

@@ -28,6 +28,7 @@
 
 #include "support/conformance.hpp"
 #include "support/failing_vmm.hpp"
+#include "support/tag_printing.hpp"
 
 using namespace alloy::literals;
 using alloy::block;
@@ -41,11 +42,6 @@ using alloy::testing::fill_pattern;
 using alloy::testing::has_pattern;
 
 using host_arena = virtual_arena<host_vmm>;
-
-namespace alloy {
-std::ostream& operator<<(std::ostream& o, offload_status s) { return o << to_string(s); }
-std::ostream& operator<<(std::ostream& o, tag_state s) { return o << to_string(s); }
-}  // namespace alloy
 
 namespace {
 
