@@ -134,8 +134,10 @@ class logged : public detail::decorates<logged<Inner>, Inner> {
   }
   template <class Call, class... Stream>
   bool on_free(block b, Call call, Stream... stream) noexcept {
+    // The address is logged as a number taken before the free: the pointer is not used after it.
+    const auto address = reinterpret_cast<std::uintptr_t>(b.ptr);
     if (call(b) == detail::free_outcome::refused) return false;
-    if (b) log_line("free", b.ptr, b.size, (std::uint64_t{0} + ... + detail::stream_bits(stream)));
+    if (b) log_line("free", address, b.size, (std::uint64_t{0} + ... + detail::stream_bits(stream)));
     return true;
   }
 
@@ -145,22 +147,22 @@ class logged : public detail::decorates<logged<Inner>, Inner> {
   }
   void log_allocate(block b, std::size_t bytes, std::uint64_t stream) noexcept {
     if (b) {
-      log_line("allocate", b.ptr, b.size, stream);
+      log_line("allocate", reinterpret_cast<std::uintptr_t>(b.ptr), b.size, stream);
     } else {
-      log_line("allocate failure", nullptr, bytes, stream);
+      log_line("allocate failure", 0, bytes, stream);
     }
   }
-  void log_line(const char* action, const void* ptr, std::size_t size, std::uint64_t stream) noexcept {
+  void log_line(const char* action, std::uintptr_t address, std::size_t size, std::uint64_t stream) noexcept {
     const auto now = std::chrono::system_clock::now();
     const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
     const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1'000'000;
     std::tm local{};
     localtime_r(&seconds, &local);
     char pointer[32];
-    if (ptr == nullptr) {
+    if (address == 0) {
       std::snprintf(pointer, sizeof pointer, "(nil)");
     } else {
-      std::snprintf(pointer, sizeof pointer, "0x%" PRIxPTR, reinterpret_cast<std::uintptr_t>(ptr));
+      std::snprintf(pointer, sizeof pointer, "0x%" PRIxPTR, address);
     }
     char line[192];
     const int n = std::snprintf(line, sizeof line, "%" PRIu64 ",%02d:%02d:%02d.%06lld,%s,%s,%zu,%" PRIx64 "\n",
