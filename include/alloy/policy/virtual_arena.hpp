@@ -34,7 +34,7 @@ namespace alloy {
 ///   compared, fewest granules no live chunk touches first, then (blocks of whole granules) fewest
 ///   granules spanned, then fewest unmapped (O(granules of the block), only when granules are
 ///   added): memory already held is used first, and a block of whole granules does not straddle
-///   one more (on the shipped traces: smallest device geometric mean 1.037 -> 1.021). There is one range, so no boundary ever keeps two free chunks apart.
+///   one more. There is one range, so no boundary ever keeps two free chunks apart.
 ///   At first the whole range is one free chunk; it is the largest, so best fit takes it last and
 ///   the used part of the range grows upward from its start. When nothing fits, the arena
 ///   reserves more addresses and keeps them only when they lie right after its range (it grows in
