@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Settings for alloy's own tests, examples and benchmarks (never applied to consumers).
 
 # nvcc for the .cu files, when present.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README: "A composition" (DESIGN §3), compiled by nvcc. Runs on a GPU; without one it says so.
 #include <alloy/adaptor/thrust.hpp>
 #include <alloy/alloy.hpp>

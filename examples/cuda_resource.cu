@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README: "CCCL's cuda::mr over an alloy composition".
 #include <alloy/adaptor/cuda_mr.hpp>
 #include <alloy/alloy.hpp>

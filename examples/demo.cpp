@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy-demo: the main job of the Quick start. Composes alloy's two recommended layouts,
 // replays a real allocation trace through each (a PyTorch training step from ../shared/traces
 // when present, else a synthetic training loop), and prints what they did side by side with

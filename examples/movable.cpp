@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README "Movable memory": a full "device" serves a request by compacting its heap, then by
 // spilling an idle buffer to host memory; the buffer comes back, intact, when it is locked.
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README "Offload": an RL-style step on one device. The model weights (tag 1) go to host memory,
 // the KV cache (tag 2) is dropped, training takes the whole device, then both come back at the
 // same addresses: every pointer held elsewhere (kernels, CUDA graphs, tensors) stays valid, and

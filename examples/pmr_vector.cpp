@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README: "std::pmr containers over an alloy composition".
 #include <alloy/adaptor/pmr.hpp>
 #include <alloy/alloy.hpp>

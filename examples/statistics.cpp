@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README "Statistics": TensorFlow's and PyTorch's numbers, fastai's memory trace, a summary
 // table and a picture of the heap, from one stats<> decorator.
 #include <cstdio>

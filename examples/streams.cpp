@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stream-ordered allocation, shown with alloy::host_stream (an in-order work queue on its own
 // thread) so it runs anywhere; with CUDA, use cudaStream_t as the stream type instead.
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README "Threads": sharded<> gives each thread its own shard, and a block may be freed by any
 // thread. Four threads allocate; each frees its own blocks and those its neighbour handed over.
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README "Virtual memory": holes give their pages back. On a device of 64 MiB, eight free holes
 // of 4 MiB serve one request of 32 MiB through virtual memory; a best-fit arena holding the same
 // 64 MiB as one segment cannot serve it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bad-input matrix (issue 18; test/support/bad_input.hpp) in a checked build
 // (ALLOY_CHECKED=1, as every test): every DESIGN §7 input through every composition and
 // decorator stack, statistics, limits and leak reports checked exactly after each.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bad-input matrix (issue 18; test/support/bad_input.hpp) in an unchecked build: this
 // program is compiled with ALLOY_CHECKED=0 (the suite-wide definition is replaced before anything
 // is included; it is a program of its own, so no inline function is compiled both ways). Every

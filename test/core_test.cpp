@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The vocabulary: block, literals, concepts, ref, find, errors.
 #include <boost/test/unit_test.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy::cuda::memory_info on a real device: the numbers move when memory is taken. Labelled
 // `gpu`; skipped, saying why, when no device is present.
 #include <boost/test/unit_test.hpp>

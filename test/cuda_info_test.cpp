@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy::cuda::memory_info and friends, on the host: the error paths for real (no device, or an
 // id that does not exist), and the answers when a device is there.
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every C++ snippet in README.md is part of a compiled example: each ```cpp block must appear,
 // line for line (indentation aside), in one file of examples/.
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // size_class_pool, segregator and the showcase compositions over real device memory
 // (cudaMalloc and cudaMallocAsync upstreams, which guarantee only 256 B alignment): every block
 // written by a kernel and read back intact, nothing left on the device after release().

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ready-made compositions of alloy/showcase.hpp: layout, conformance, a model-based randomized
 // test, and every shipped trace replayed through both with nothing leaked.
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // virtual_allocator (showcase.hpp): the pool and the arena share one owned virtual_arena; the
 // statistics count it once; capacity runs out, frees, and serves again; a randomized run against
 // a model of what is in use; the conformance routine on real memory (host_vmm); and its replay

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MiniMalloc "challenging" instances replayed online into a fixed capacity of 1 GiB (the
 // instances' own capacity, sizes x1024): (a) best_fit_arena alone, raw blocks; (b) the same arena
 // under compacting_defragmenter, every block movable and unlocked between its allocate and its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The PyTorch traces replayed into a "device" of 60% of each trace's peak live bytes
 // (`limited<host_upstream>`): (a) raw blocks, failing when the device is full; (b) under
 // host_spill_reclaimer, every block movable: locked while it is used (at its allocation and just

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // snapshot_picture: replays an RMM trace through stats<default_allocator<host_upstream>>, stops at
 // a given fraction of the events (default: at the peak of bytes in use), and writes the heap's
 // snapshot as SVG and JSON plus the memory summary. Used to make docs/snapshot.svg:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stats_overhead: what stats<> adds to the time per allocate+deallocate pair (issue 5: at most 10%
 // on W1 over default_allocator), measured in the same run, the two runs interleaved so that drift
 // on a shared machine hits both alike.

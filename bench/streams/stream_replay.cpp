@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/streams/stream_replay.cpp: the shipped PyTorch traces replayed on 1, 2 and 4 streams
 // (allocation i on stream i mod N, freed on its stream) over a simulated 80 GiB device, through
 //   - alloy:     stream_ordered<best_fit_arena>: frees coalesce at once whatever the stream; only

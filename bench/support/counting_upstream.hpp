@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/support/counting_upstream.hpp: the upstream the host benchmarks measure space with.
 //
 // Anonymous mmap with MAP_NORESERVE: address space that costs nothing until a page is written

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/support/load_latency.hpp: what one dependent random load costs on this machine, by
 // working-set size, for reading the live-set sweep of random_allocations.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/support/pairs_workload.hpp: the free+allocate pairs of workloads W1 (issue 3) and W2
 // (issue 4), and the loop that times them.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bench/support/shared_space.hpp: counting_upstream.hpp's counted mmap source, for several
 // threads at once.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Threads (issue 20): free+allocate pairs on 1, 2, 4 and 8 threads at once, through allocators
 // shared by every thread, against the limit of one unshared allocator per thread.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/block.hpp: the unit every allocator hands out and takes back.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/concepts.hpp: the allocator concept and the optional capabilities a policy may have.
 //
 // The core contract (DESIGN §2) is two noexcept calls: `allocate(bytes, alignment)` returning a

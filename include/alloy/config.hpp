@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/config.hpp: build switches and the one place that decides whether CUDA is in reach.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/cuda_info.hpp: how much memory each CUDA device has, and which has the most free
 // (fastai's `gpu_mem_get*`, PyTorch's `torch.cuda.mem_get_info`).
 //

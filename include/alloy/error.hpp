@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/error.hpp: the exceptions thrown at the edges of a composition.
 //
 // Nothing inside a composition throws: policies return an empty block. The adaptors (Thrust,

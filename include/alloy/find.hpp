@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/find.hpp: reach a part of a composition by its type.
 //
 //   auto& arena = alloy::find<alloy::best_fit_arena<alloy::host_upstream>>(alloc);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/literals.hpp: byte-size literals, `64_MiB` instead of `64u << 20`.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/memory_stats.hpp: PyTorch's `memory_stats()` and `memory_summary()`, and fastai's
 // `GPUMemTrace`, over any composition that has a `stats<>` part (DESIGN §5).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/misuse.hpp: the one vocabulary every policy uses for a refused `deallocate` (DESIGN §7).
 //
 // A policy that can tell a bad free (`best_fit_arena`, `size_class_pool`) ignores it, leaves

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/ref.hpp: a non-owning handle to an allocator, for parts shared by two owners.
 #pragma once
 

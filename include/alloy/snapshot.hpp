@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/snapshot.hpp: every segment and block of a composition, as data, JSON and a picture.
 //
 //   alloy::memory_snapshot snap = alloy::snapshot(alloc);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/stream.hpp: the small stream/event vocabulary stream-ordered allocation is written against.
 #pragma once
 

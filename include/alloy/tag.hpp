@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/tag.hpp: tags on allocations, for pointer-stable offload (DESIGN §12, issue 21).
 //
 // A tag names a group of allocations (model weights, a KV cache, ...) that `virtual_arena` can

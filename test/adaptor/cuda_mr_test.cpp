@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cuda::mr over alloy: the concepts and properties are checked at compile time for the installed
 // CCCL; the calls run for real over host-accessible compositions.
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // std::pmr over alloy (pmr_resource) and alloy over std::pmr (pmr_upstream).
 #include <boost/test/unit_test.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Thrust for real on its host backend (THRUST_DEVICE_SYSTEM_CPP): algorithms, device_vector and
 // thrust::mr all draw their memory from alloy compositions.
 #include <boost/test/unit_test.hpp>

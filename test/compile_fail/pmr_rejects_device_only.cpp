@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy::pmr_resource hands memory to host code, so a device-only composition must not compile.
 #include <alloy/adaptor/pmr.hpp>
 #include <alloy/alloy.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bookkeeping behind best_fit_arena, against simple models: the free index (exact-size lists,
 // their bitmap and the treap above them) must always answer the true best fit and the largest
 // chunk; the address map must find exactly what was entered, also when many addresses share a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target (DESIGN §8): the input drives one of several compositions through allocations,
 // frees, bad frees (double, foreign, interior, wrong size: DESIGN §7), stream-ordered calls and
 // releases, checked against a model of the live blocks: sizes, alignment, no overlap, fill

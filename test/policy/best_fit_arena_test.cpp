@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // best_fit_arena: conformance over several option sets, a model-based randomized test, replay of
 // every shipped trace, failing upstreams, misuse, and the behaviour the class comment promises.
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // compacting_defragmenter over a small reference arena with `allocate_at`: holes opened with the
 // fewest bytes copied, sliding, compaction releasing segments, content kept through every move,
 // locked and raw blocks never moving, and a spill reclaimer that compacts before it spills.

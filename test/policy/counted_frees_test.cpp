@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 18 item 1: a decorator counts a free only when the part below accepted it. The issue's
 // reproductions exactly, the same through synchronized<stats<>> and stream_ordered, the decorators
 // over a part that cannot tell (they must never go below zero), and a randomized model of a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/policy/defrag_test_arena.hpp: a small, obviously correct arena with `allocate_at`, for
 // testing compacting_defragmenter independently of best_fit_arena.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // logged<>: RMM's CSV, parsed back to the very operations that were made; conformance.
 #include <boost/test/unit_test.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host bookkeeping grows geometrically: a long run of growths (new segments, new slabs) makes
 // O(log n) host allocations for the arena's and the pool's vectors, not one per growth. This
 // program replaces the global operator new to count them; the upstreams use aligned_alloc and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The device side of movable memory: the copy engine's cudaMemcpyAsync path (every direction, and
 // the overlapping move used by sliding), and host_spill_reclaimer spilling device memory to pinned
 // host memory and back. Labelled `gpu`; skips, saying why, without a device.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Movable memory: the handle rules, movable_buffer, the copy engine on the host, and
 // host_spill_reclaimer (single and full reclaim, exact counters, content kept through spills).
 #include <boost/test/unit_test.hpp>

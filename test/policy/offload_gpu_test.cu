@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // virtual_arena<cuda_vmm> offload on a real device: blocks of two tags written by a kernel,
 // the weights offloaded to pinned host memory (cudaMallocHost, copied by copy_engine's
 // cudaMemcpyAsync), the cache discarded, the device memory taken by a third tag, then both

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Issue 18 item 3: a segregator serves every (size, alignment) one of its parts can. A request of
 // at most the threshold whose alignment the small part cannot serve goes to the large part, and
 // its free, which carries only the pointer and the size, finds the large part again. Checked with

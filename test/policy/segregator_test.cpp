@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // segregator: conformance over several splits, routing exact at the threshold, capabilities
 // passed on only when both sides have them, failing sides, and a model-based randomized test.
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sharded: the conformance routine (with and without thread caches), the failure matrix, and a
 // multi-threaded randomized test: 4 threads, 10^6 operations in all (fewer under ThreadSanitizer,
 // see `total_operations`; there the single-threaded cases are skipped), a quarter of the blocks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // size_class_pool: class layout, conformance, a model-based randomized test, slab handling,
 // failing upstreams and misuse.
 #include <boost/test/unit_test.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stats<>: every field and PyTorch key on scripted sequences, invariants under random workloads,
 // traces against a brute-force reference, the summary, the snapshot, the OOM report, and the
 // conformance suite.

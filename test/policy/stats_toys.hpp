@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/policy/stats_toys.hpp: small, obviously correct allocators with every capability stats<>
 // reads (reserved bytes, counters, introspection, stream-ordered calls, max_split_size) and a
 // segregator-shaped router, so the statistics can be checked against hand-computed values

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stream_ordered over CUDA streams and events: a slow kernel writes a block on stream A, the block
 // is freed on A and reallocated on B at once, and a kernel on B checks it held A's pattern; the
 // cuda_resource adaptor's allocate_async takes the same path. Labelled `gpu`; skips, saying why,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stream_ordered: conformance, the stream contract checked with host streams that really run work
 // late (gated tasks, a randomized 4-stream model test with content checks), record_use, the
 // single-stream fast path, the upstream-failure path, and 1/2/4-stream replays of PyTorch traces.

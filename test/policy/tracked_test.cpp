@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tracked<>: outstanding allocations, leak reports, call stacks; conformance.
 #include <boost/test/unit_test.hpp>
 

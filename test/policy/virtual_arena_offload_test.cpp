@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // virtual_arena tags and pointer-stable offload (issue 21) over host_vmm (real memory): tags
 // never share a granule, scoped_tag, offload / discard / restore keeping addresses and content,
 // exact physical accounting (another tag can use all that was freed), every misuse, host

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // virtual_arena over host_vmm (real memory): the conformance routine, content kept while
 // neighbouring granules are unmapped and remapped, capacity exhausted and served again, stitching
 // under capacity pressure, create / map / reserve failing at every call of a scripted run, bad

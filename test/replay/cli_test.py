@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Tests the alloy-replay program from the outside: its outputs (table, JSON, Markdown, SVG), bad
 input stopped or skipped with line numbers, usage errors, and a PyTorch snapshot piped through
 the converter. Small traces made here, so it runs in about a second.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy-replay's device and replay loop: the simulated device keeps to its capacity without
 // committing memory, and a run logged with `logged<>` and replayed through the same composition
 // gives the same statistics as the original run (peaks, upstream calls, failures). Also the

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Tests scripts/snapshot-to-rmm-csv: the shipped PyTorch snapshot pickles convert to exactly the
 shipped RMM CSV of the same run, and the converter's rules (free_requested, early frees, oom rows,
 refused classes) on small hand-made snapshots.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The readers behind alloy-replay (tools/replay/rmm_trace.hpp, tools/replay/trace_reader.hpp):
 // RMM log CSV and MiniMalloc instances, good and malformed, stopping or skipping bad rows with
 // their line numbers, truncated files, and the shipped traces when they are there.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/support/bad_input.hpp: the bad-input matrix (issue 18): every DESIGN §7 input through a
 // composition, with everything the composition says about itself checked exactly after each.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/support/bad_input_cases.hpp: the bad-input matrix (support/bad_input.hpp) over every
 // composition and decorator stack the tests know, and through the std::pmr edge. Included by
 // test/bad_input_test.cpp (ALLOY_CHECKED=1, as every test) and test/bad_input_unchecked_test.cpp

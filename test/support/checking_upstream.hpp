@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/support/checking_upstream.hpp: a host upstream that validates every call it receives.
 #pragma once
 

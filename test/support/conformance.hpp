@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/support/conformance.hpp: the one capability-aware routine every composition runs through.
 //
 // A *recipe* names a composition over a given upstream and how to build it:

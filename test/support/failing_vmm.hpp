@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/support/failing_vmm.hpp: a virtual-memory backend that fails chosen calls, for tests.
 //
 // `failing_vmm<V>` owns a backend `V` (host_vmm by default) and forwards every call to it, except

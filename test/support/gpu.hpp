@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/support/gpu.hpp: the precondition GPU tests carry, so they skip visibly without a device.
 #pragma once
 

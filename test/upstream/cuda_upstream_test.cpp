@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA upstreams from host code. Without a device, every call must fail cleanly: an empty
 // block, the error kept with the call, file and line, and the edge throwing alloy::cuda_error.
 // With a device, the same calls must succeed. Either way the assertions are real.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA upstreams and the CUDA side of the adaptors on a real device. Every test here is
 // labelled `gpu` and skips, saying why, when no device is present.
 #include <boost/test/unit_test.hpp>

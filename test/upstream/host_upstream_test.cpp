@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // host_upstream and null_upstream, through the conformance routine and on their own.
 #include <boost/test/unit_test.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cuda_vmm on a real device: reserve / create / map, device writes read back, unmap, capacity
 // refusal, and a virtual_arena<cuda_vmm> whose blocks keep their content while neighbouring
 // granules are unmapped and mapped again. Every test is labelled `gpu` and skips, saying why,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // host_vmm: real memory behind reserved addresses, pieces that keep their content across maps,
 // capacity refusals, holes punched on release (the host really gets the memory back), and failed
 // calls that leave the backend as it was.

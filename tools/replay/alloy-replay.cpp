@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy-replay: replays real allocation traces through alloy's compositions and their peers over a
 // simulated device, and reports what each did: ns per operation, peak in use, peak reserved,
 // peak reserved ÷ peak live, upstream calls, failed requests, bytes moved — as a table, JSON,

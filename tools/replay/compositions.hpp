@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/compositions.hpp: the allocators alloy-replay knows by name, each over the
 // simulated device, and the replay targets that adapt them to the replay loop.
 //

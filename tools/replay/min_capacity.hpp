@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/min_capacity.hpp: the smallest device on which a composition serves a whole trace
 // ("how big a GPU do I need"), found by replaying it at one capacity after another.
 //

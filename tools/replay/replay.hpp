@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/replay.hpp: replays a trace through one allocator over a simulated device and
 // measures what alloy-replay reports.
 //

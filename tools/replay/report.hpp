@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/report.hpp: what alloy-replay prints and writes, from its replay results: a table
 // for the terminal, JSON for programs, Markdown for bench/README.md, and an SVG chart of reserved
 // and in-use bytes over the trace, one line per composition.

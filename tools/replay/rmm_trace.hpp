@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/rmm_trace.hpp: reads allocation logs in RAPIDS RMM's CSV format, for the replay
 // tool (alloy-replay), the replay benchmarks and the tests that replay the shipped traces.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/simulated_device.hpp: a device of a given capacity, simulated in host address
 // space, so that a trace recorded on an 80 GiB GPU runs out of memory and fragments the same way
 // on a laptop.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/simulated_vm.hpp: a device with virtual memory management, simulated, so that the
 // virtual compositions (virtual_arena, virtual_allocator) replay at any capacity on any machine.
 //

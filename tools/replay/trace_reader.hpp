@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/replay/trace_reader.hpp: every input alloy-replay reads, turned into one `rmm_trace`
 // (allocate / free / allocate-failure events with allocation numbers; see rmm_trace.hpp).
 //

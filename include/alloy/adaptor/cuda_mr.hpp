@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/adaptor/cuda_mr.hpp: an alloy composition as a CCCL `cuda::mr` resource.
 //
 //   alloy::cuda_resource mr{alloc};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/adaptor/pmr.hpp: alloy and std::pmr, both ways.
 //
 //   alloy::pmr_resource mr{alloc};                    // an alloy composition as a memory_resource

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/adaptor/thrust.hpp: alloy compositions under Thrust.
 //
 //   thrust::sort(alloy::thrust_policy(alloc, stream), keys.begin(), keys.end());  // scratch memory

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/detail/align.hpp: overflow-safe rounding and alignment arithmetic, and geometric
 // reservation for the bookkeeping vectors.
 #pragma once

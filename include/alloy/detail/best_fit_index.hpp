@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/detail/best_fit_index.hpp: the bookkeeping of `best_fit_arena`, kept apart from the policy.
 //
 // - `best_fit_chunk`: one piece of a segment, 32 bytes (two to a cache line), a node of a pool

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/detail/cuda.hpp: CUDA error handling shared by the CUDA upstreams and helpers.
 #pragma once
 

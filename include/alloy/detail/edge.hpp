@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/detail/edge.hpp: the throwing layer the adaptors share (DESIGN §6).
 //
 // The core returns empty blocks; an edge turns that into `alloy::cuda_error` when some CUDA part

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/detail/forwarding.hpp: the one way optional capabilities are passed on (issue 19).
 //
 // Every optional capability is listed once, in `capability` below, with its test in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/detail/passes_on.hpp: the former name of the queries base (see detail/forwarding.hpp).
 #pragma once
 

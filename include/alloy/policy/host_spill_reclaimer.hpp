@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/policy/host_spill_reclaimer.hpp
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/policy/virtual_arena.hpp
 #pragma once
 

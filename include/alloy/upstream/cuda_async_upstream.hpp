@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/upstream/cuda_async_upstream.hpp
 #pragma once
 

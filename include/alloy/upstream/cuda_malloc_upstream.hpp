@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/upstream/cuda_malloc_upstream.hpp
 #pragma once
 

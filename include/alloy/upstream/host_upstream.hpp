@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/upstream/host_upstream.hpp
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/upstream/managed_upstream.hpp
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/upstream/pinned_host_upstream.hpp
 #pragma once
 

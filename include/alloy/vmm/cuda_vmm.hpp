@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/vmm/cuda_vmm.hpp: the `virtual_memory` backend of a CUDA device, on the driver's virtual
 // memory management (DESIGN §12).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // alloy/vmm/virtual_memory.hpp: the `virtual_memory` concept, what a virtual-memory backend offers
 // (DESIGN §12).
 //

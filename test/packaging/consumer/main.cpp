@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A consumer of alloy: composes an allocator, uses it, and says so.
 #include <cstdio>
 
