@@ -68,8 +68,9 @@ struct stream_order_counters {
 ///   free `Inner` refuses records no pending range, and `try_deallocate` (both forms) says so, so
 ///   decorators above count only accepted frees.
 /// - Capabilities: the queries of `Inner` (`detail::forwards_queries`; `release` synchronizes
-///   first), checked frees when `Inner` has them, `record_use`, and `order_counters()`. Memory
-///   kind: `Inner`'s.
+///   first), checked frees when `Inner` has them, `record_use`, and `order_counters()`; tags and
+///   offload when `Inner` has them (the current tag tags the stream-ordered allocations:
+///   `scoped_tag` on this object), but no per-call tag. Memory kind: `Inner`'s.
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable.
 template <cache_keeping_allocator Inner, stream Stream>
 class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Stream>, Inner> {
