@@ -14,31 +14,11 @@
 #include <alloy/tag.hpp>
 #include <alloy/vmm/cuda_vmm.hpp>
 
+#include "support/device_pattern.cuh"
 #include "support/gpu.hpp"
 
-namespace {
-
-__global__ void fill_kernel(std::uint32_t* data, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    data[i] = static_cast<std::uint32_t>(i) * 2654435761u + seed;
-}
-
-void fill_on_device(alloy::block b, std::uint32_t seed) {
-  fill_kernel<<<64, 256>>>(static_cast<std::uint32_t*>(b.ptr), b.size / 4, seed);
-  ALLOY_CUDA_TRY(cudaGetLastError());
-  ALLOY_CUDA_TRY(cudaDeviceSynchronize());
-}
-
-bool device_holds_pattern(alloy::block b, std::uint32_t seed) {
-  const std::size_t n = b.size / sizeof(std::uint32_t);
-  std::vector<std::uint32_t> host(n);
-  ALLOY_CUDA_TRY(cudaMemcpy(host.data(), b.ptr, n * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
-  for (std::size_t i = 0; i < n; ++i)
-    if (host[i] != static_cast<std::uint32_t>(i) * 2654435761u + seed) return false;
-  return true;
-}
-
-}  // namespace
+using alloy::testing::device_holds_pattern;
+using alloy::testing::fill_on_device;
 
 BOOST_AUTO_TEST_SUITE(offload_gpu)
 
