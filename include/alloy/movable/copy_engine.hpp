@@ -57,13 +57,7 @@ class copy_engine {
       std::memcpy(dst, src, bytes);
     } else {
 #if ALLOY_HAS_CUDA
-      cudaError_t status = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_);
-      if (status == cudaSuccess) status = cudaStreamSynchronize(stream_);
-      if (status != cudaSuccess) {
-        cudaGetLastError();
-        last_error_ = {status, "cudaMemcpyAsync/cudaStreamSynchronize", __FILE__, __LINE__};
-        return false;
-      }
+      if (!synchronized_after(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_))) return false;
 #else
       static_assert(DstHost && SrcHost, "alloy: copying device memory needs the CUDA runtime (ALLOY_HAS_CUDA)");
 #endif
@@ -94,12 +88,7 @@ class copy_engine {
         const std::size_t at = down ? done : bytes - done - n;
         status = cudaMemcpyAsync(d + at, s + at, n, cudaMemcpyDefault, stream_);
       }
-      if (status == cudaSuccess) status = cudaStreamSynchronize(stream_);
-      if (status != cudaSuccess) {
-        cudaGetLastError();
-        last_error_ = {status, "cudaMemcpyAsync/cudaStreamSynchronize", __FILE__, __LINE__};
-        return false;
-      }
+      if (!synchronized_after(status)) return false;
 #else
       static_assert(Host, "alloy: moving device memory needs the CUDA runtime (ALLOY_HAS_CUDA)");
 #endif
@@ -121,6 +110,18 @@ class copy_engine {
 #endif
 
  private:
+#if ALLOY_HAS_CUDA
+  /// Waits for the copies queued on the stream when `status` (of the last one queued) is a
+  /// success; false, with the error kept in `last_error()`, when either failed.
+  bool synchronized_after(cudaError_t status) noexcept {
+    if (status == cudaSuccess) status = cudaStreamSynchronize(stream_);
+    if (status == cudaSuccess) return true;
+    cudaGetLastError();
+    last_error_ = {status, "cudaMemcpyAsync/cudaStreamSynchronize", __FILE__, __LINE__};
+    return false;
+  }
+#endif
+
   stream_type stream_ = nullptr;
   std::size_t bytes_copied_ = 0;
 #if ALLOY_HAS_CUDA
