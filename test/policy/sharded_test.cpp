@@ -9,6 +9,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -389,6 +390,108 @@ BOOST_AUTO_TEST_CASE(threads_stats_over_sharded) {
       BOOST_TEST(after.peak_bytes_reserved >= s.bytes_reserved);
       BOOST_TEST(after.num_device_alloc == after.num_device_free);
     });
+  }
+  check_ledger(*up.records());
+}
+
+/// A `std::mutex` that counts every `lock()` of every instance (test only).
+std::atomic<std::size_t> counted_mutex_locks{0};
+struct counted_mutex {
+  void lock() {
+    counted_mutex_locks.fetch_add(1, std::memory_order_relaxed);
+    mutex.lock();
+  }
+  void unlock() { mutex.unlock(); }
+  std::mutex mutex;
+};
+
+// The thread a shard was first given to holds it without its mutex while it works alone; the
+// first other thread that needs the shard (here: frees of the owner's blocks, while the owner
+// keeps allocating and freeing) closes that way for good, and both then take the mutex. Fill
+// patterns, exact statistics and the upstream's ledger check that nothing was shared unsafely.
+BOOST_AUTO_TEST_CASE(owner_works_without_the_mutex_until_another_thread_needs_its_shard) {
+  locked_checking_upstream up;
+  using inner = alloy::stats<dflt<locked_checking_upstream>>;  // no thread cache: every call holds a shard
+  constexpr std::size_t alone_operations = under_tsan ? 4'000 : 40'000;
+  constexpr std::size_t shared_operations = under_tsan ? 20'000 : 200'000;
+  {
+    alloy::sharded<inner, counted_mutex> a{[&](std::size_t) { return inner{dflt<locked_checking_upstream>{up}}; },
+                                           {.shards = 2}};
+    handover_queue queue;
+    std::atomic<bool> owner_done{false};
+    std::latch alone_done(1);
+    std::size_t allocations = 0, bad_patterns = 0, locks_alone = 0;  // the owner's
+    std::size_t freed_by_other = 0, bad_patterns_other = 0, locks_after = 0;  // the other thread's
+    std::mt19937_64 rng(20261124);
+    std::vector<item> live;
+    std::uint64_t next_id = 1;
+    auto step = [&](bool hand_over) {
+      const auto r = rng() % 100;
+      if (live.size() < 16 || (r < 50 && live.size() < 300)) {
+        const std::size_t bytes = draw_size(rng);
+        const alloy::block b = a.allocate(bytes, 256);
+        if (!b) return;
+        ++allocations;
+        live.push_back(item{b, next_id++});
+        fill(live.back());
+        return;
+      }
+      const std::size_t v = rng() % live.size();
+      if (hand_over && r < 75) {
+        std::lock_guard lock(queue.mutex);
+        queue.blocks.push_back(live[v]);
+      } else {
+        if (!intact(live[v])) ++bad_patterns;
+        a.deallocate(live[v].b);
+      }
+      live[v] = live.back();
+      live.pop_back();
+    };
+    std::jthread owner([&] {
+      // The object's first caller: shard 0's owner.
+      for (std::size_t op = 0; op < alone_operations; ++op) step(false);
+      locks_alone = counted_mutex_locks.load();
+      alone_done.count_down();
+      for (std::size_t op = 0; op < shared_operations; ++op) step(true);
+      for (const item& it : live) {
+        if (!intact(it)) ++bad_patterns;
+        a.deallocate(it.b);
+      }
+      owner_done.store(true);
+    });
+    std::jthread other([&] {
+      alone_done.wait();
+      const std::size_t before = counted_mutex_locks.load();
+      // Frees of the owner's blocks (shard 0), while the owner keeps working on it.
+      for (bool last = false; !last;) {
+        last = owner_done.load();
+        std::deque<item> taken;
+        {
+          std::lock_guard lock(queue.mutex);
+          taken.swap(queue.blocks);
+        }
+        for (const item& it : taken) {
+          if (!intact(it)) ++bad_patterns_other;
+          a.deallocate(it.b);
+          ++freed_by_other;
+        }
+        if (taken.empty()) std::this_thread::yield();
+      }
+      locks_after = counted_mutex_locks.load() - before;
+    });
+    owner.join();
+    other.join();
+    BOOST_TEST(locks_alone == 0u, "the owner took a mutex while it worked alone");
+    BOOST_TEST(locks_after > shared_operations / 10, "after another thread came, the mutex was not taken");
+    BOOST_TEST(freed_by_other > shared_operations / 10);
+    BOOST_TEST(bad_patterns + bad_patterns_other == 0u, "blocks overlapped or were written by someone else");
+    const alloy::statistics s = a.statistics();
+    BOOST_TEST(s.num_allocs == allocations);
+    BOOST_TEST(s.bytes_in_use == 0u);
+    BOOST_TEST(s.num_ooms == 0u);
+    BOOST_TEST(a.refused_frees() == 0u);
+    a.release();
+    BOOST_TEST(a.statistics().bytes_reserved == 0u);
   }
   check_ledger(*up.records());
 }

@@ -55,7 +55,7 @@ struct alignas(64) thread_slot {
 ///   table in the object (64 entries keyed by `std::this_thread::get_id()`; no thread-local or
 ///   global state, DESIGN §11). A thread allocates from its shard, and from the others in turn
 ///   when that fails. A free goes to the shard that owns the block, from any thread: the freeing
-///   thread's shard takes it without asking when its table of recent blocks (1,024 addresses by
+///   thread's shard takes it without asking when its table of recent blocks (4,096 addresses by
 ///   hash, per shard) holds it, else each shard in turn is asked `Inner::owns`. With more than 64
 ///   threads over the object's life, the later ones pick a shard by a hash of their id and have
 ///   no cache.
@@ -81,12 +81,19 @@ struct alignas(64) thread_slot {
 ///   `release()`; over an `Inner` without planned growth (`virtual_arena`'s maps), every
 ///   upstream call. The table and the caches take no lock; a thread's first call claims its
 ///   entry with one compare-exchange.
+/// - The shard's lock, held the cheap way: the thread a shard was first given to holds it
+///   through a gate (an atomic flag: one compare-exchange and one store, no `Mutex` call) for as
+///   long as no other thread has needed that shard, so one thread alone, or each thread on its
+///   own shard, pays no mutex. The first other thread that needs the shard (a free of one of its
+///   blocks, a refill or request that falls over to it, a query) closes the gate for good,
+///   waiting for the owner to leave it if it is inside; from then on every thread takes `Mutex`.
 /// - Complexity: a cached request or free, O(1) (a hash of the thread id, a class index, a stack);
 ///   a refill or flush, up to 16 `Inner` calls and, for a flush, an `owns` per block and shard
 ///   tried; an uncached request, `Inner`'s allocate under one lock (more when shards fail); an
 ///   uncached free, `owns` then `deallocate` under the owner's lock (each shard before it: a lock
 ///   and an `owns`).
-/// - Memory: the table (64 entries of 64 bytes) lives in the object; a thread's cache (7.1 KiB of
+/// - Memory: the table (64 entries of 64 bytes) lives in the object, each shard's table of recent
+///   blocks (32 KiB) with the shard; a thread's cache (7.1 KiB of
 ///   host memory) is made on its first call and kept until the object goes. Cached blocks are
 ///   idle memory that the shards count as in use: at most `thread_cache` bytes per class and
 ///   thread, and what a thread that has ended left in its cache stays there until
@@ -190,18 +197,18 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     destroy_shards(count_);
   }
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[gnu::always_inline]] block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     slot* me = my_slot();
     if (is_cached_size(bytes) && is_power_of_two(alignment)) {
       const std::size_t c = classes::index(bytes);
       if (me != nullptr && me->cache != nullptr && alignment <= cache_alignment && capacity_[c] != 0) {
         cache& k = *me->cache;
-        if (k.count[c] == 0) refill(me->shard, k, c);
+        if (k.count[c] == 0) refill(me->shard, index_of(me), k, c);
         if (k.count[c] == 0) return {};
         return block{k.blocks[c][--k.count[c]], bytes};
       }
     }
-    return allocate_direct<true>(shard_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
+    return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
       return in.allocate(n, a);
     });
   }
@@ -217,7 +224,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
     requires cache_keeping_allocator<Inner>
   {
-    return allocate_direct<false>(shard_of(my_slot()), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
+    const slot* me = my_slot();
+    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
       return in.allocate_keeping_cache(n, a);
     });
   }
@@ -235,14 +243,15 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
     requires detail::has_tagged_allocate<Inner>
   {
-    return allocate_direct<false>(shard_of(my_slot()), bytes, alignment,
+    const slot* me = my_slot();
+    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment,
                                   [t](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, t); });
   }
   /// Shard 0's (every shard gets the same from `set_current_tag`).
   tag current_tag() const noexcept
     requires tag_holding<Inner>
   {
-    std::lock_guard lock(shards_[0].mutex);
+    shard_lock lock(shards_[0], caller_index());
     return shards_[0].inner.current_tag();
   }
   /// Sets the current tag of every shard (plain allocations of every thread take it).
@@ -301,8 +310,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires use_recording_allocator<Inner, Stream>
   void record_use(block b, Stream stream) {
     const block inner = inner_block(b);
+    const std::size_t caller = caller_index();
     for (std::size_t i = 0; i < count_; ++i) {
-      std::lock_guard lock(shards_[i].mutex);
+      shard_lock lock(shards_[i], caller);
       if (shards_[i].inner.owns(inner)) return shards_[i].inner.record_use(inner, stream);
     }
   }
@@ -313,10 +323,11 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   {
     using result = decltype(std::declval<const Inner&>().statistics());
     result sum{};
+    const std::size_t caller = caller_index();
     for (std::size_t i = 0; i < count_; ++i) {
       result s;
       {
-        std::lock_guard lock(shards_[i].mutex);
+        shard_lock lock(shards_[i], caller);
         s = shards_[i].inner.statistics();
       }
       sum.num_allocs += s.num_allocs;
@@ -350,12 +361,13 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   /// Gives the calling thread's cached blocks back to their shards.
   void flush_thread_cache() noexcept {
-    if (slot* me = my_slot(false); me != nullptr && me->cache != nullptr) flush_all(*me, *me->cache);
+    if (slot* me = my_slot(false); me != nullptr && me->cache != nullptr) flush_all(*me, *me->cache, index_of(me));
   }
   /// Gives every thread's cached blocks back. Only while no other thread uses this object.
   void flush_thread_caches() noexcept {
+    const std::size_t caller = caller_index();
     for (auto& s : slots_) {
-      if (s.cache != nullptr) flush_all(s, *s.cache);
+      if (s.cache != nullptr) flush_all(s, *s.cache, caller);
     }
   }
 
@@ -363,7 +375,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// Runs `f(shard)` with shard `i`'s lock held and returns what it returns.
   template <class F>
   decltype(auto) with_shard(std::size_t i, F&& f) {
-    std::lock_guard lock(shards_[i].mutex);
+    shard_lock lock(shards_[i], caller_index());
     return std::forward<F>(f)(shards_[i].inner);
   }
   /// The shard the calling thread allocates from first.
@@ -377,20 +389,74 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using cache = detail::thread_block_cache<classes::count, per_class_max>;
   using slot = detail::thread_slot<cache>;
 
-  static constexpr std::size_t recent_entries = 1024;
+  static constexpr std::size_t recent_entries = 4096;
   static std::size_t recent_index(const void* p) noexcept {
-    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) >> 8) * 0x9E3779B97F4A7C15ull >> 54);
+    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) >> 8) * 0x9E3779B97F4A7C15ull >> 52);  // 12 bits
   }
 
   struct alignas(64) shard {
     template <class Make>
     shard(Make& make, std::size_t i) : inner(make(i)) {}
     mutable Mutex mutex;
+    /// The owner's way in while no other thread has needed the shard (`shard_lock`).
+    mutable std::atomic<std::uint32_t> gate{gate_open};
+    /// The slot of the thread the shard was first given to (`no_owner` before that).
+    std::atomic<std::size_t> owner{no_owner};
     Inner inner;
     /// Blocks this shard handed out past the caches, by a hash of the address (a later one may
     /// take an earlier one's entry): an entry holding a block's address means the block is live
     /// and this shard's, so its free needs no `owns`. Set and cleared under `mutex`.
     void* recent[recent_entries] = {};
+  };
+
+  static constexpr std::uint32_t gate_open = 0, gate_held = 1, gate_closed = 2;
+  /// The slot index of a thread with none (more than `thread_slots` threads), and of no owner.
+  static constexpr std::size_t no_slot = thread_slots, no_owner = thread_slots + 1;
+
+  /// Holds a shard for the calling thread (`caller`: its slot's index), as a `std::lock_guard`
+  /// on its `mutex` would. The thread the shard was first given to holds it through the shard's
+  /// gate instead (an atomic flag: one compare-exchange and one store, no call) for as long as no
+  /// other thread has needed the shard: a thread working alone, or each thread on its own shard,
+  /// pays no mutex. The first other thread to need the shard closes the gate for good (waiting,
+  /// if need be, for the owner to leave it); from then on every thread, the owner too, takes
+  /// the mutex. Either way one thread at a time holds the shard, and a holder sees everything
+  /// the one before it did (acquire/release on the gate, the mutex, or both in turn).
+  class shard_lock {
+   public:
+    shard_lock(const shard& s, std::size_t caller) noexcept : shard_(s) {
+      if (caller == s.owner.load(std::memory_order_relaxed)) {
+        std::uint32_t open = gate_open;
+        if (s.gate.load(std::memory_order_relaxed) == gate_open &&
+            s.gate.compare_exchange_strong(open, gate_held, std::memory_order_acquire, std::memory_order_relaxed)) {
+          gated_ = true;
+          return;
+        }
+      } else if (s.gate.load(std::memory_order_acquire) != gate_closed) [[unlikely]] {
+        close_gate(s);
+      }
+      s.mutex.lock();
+    }
+    shard_lock(const shard_lock&) = delete;
+    shard_lock& operator=(const shard_lock&) = delete;
+    ~shard_lock() {
+      if (gated_) {
+        shard_.gate.store(gate_open, std::memory_order_release);
+      } else {
+        shard_.mutex.unlock();
+      }
+    }
+
+   private:
+    [[gnu::noinline]] static void close_gate(const shard& s) noexcept {
+      for (;;) {
+        std::uint32_t seen = gate_open;
+        if (s.gate.compare_exchange_weak(seen, gate_closed, std::memory_order_acq_rel, std::memory_order_acquire)) return;
+        if (seen == gate_closed) return;
+        if (seen == gate_held) std::this_thread::yield();  // the owner is inside: wait for it
+      }
+    }
+    const shard& shard_;
+    bool gated_ = false;
   };
 
   void destroy_shards(std::size_t n) noexcept {
@@ -401,23 +467,51 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   /// The calling thread's entry, claimed on its first call (when `claim`); null when the table
   /// is full (or the thread has none and `claim` is false).
-  slot* my_slot(bool claim = true) noexcept {
+  [[gnu::always_inline]] slot* my_slot(bool claim = true) noexcept {
     const std::thread::id me = std::this_thread::get_id();
     const std::size_t h = mix(me) >> 58;  // 6 bits: 64 slots
+    if (slots_[h].thread.load(std::memory_order_acquire) == me) [[likely]] return &slots_[h];
+    return find_slot(me, h, claim);
+  }
+  /// `my_slot` past its first probe.
+  [[gnu::noinline]] slot* find_slot(std::thread::id me, std::size_t h, bool claim) noexcept {
     for (std::size_t probe = 0; probe < thread_slots; ++probe) {
       slot& s = slots_[(h + probe) % thread_slots];
       std::thread::id seen = s.thread.load(std::memory_order_acquire);
       if (seen == me) return &s;
       if (seen == std::thread::id{} && !claim) return nullptr;
       if (seen == std::thread::id{} && s.thread.compare_exchange_strong(seen, me, std::memory_order_acq_rel)) {
-        s.shard = next_shard_.fetch_add(1, std::memory_order_relaxed) % count_;
+        const std::size_t ticket = next_shard_.fetch_add(1, std::memory_order_relaxed);
+        s.shard = ticket % count_;
         s.flush_hint = s.shard;
+        // The first thread given a shard owns it (`shard_lock`); only it stores `owner`.
+        if (ticket < count_) shards_[s.shard].owner.store(index_of(&s), std::memory_order_relaxed);
         if (caching_ && s.cache == nullptr) s.cache = new (std::nothrow) cache;
         return &s;
       }
       if (seen == me) return &s;
     }
     return nullptr;
+  }
+  std::size_t index_of(const slot* s) const noexcept {
+    return s != nullptr ? static_cast<std::size_t>(s - slots_) : no_slot;
+  }
+  /// The calling thread's slot index, looked up (never claimed); `no_slot` when it has none.
+  std::size_t caller_index() const noexcept {
+    const std::thread::id me = std::this_thread::get_id();
+    const std::size_t h = mix(me) >> 58;
+    for (std::size_t probe = 0; probe < thread_slots; ++probe) {
+      const std::size_t i = (h + probe) % thread_slots;
+      const std::thread::id seen = slots_[i].thread.load(std::memory_order_acquire);
+      if (seen == me) return i;
+      if (seen == std::thread::id{}) break;  // a thread claims the first free entry it probes
+    }
+    return no_slot;
+  }
+  /// Shard `first + n`, wrapped (both below `count_`), without a division.
+  std::size_t shard_after(std::size_t first, std::size_t n) const noexcept {
+    const std::size_t i = first + n;
+    return i < count_ ? i : i - count_;
   }
   std::size_t shard_of(const slot* s) const noexcept {
     if (s != nullptr) return s->shard;
@@ -450,21 +544,22 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <class Self, class F>
   static auto over_shards(Self& self, F& f) {
     using result = decltype(f(self.shards_[0].inner));
+    const std::size_t caller = self.caller_index();
     if constexpr (std::is_void_v<result>) {
       for (std::size_t i = 0; i < self.count_; ++i) {
-        std::lock_guard lock(self.shards_[i].mutex);
+        shard_lock lock(self.shards_[i], caller);
         f(self.shards_[i].inner);
       }
     } else if constexpr (std::same_as<result, bool>) {
       for (std::size_t i = 0; i < self.count_; ++i) {
-        std::lock_guard lock(self.shards_[i].mutex);
+        shard_lock lock(self.shards_[i], caller);
         if (f(self.shards_[i].inner)) return true;
       }
       return false;
     } else {
       result sum{};
       for (std::size_t i = 0; i < self.count_; ++i) {
-        std::lock_guard lock(self.shards_[i].mutex);
+        shard_lock lock(self.shards_[i], caller);
         sum += f(self.shards_[i].inner);
       }
       return sum;
@@ -474,8 +569,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   bool is_cached_size(std::size_t bytes) const noexcept { return caching_ && bytes <= cached_size_limit; }
   /// `f(shard i's Inner)` under the shard's lock, as `detail::offload_parts` visits parts.
   auto each_shard() const noexcept {
-    return [this](std::size_t i, auto&& f) {
-      std::lock_guard lock(shards_[i].mutex);
+    return [this, caller = caller_index()](std::size_t i, auto&& f) {
+      shard_lock lock(shards_[i], caller);
       return f(shards_[i].inner);
     };
   }
@@ -493,28 +588,29 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// allocate (`Plain`) over an `Inner` that plans its growth makes the upstream call without
   /// the shard's lock (`planned_growth`).
   template <bool Plain, class Call>
-  block allocate_direct(std::size_t first, std::size_t bytes, std::size_t alignment, Call call) noexcept {
+  block allocate_direct(std::size_t first, std::size_t caller, std::size_t bytes, std::size_t alignment,
+                        Call call) noexcept {
     std::size_t inner_bytes = bytes, inner_alignment = alignment;
     if (is_cached_size(bytes) && is_power_of_two(alignment)) {
       inner_bytes = classes::size(classes::index(bytes));
       inner_alignment = std::max(alignment, cache_alignment);
     }
     for (std::size_t n = 0; n < count_; ++n) {
-      shard& s = shards_[(first + n) % count_];
+      shard& s = shards_[shard_after(first, n)];
       block b;
       if constexpr (Plain && growth_planning_allocator<Inner>) {
         growth_plan plan;
         {
-          std::lock_guard lock(s.mutex);
+          shard_lock lock(s, caller);
           b = s.inner.allocate_or_plan(inner_bytes, inner_alignment, plan);
           if (!b && !plan) [[unlikely]] b = call(s.inner, inner_bytes, inner_alignment);
           if (b) return remembered(s, b, bytes);
           if (!plan) continue;
         }
-        b = grow_unlocked(s, plan, inner_bytes, inner_alignment);
+        b = grow_unlocked(s, caller, plan, inner_bytes, inner_alignment);
         if (b) return block{b.ptr, bytes};
       } else {
-        std::lock_guard lock(s.mutex);
+        shard_lock lock(s, caller);
         b = call(s.inner, inner_bytes, inner_alignment);
         if (b) return remembered(s, b, bytes);
       }
@@ -528,13 +624,14 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   }
   /// The rest of a growth planned under `s`'s lock (not held now): the upstream call, then the
   /// adoption and allocation under the lock, then the give-back of what was not adopted.
-  [[gnu::noinline]] block grow_unlocked(shard& s, growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+  [[gnu::noinline]] block grow_unlocked(shard& s, std::size_t caller, growth_plan& plan, std::size_t bytes,
+                                        std::size_t alignment) noexcept
     requires growth_planning_allocator<Inner>
   {
     plan.fetch();
     block b;
     {
-      std::lock_guard lock(s.mutex);
+      shard_lock lock(s, caller);
       b = s.inner.allocate_planned(plan, bytes, alignment);
       if (b && count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
     }
@@ -551,9 +648,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) {
         cache& k = *me->cache;
         if constexpr (ALLOY_CHECKED) {
-          if (!check_small_free(k, c, b.ptr)) return false;
+          if (!check_small_free(k, c, b.ptr, index_of(me))) return false;
         }
-        if (k.count[c] == capacity_[c]) flush(*me, k, c, capacity_[c] / 2);
+        if (k.count[c] == capacity_[c]) flush(*me, k, c, capacity_[c] / 2, index_of(me));
         k.blocks[c][k.count[c]++] = b.ptr;
         return true;
       }
@@ -562,7 +659,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     const std::size_t first = shard_of(me);
     if (count_ > 1) {  // the thread's own shard, when it remembers handing the block out
       shard& s = shards_[first];
-      std::lock_guard lock(s.mutex);
+      shard_lock lock(s, index_of(me));
       void*& entry = s.recent[recent_index(inner.ptr)];
       if (entry == inner.ptr) {
         entry = nullptr;
@@ -572,17 +669,17 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       }
     }
     void* p = inner.ptr;
-    return give_back(first, inner.size, &p, 1) == 0;
+    return give_back(first, index_of(me), inner.size, &p, 1) == 0;
   }
 
   /// Gives back `n` blocks of `bytes` each to the shards that own them, the shard `first` asked
   /// first, one lock per shard (`ptrs` is reordered); returns how many were not taken (no shard
   /// owns them, or the owner refused them), each reported.
-  std::size_t give_back(std::size_t first, std::size_t bytes, void** ptrs, std::size_t n,
+  std::size_t give_back(std::size_t first, std::size_t caller, std::size_t bytes, void** ptrs, std::size_t n,
                         std::size_t* taker = nullptr) noexcept {
     std::size_t lost = 0;
     if (count_ == 1 && !ALLOY_CHECKED) {
-      std::lock_guard lock(shards_[0].mutex);
+      shard_lock lock(shards_[0], caller);
       for (std::size_t i = 0; i < n; ++i) {
         if (detail::free_in(shards_[0].inner, block{ptrs[i], bytes}) == detail::free_outcome::refused) {
           refuse(block{ptrs[i], bytes});
@@ -592,12 +689,12 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       return lost;
     }
     for (std::size_t k = 0; k < count_ && n != 0; ++k) {
-      shard& s = shards_[(first + k) % count_];
-      std::lock_guard lock(s.mutex);
+      shard& s = shards_[shard_after(first, k)];
+      shard_lock lock(s, caller);
       for (std::size_t i = n; i-- > 0;) {
         const block b{ptrs[i], bytes};
         if (!s.inner.owns(b)) continue;
-        if (taker != nullptr) *taker = (first + k) % count_;
+        if (taker != nullptr) *taker = shard_after(first, k);
         if (void*& entry = s.recent[recent_index(b.ptr)]; entry == b.ptr) entry = nullptr;
         ptrs[i] = ptrs[--n];
         if (detail::free_in(s.inner, b) == detail::free_outcome::refused) {
@@ -611,7 +708,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   }
 
   /// Fills half of class `c`'s capacity from shard `first` (or one block from any shard).
-  void refill(std::size_t first, cache& k, std::size_t c) noexcept {
+  void refill(std::size_t first, std::size_t caller, cache& k, std::size_t c) noexcept {
     const std::size_t size = classes::size(c);
     shard& s = shards_[first];
     if constexpr (growth_planning_allocator<Inner>) {
@@ -619,7 +716,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       // nothing, that call is made without the lock for one block (the slab serves the next).
       growth_plan plan;
       {
-        std::lock_guard lock(s.mutex);
+        shard_lock lock(s, caller);
         const std::uint32_t want = capacity_[c] / 2;
         while (k.count[c] < want) {
           const block b = s.inner.allocate_or_plan(size, cache_alignment, plan);
@@ -631,10 +728,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         }
       }
       if (k.count[c] == 0 && plan) {
-        if (const block b = grow_unlocked(s, plan, size, cache_alignment)) k.blocks[c][k.count[c]++] = b.ptr;
+        if (const block b = grow_unlocked(s, caller, plan, size, cache_alignment)) k.blocks[c][k.count[c]++] = b.ptr;
       }
     } else {
-      std::lock_guard lock(s.mutex);
+      shard_lock lock(s, caller);
       const std::uint32_t want = capacity_[c] / 2;
       while (k.count[c] < want) {
         const block b = s.inner.allocate(size, cache_alignment);
@@ -643,7 +740,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       }
     }
     if (k.count[c] == 0 && count_ > 1) {
-      const block b = allocate_direct<true>((first + 1) % count_, size, cache_alignment,
+      const block b = allocate_direct<true>(shard_after(first, 1), caller, size, cache_alignment,
                                       [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
       if (b) k.blocks[c][k.count[c]++] = b.ptr;
     }
@@ -651,32 +748,33 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   /// Gives the `n` oldest blocks of class `c` back, asking first the shard that took the thread's
   /// last flush (blocks freed by a consumer thread mostly belong to one producer's shard).
-  void flush(slot& me, cache& k, std::size_t c, std::uint32_t n) noexcept {
+  /// `caller`: the calling thread's slot index (not always `me`'s: `flush_thread_caches`).
+  void flush(slot& me, cache& k, std::size_t c, std::uint32_t n, std::size_t caller) noexcept {
     void* out[per_class_max];
     std::copy(k.blocks[c], k.blocks[c] + n, out);
     std::copy(k.blocks[c] + n, k.blocks[c] + k.count[c], k.blocks[c]);
     k.count[c] -= n;
-    (void)give_back(me.flush_hint, classes::size(c), out, n, &me.flush_hint);
+    (void)give_back(me.flush_hint, caller, classes::size(c), out, n, &me.flush_hint);
   }
-  void flush_all(slot& me, cache& k) noexcept {
+  void flush_all(slot& me, cache& k, std::size_t caller) noexcept {
     for (std::size_t c = 0; c < classes::count; ++c) {
-      if (k.count[c] != 0) flush(me, k, c, k.count[c]);
+      if (k.count[c] != 0) flush(me, k, c, k.count[c], caller);
     }
   }
 
   /// Checked builds: a small free must be owned by a shard and not be in the cache already.
-  bool check_small_free(const cache& k, std::size_t c, void* p) noexcept {
+  bool check_small_free(const cache& k, std::size_t c, void* p, std::size_t caller) noexcept {
     const block b{p, classes::size(c)};
     const bool cached = std::find(k.blocks[c], k.blocks[c] + k.count[c], p) != k.blocks[c] + k.count[c];
-    if (cached || !owned_by_any(b)) {
+    if (cached || !owned_by_any(b, caller)) {
       refuse(b);
       return false;
     }
     return true;
   }
-  bool owned_by_any(block b) const noexcept {
+  bool owned_by_any(block b, std::size_t caller) const noexcept {
     for (std::size_t i = 0; i < count_; ++i) {
-      std::lock_guard lock(shards_[i].mutex);
+      shard_lock lock(shards_[i], caller);
       if (shards_[i].inner.owns(b)) return true;
     }
     return false;
