@@ -21,10 +21,10 @@ int main() {
   // --- the README snippet ---
   using namespace alloy::literals;
   using device = alloy::cuda_async_upstream;
-  using small  = alloy::size_class_pool<device>;                 // <= 1 MiB
-  using large  = alloy::best_fit_arena<device>;
-  using heap   = alloy::segregator<1_MiB, small, large>;
-  using alloc_t = alloy::synchronized<alloy::stats<heap>>;      // lock, then count
+  using small = alloy::size_class_pool<device>;  // <= 1 MiB
+  using large = alloy::best_fit_arena<device>;
+  using heap = alloy::segregator<1_MiB, small, large>;
+  using alloc_t = alloy::synchronized<alloy::stats<heap>>;  // lock, then count
   alloc_t alloc;
   {
     using key_alloc = alloy::thrust_allocator<int, alloc_t>;

@@ -50,7 +50,7 @@ int main() {
 
   const bool slept = heap.offload(weights) == alloy::offload_status::done &&  // weights to the host
                      heap.discard(kv_cache) == alloy::offload_status::done;   // the cache dropped
-  const alloy::block step = heap.allocate(60_MiB, 256, training);  // would not fit beside them
+  const alloy::block step = heap.allocate(60_MiB, 256, training);             // would not fit beside them
   heap.deallocate(step);
   const bool woke = heap.restore(weights) == alloy::offload_status::done &&  // same addresses, same bytes
                     heap.restore(kv_cache) == alloy::offload_status::done;

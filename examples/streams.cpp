@@ -22,7 +22,7 @@ int main() {
   alloy::stream_traits<alloy::host_stream*>::wait(&compute_stream, copied);
   alloy::record_use(alloc, staging, &compute_stream);  // compute_stream reads it too
   compute_stream.enqueue([staging] { std::printf("first byte %d\n", static_cast<const char*>(staging.ptr)[0]); });
-  alloc.deallocate(staging, &copy_stream);             // at once: the work is only enqueued
+  alloc.deallocate(staging, &copy_stream);  // at once: the work is only enqueued
 
   // Same memory, other stream: compute_stream waits (on its own side) for both earlier uses.
   alloy::block result = alloc.allocate(1_MiB, 256, &compute_stream);

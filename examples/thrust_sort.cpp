@@ -16,8 +16,8 @@ int main() {
 
   using int_alloc = alloy::thrust_allocator<int, alloc_t>;
   thrust::device_vector<int, int_alloc> keys(1 << 20, 0, int_alloc{alloc});  // storage from alloc
-  thrust::sequence(keys.begin(), keys.end(), 1 << 20, -1);                 // 2^20, ..., 2, 1
-  thrust::sort(alloy::thrust_policy(alloc), keys.begin(), keys.end());     // scratch from alloc
+  thrust::sequence(keys.begin(), keys.end(), 1 << 20, -1);                   // 2^20, ..., 2, 1
+  thrust::sort(alloy::thrust_policy(alloc), keys.begin(), keys.end());       // scratch from alloc
 
   std::printf("smallest key %d, %zu bytes in use\n", static_cast<int>(keys[0]), alloc.bytes_in_use());
   return keys[0] == 1 ? 0 : 1;

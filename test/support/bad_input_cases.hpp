@@ -46,6 +46,7 @@ inline std::ostream& null_sink() {
   return sink;
 }
 
+// clang-format off: each recipe is a struct opened and closed by these macros, which clang-format cannot see
 #define ALLOY_BAD_INPUT_RECIPE(NAME, TYPE, ...)  \
   struct NAME {                                  \
     template <class U>                           \
@@ -113,7 +114,8 @@ ALLOY_BAD_INPUT_RECIPE(stats_stream_ordered_heap, alloy::stats<ordered_heap_t<U>
                        type<U>{ordered_heap_t<U>{heap<U>{pool<U>{up}, arena<U>{up}}}})
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(synchronized_tracked_stats_heap, alloy::synchronized<alloy::tracked<alloy::stats<heap<U>>>>,
-                       type<U>{alloy::tracked<alloy::stats<heap<U>>>{alloy::stats<heap<U>>{heap<U>{pool<U>{up}, arena<U>{up}}}}})
+                       type<U>{alloy::tracked<alloy::stats<heap<U>>>{
+                           alloy::stats<heap<U>>{heap<U>{pool<U>{up}, arena<U>{up}}}}})
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(logged_tracked_limited_stats_default,
                        alloy::logged<alloy::tracked<alloy::limited<alloy::stats<alloy::default_allocator<U>>>>>,
@@ -126,6 +128,7 @@ ALLOY_BAD_INPUT_RECIPE_END
 
 #undef ALLOY_BAD_INPUT_RECIPE
 #undef ALLOY_BAD_INPUT_RECIPE_END
+// clang-format on
 
 }  // namespace bad_input_recipes
 

@@ -170,12 +170,14 @@ class thrust_resource final : public thrust::mr::memory_resource<> {
   }
   void do_deallocate(void* p, std::size_t bytes, std::size_t) override { alloc_->deallocate(block{p, bytes}); }
   // Thrust declares this __host__ __device__; RTTI exists only on the host.
+  // clang-format off: the specifiers behind #ifdef would otherwise split the declaration
 #ifdef __CUDACC__
   __host__ __device__
 #endif
   bool do_is_equal(const thrust::mr::memory_resource<>& other) const noexcept override {
     NV_IF_TARGET(NV_IS_HOST, (return refers_to_same_allocator(other);), (return this == &other;))
   }
+  // clang-format on
 
   A& get_allocator() const noexcept { return *alloc_; }
 
