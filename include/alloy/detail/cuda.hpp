@@ -6,6 +6,9 @@
 
 #if ALLOY_HAS_CUDA
 
+#  include <atomic>
+#  include <thread>
+
 #  include <cuda_runtime_api.h>
 
 #  include <alloy/error.hpp>
@@ -34,18 +37,44 @@ namespace detail {
 
 /// Base of the CUDA upstreams: keeps the last non-OOM failure for the edges (`last_error()`).
 /// Out of memory is a normal event and is not kept; either way the runtime's error is cleared.
+/// Synchronized: a failing call on one thread may record while another thread reads or clears
+/// (the upstreams are `thread_safe`); the status sits behind a spin flag that only failures,
+/// reads and clears take, so a successful call pays nothing. `last_error()` returns a copy.
 class cuda_error_slot {
  public:
-  const cuda_status& last_error() const noexcept { return last_error_; }
-  void clear_error() noexcept { last_error_ = {}; }
+  cuda_error_slot() = default;
+  cuda_error_slot(const cuda_error_slot& other) noexcept : last_error_(other.last_error()) {}
+  cuda_error_slot& operator=(const cuda_error_slot& other) noexcept {
+    if (this != &other) set(other.last_error());
+    return *this;
+  }
+  ~cuda_error_slot() = default;
+
+  cuda_status last_error() const noexcept {
+    hold();
+    const cuda_status status = last_error_;
+    busy_.clear(std::memory_order_release);
+    return status;
+  }
+  void clear_error() noexcept { set({}); }
 
  protected:
   void record(cudaError_t code, const char* call, const char* file, int line) noexcept {
     cudaGetLastError();
-    if (code != cudaErrorMemoryAllocation) last_error_ = {code, call, file, line};
+    if (code != cudaErrorMemoryAllocation) set({code, call, file, line});
   }
 
  private:
+  void hold() const noexcept {
+    while (busy_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+  }
+  void set(const cuda_status& status) noexcept {
+    hold();
+    last_error_ = status;
+    busy_.clear(std::memory_order_release);
+  }
+
+  mutable std::atomic_flag busy_{};  // clear (C++20); held for a few stores or loads
   cuda_status last_error_{};
 };
 
@@ -98,9 +127,8 @@ class basic_cuda_upstream : public cuda_error_slot {
   static constexpr bool host_accessible = Calls::host_accessible;
   static constexpr bool device_accessible = Calls::device_accessible;
   static constexpr std::size_t max_alignment = 256;  // what every CUDA allocation call guarantees
-  /// The runtime's calls may run on several threads at once (`thread_safe_upstream`); only
-  /// `last_error()` is not synchronized: read it from the thread whose call failed, while no
-  /// other call fails with a non-OOM error.
+  /// The runtime's calls may run on several threads at once (`thread_safe_upstream`); so may
+  /// `last_error()` and `clear_error()` (synchronized: `cuda_error_slot`).
   static constexpr bool thread_safe = true;
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {

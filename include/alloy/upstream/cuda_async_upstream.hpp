@@ -19,14 +19,14 @@ namespace alloy {
 ///   The stream-less calls use `options::stream` (the legacy default stream unless set);
 ///   `allocate` without a stream synchronizes that stream, so the memory is ready on any stream.
 /// - Alignment up to `max_alignment` (256 B); zero bytes and failures as `cuda_malloc_upstream`.
-/// - Thread safety: as the CUDA runtime (safe), apart from `last_error()`.
+/// - Thread safety: as the CUDA runtime (safe); `last_error()` too (`detail::cuda_error_slot`).
 /// - Memory kind: device only.
 class cuda_async_upstream : public detail::cuda_error_slot {
  public:
   static constexpr bool host_accessible = false;
   static constexpr bool device_accessible = true;
   static constexpr std::size_t max_alignment = 256;
-  /// As `cuda_malloc_upstream` (`thread_safe_upstream`; `last_error()` excepted).
+  /// As `cuda_malloc_upstream` (`thread_safe_upstream`).
   static constexpr bool thread_safe = true;
 
   struct options {

@@ -26,7 +26,7 @@ struct cuda_malloc_upstream_calls {
 ///   empty block returned. Any other error is also cleared, returned as an empty block, and kept
 ///   in `last_error()` (call, file, line) so the edge throws `alloy::cuda_error` instead of
 ///   `alloy::out_of_memory`.
-/// - Thread safety: as the CUDA runtime (safe), apart from `last_error()`.
+/// - Thread safety: as the CUDA runtime (safe); `last_error()` too (`detail::cuda_error_slot`).
 /// - Memory kind: device only.
 class cuda_malloc_upstream : public detail::basic_cuda_upstream<detail::cuda_malloc_upstream_calls> {};
 
