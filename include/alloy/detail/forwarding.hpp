@@ -43,6 +43,7 @@
 
 #include <alloy/block.hpp>
 #include <alloy/concepts.hpp>
+#include <alloy/detail/figures.hpp>
 
 namespace alloy::detail {
 
@@ -251,6 +252,11 @@ class forwards_queries {
     requires request_screening_allocator<Inner>
   {
     return call([&](const auto& in) { return static_cast<bool>(in.serves(bytes, alignment)); });
+  }
+  /// What `stats<>` reads of everything below (`detail::figures_of`), taken through the guard:
+  /// not a capability (every part has figures), so every wrapper has it.
+  detail::figures figures_below(const figures_request& request) const {
+    return call([&](const auto& in) { return figures_of(in, request); });
   }
 
   // Tags and offload (DESIGN §12): setting the current tag and offloading neither allocate nor

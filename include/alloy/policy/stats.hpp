@@ -15,6 +15,8 @@
 #include <alloy/concepts.hpp>
 #include <alloy/detail/forwarding.hpp>
 #include <alloy/detail/edge.hpp>
+#include <alloy/detail/figures.hpp>
+#include <alloy/detail/walk.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
 #include <alloy/movable.hpp>
@@ -24,46 +26,13 @@ namespace alloy {
 
 namespace detail {
 
-// ---- walking a composition -------------------------------------------------------------------
+// ---- what stats<> knows of a composition by its types alone ----------------------------------
 
-/// A part that routes by size the way `segregator<Threshold, Small, Large>` does (detected by
-/// shape, so any such policy gives `memory_stats` its small and large pools).
-template <class A>
-concept segregator_shaped = requires(A& a) {
-  a.small();
-  a.large();
-  { A::threshold } -> std::convertible_to<std::size_t>;
-};
-
-struct segregator_match {
-  template <class A>
-  static constexpr bool test = segregator_shaped<A>;
-};
-
-/// Calls `f(part)` for the first part on each path below `a` (itself included) for which
-/// `Pred<part>` holds, and does not look below it (composites add up their parts already).
-template <template <class> class Pred, class A, class F>
-void for_first_parts(A& a, F& f) {
-  if constexpr (Pred<std::remove_cv_t<A>>::value) {
-    f(a);
-  } else if constexpr (composite<A>) {
-    std::apply([&](auto&... part) { (for_first_parts<Pred>(part, f), ...); }, a.parts());
-  }
-}
-
+/// Whether some part of `A` (itself included) satisfies the trait `Pred` (types only: nothing is
+/// read, so no lock is needed).
 template <template <class> class Pred, class A>
 constexpr bool any_part() {
-  using T = std::remove_cvref_t<A>;
-  if constexpr (Pred<T>::value) {
-    return true;
-  } else if constexpr (composite<T>) {
-    using parts = decltype(std::declval<T&>().parts());
-    return []<std::size_t... I>(std::index_sequence<I...>) {
-      return (any_part<Pred, std::tuple_element_t<I, parts>>() || ...);
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
-  } else {
-    return false;
-  }
+  return contains<all_parts, matches<Pred>, A>();
 }
 
 template <class A>
@@ -71,93 +40,34 @@ struct is_reserving : std::bool_constant<reserving_allocator<A>> {};
 template <class A>
 struct is_counting : std::bool_constant<counting_allocator<A>> {};
 template <class A>
-struct is_movable_counting : std::bool_constant<movable_counting_allocator<A>> {};
+struct is_movable_counting : std::bool_constant<requires(const A& a) { a.movable_statistics(); }> {};
 /// Parts that offload tagged memory (`virtual_arena`, `virtual_allocator`): their reclaims are
 /// LMS's reclaims (one tag: single, every tag: full).
 template <class A>
-struct is_offloading : std::bool_constant<requires(const A& a) { a.offload_stats(); }> {};
+struct is_offloading : std::bool_constant<reports_offload_stats<A>> {};
 template <class A>
-struct has_bytes_limit : std::bool_constant<requires(const A& a) {
-  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
-}> {};
-template <class A>
-struct has_reservable_limit : std::bool_constant<requires(const A& a) {
-  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
-}> {};
-template <class A>
-struct has_max_split_size : std::bool_constant<requires(const A& a) {
-  { a.max_split_size() } -> std::convertible_to<std::size_t>;
-} || requires(const A& a) {
-  { a.get_options().max_split_size } -> std::convertible_to<std::size_t>;
-}> {};
-
-/// A part's `max_split_size()`, or its `get_options().max_split_size` (best_fit_arena).
-template <class A>
-std::size_t max_split_of(const A& a) noexcept {
-  if constexpr (requires { a.max_split_size(); }) {
-    return a.max_split_size();
-  } else {
-    return a.get_options().max_split_size;
-  }
-}
+struct has_max_split_size : std::bool_constant<reports_max_split_size<A>> {};
 template <class A>
 struct is_segregator : std::bool_constant<segregator_shaped<A>> {};
 
-/// Bytes reserved by the reserving parts of `a` (the first on each path).
-template <class A>
-std::size_t reserved_in(A& a) noexcept {
-  std::size_t sum = 0;
-  auto add = [&](auto& part) { sum += part.reserved_bytes(); };
-  for_first_parts<is_reserving>(a, add);
-  return sum;
-}
+/// Whether both sides of the first segregator-shaped part of `Inner` are introspectable (then
+/// the free pieces are counted per pool).
+template <bool HasPools, class Inner>
+struct pool_sides {
+  static constexpr bool introspectable = false;
+};
+template <class Inner>
+struct pool_sides<true, Inner> {
+  using seg = first_part_t<all_parts, segregator_match, Inner>;
+  static constexpr bool introspectable =
+      introspectable_allocator<std::remove_cvref_t<decltype(std::declval<seg&>().small())>> &&
+      introspectable_allocator<std::remove_cvref_t<decltype(std::declval<seg&>().large())>>;
+};
 
-/// Upstream traffic of the counting parts of `a`, added up.
-template <class A>
-allocator_counters counters_in(A& a) noexcept {
-  allocator_counters sum{};
-  auto add = [&](auto& part) { sum += part.counters(); };
-  for_first_parts<is_counting>(a, add);
-  return sum;
-}
-
-template <class A>
-movable_counters movable_in(A& a) noexcept {
-  movable_counters sum{};
-  auto add = [&](auto& part) { sum += part.movable_statistics(); };
-  for_first_parts<is_movable_counting>(a, add);
-  auto add_offloads = [&](auto& part) {
-    const auto o = part.offload_stats();
-    sum.bytes_reclaimed += o.bytes_reclaimed;
-    sum.num_single_reclaims += o.num_single_reclaims;
-    sum.num_full_reclaims += o.num_full_reclaims;
-    sum.bytes_restored += o.bytes_copied_back;
-    sum.num_restores += o.num_restores;
-  };
-  for_first_parts<is_offloading>(a, add_offloads);
-  return sum;
-}
-
-/// The smallest non-trivial value of `get(part)` over the parts matching `Pred`; 0 when none.
-template <template <class> class Pred, class A, class Get>
-std::size_t smallest_limit_in(A& a, Get get) noexcept {
-  std::size_t best = 0;
-  auto visit = [&](auto& part) {
-    const std::size_t limit = get(part);
-    if (limit != 0 && limit != std::numeric_limits<std::size_t>::max() && (best == 0 || limit < best)) best = limit;
-  };
-  for_first_parts<Pred>(a, visit);
-  return best;
-}
-
-/// The first segregator-shaped part of `a` (depth first).
+/// The first segregator-shaped part of `a` (depth first; the snapshot labels its pools).
 template <class A>
 decltype(auto) segregator_in(A& a) {
-  if constexpr (segregator_shaped<std::remove_cv_t<A>>) {
-    return (a);
-  } else {
-    return find_part<segregator_match>(a);
-  }
+  return first_part<all_parts, segregator_match>(a);
 }
 
 // ---- the counters every stats<> keeps, independent of Inner ----------------------------------
@@ -301,7 +211,10 @@ class stats_core {
 ///   count requested sizes and are equal. Rounded sizes and free space come from introspection,
 ///   at query time only: `largest_free_block`, `fragmentation`, PyTorch's `inactive_split*`, and
 ///   the snapshot.
-/// - Where each field comes from (zero when the composition cannot tell):
+/// - Where each field comes from (zero when the composition cannot tell). `stats<>` asks only
+///   `Inner`: its typed figures (`detail::figures_of`: each figure from the first part on each
+///   path that reports it, added up over the paths by the composites), taken through the guard of
+///   every wrapper on the way, so under a `synchronized<>` inside nothing is read without its lock:
 ///   - counted here, exact: `num_allocs`, `bytes_in_use`, `peak_bytes_in_use`,
 ///     `largest_alloc_size`, `requested_bytes`, `num_ooms` (requests that failed here), PyTorch's
 ///     `allocation`, `active`, `*_bytes` of blocks, `oversize_allocations`;
@@ -449,8 +362,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   /// Every field of DESIGN §5. O(1), plus one walk over the blocks when `Inner` is introspectable
   /// and `options::introspect` is on.
   alloy::statistics statistics() const {
-    refresh();
-    Inner& in = mutable_inner();
+    const detail::figures f = refresh();
     alloy::statistics s;
     const auto& c = core_;
     s.num_allocs = static_cast<std::size_t>(c.allocation[0].allocated);
@@ -458,13 +370,12 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
     s.peak_bytes_in_use = static_cast<std::size_t>(c.bytes[0].peak);
     s.largest_alloc_size = static_cast<std::size_t>(c.largest_alloc);
     s.requested_bytes = s.bytes_in_use;
-    s.bytes_limit = detail::smallest_limit_in<detail::has_bytes_limit>(in, [](auto& p) { return p.bytes_limit(); });
-    s.bytes_reservable_limit = detail::smallest_limit_in<detail::has_reservable_limit>(
-        in, [](auto& p) { return p.bytes_reservable_limit(); });
+    s.bytes_limit = f.bytes_limit;
+    s.bytes_reservable_limit = f.reservable_limit;
     s.bytes_reserved = static_cast<std::size_t>(c.reserved[0].current);
     s.peak_bytes_reserved = static_cast<std::size_t>(c.reserved[0].peak);
-    if constexpr (detail::any_part<detail::is_movable_counting, Inner>() || detail::any_part<detail::is_offloading, Inner>()) {
-      const movable_counters m = detail::movable_in(in);
+    if (f.knows_movable || f.knows_offload) {
+      const movable_counters m = movable_of(f);
       const movable_counters& b = c.baseline_movable;
       s.bytes_active = m.bytes_active;
       s.bytes_inactive = m.bytes_inactive;
@@ -475,7 +386,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
       s.num_defragmentations = m.num_defragmentations - b.num_defragmentations;
       s.bytes_defragged = m.bytes_defragged - b.bytes_defragged;
     }
-    const allocator_counters k = accumulated_counters();
+    const allocator_counters k = accumulated_from(f);
     s.num_alloc_retries = k.num_alloc_retries;
     s.num_device_alloc = k.num_device_alloc;
     s.num_device_free = k.num_device_free;
@@ -498,37 +409,24 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   detail::stats_core& trace_registry() noexcept { return core_; }
 
   /// Upstream counters since the last `reset_accumulated()`.
-  allocator_counters accumulated_counters() const noexcept {
-    allocator_counters k{};
-    if constexpr (detail::any_part<detail::is_counting, Inner>()) {
-      const allocator_counters now = detail::counters_in(mutable_inner());
-      const allocator_counters& b = core_.baseline_counters;
-      k.num_device_alloc = now.num_device_alloc - b.num_device_alloc;
-      k.num_device_free = now.num_device_free - b.num_device_free;
-      k.num_alloc_retries = now.num_alloc_retries - b.num_alloc_retries;
-      k.num_ooms = now.num_ooms - b.num_ooms;
-    }
-    return k;
-  }
+  allocator_counters accumulated_counters() const noexcept { return accumulated_from(detail::figures_of(inner_)); }
 
   /// The largest request size for which a part said it does not split blocks; SIZE_MAX if none.
   std::size_t max_split_size() const noexcept { return max_split_; }
 
-  /// Every peak restarts from the current value (PyTorch `reset_peak_memory_stats`).
+  /// Every peak restarts from the current value (PyTorch `reset_peak_memory_stats`), the movable
+  /// peak too when `Inner` passes `reset_movable_peak` on.
   void reset_peak() noexcept {
     refresh_reserved();
     core_.reset_peak();
-    auto reset = [](auto& part) {
-      if constexpr (requires { part.reset_movable_peak(); }) part.reset_movable_peak();
-    };
-    detail::for_first_parts<detail::is_movable_counting>(inner_, reset);
+    if constexpr (detail::has_reset_movable_peak<Inner>) inner_.reset_movable_peak();
   }
   /// Totals restart from zero (PyTorch `reset_accumulated_memory_stats`).
   void reset_accumulated() noexcept {
-    refresh_reserved();
+    const detail::figures f = refresh_reserved();
     core_.reset_accumulated();
-    if constexpr (detail::any_part<detail::is_counting, Inner>()) core_.baseline_counters = detail::counters_in(inner_);
-    if constexpr (detail::any_part<detail::is_movable_counting, Inner>() || detail::any_part<detail::is_offloading, Inner>()) core_.baseline_movable = detail::movable_in(inner_);
+    core_.baseline_counters = f.all.counters;
+    core_.baseline_movable = movable_of(f);
   }
 
   /// What `alloy::out_of_memory` reports when a request of `bytes` failed (the edges ask).
@@ -599,19 +497,40 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   static constexpr bool knows_reserved = detail::any_part<detail::is_reserving, Inner>();
   static constexpr bool knows_max_split = detail::any_part<detail::has_max_split_size, Inner>();
 
-  Inner& mutable_inner() const noexcept { return const_cast<Inner&>(inner_); }
-
   void init() noexcept {
+    const detail::figures f = refresh_reserved();
     if constexpr (knows_max_split) {
-      max_split_ = detail::smallest_limit_in<detail::has_max_split_size>(inner_, [](auto& p) { return detail::max_split_of(p); });
-      if (max_split_ == 0) max_split_ = std::numeric_limits<std::size_t>::max();
+      max_split_ = f.max_split == 0 ? std::numeric_limits<std::size_t>::max() : f.max_split;
     }
-    refresh_reserved();
+  }
+
+  /// Upstream counters of `f` since the last `reset_accumulated()`.
+  allocator_counters accumulated_from(const detail::figures& f) const noexcept {
+    allocator_counters k{};
+    if (f.all.knows_counters) {
+      const allocator_counters& b = core_.baseline_counters;
+      k.num_device_alloc = f.all.counters.num_device_alloc - b.num_device_alloc;
+      k.num_device_free = f.all.counters.num_device_free - b.num_device_free;
+      k.num_alloc_retries = f.all.counters.num_alloc_retries - b.num_alloc_retries;
+      k.num_ooms = f.all.counters.num_ooms - b.num_ooms;
+    }
+    return k;
+  }
+
+  /// The movable parts' counters with the offloading parts' reclaims added (LMS's fields).
+  static movable_counters movable_of(const detail::figures& f) noexcept {
+    movable_counters sum = f.movable;
+    sum.bytes_reclaimed += f.offload.bytes_reclaimed;
+    sum.num_single_reclaims += f.offload.num_single_reclaims;
+    sum.num_full_reclaims += f.offload.num_full_reclaims;
+    sum.bytes_restored += f.offload.bytes_copied_back;
+    sum.num_restores += f.offload.num_restores;
+    return sum;
   }
 
   std::size_t pool_of(std::size_t bytes) const noexcept {
     if constexpr (has_pools) {
-      using seg = std::remove_cvref_t<decltype(detail::segregator_in(std::declval<Inner&>()))>;
+      using seg = detail::first_part_t<detail::all_parts, detail::segregator_match, Inner>;
       return bytes <= static_cast<std::size_t>(seg::threshold) ? 1 : 2;
     } else {
       return 0;  // one pool: `all`, reported as large_pool as well
@@ -653,99 +572,68 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
 
   void check_reserved() noexcept {
     if constexpr (knows_reserved) {
-      if (detail::reserved_in(inner_) != core_.last_reserved) refresh_reserved();
+      if (reserved_now() != core_.last_reserved) refresh_reserved();
+    }
+  }
+  /// The reserved bytes below, asked of `Inner` (one O(1) call on the hot path when it has them).
+  std::size_t reserved_now() const noexcept {
+    if constexpr (reserving_allocator<Inner>) {
+      return static_cast<std::size_t>(inner_.reserved_bytes());
+    } else {
+      return detail::figures_of(inner_).all.reserved;
     }
   }
 
-  /// Observes the reserved bytes and segments, overall and per pool (rare: they changed).
-  void refresh_reserved() const noexcept {
-    Inner& in = mutable_inner();
+  /// Asks `Inner` for its figures and observes the reserved bytes and segments, overall and per
+  /// pool (rare: they changed, or a query).
+  detail::figures refresh_reserved(const detail::figures_request& request = {}) const noexcept {
+    const detail::figures f = detail::figures_of(inner_, request);
     auto& c = core_;
-    if constexpr (knows_reserved) {
-      c.last_reserved = detail::reserved_in(in);
+    if (f.all.knows_reserved) {
+      c.last_reserved = f.all.reserved;
       c.reserved[0].observe(static_cast<std::int64_t>(c.last_reserved));
     }
-    constexpr bool counting = detail::any_part<detail::is_counting, Inner>();
-    if constexpr (counting) {
-      const allocator_counters k = detail::counters_in(in);
-      c.segment[0].observe(static_cast<std::int64_t>(k.num_device_alloc - k.num_device_free));
-    }
+    if (f.all.knows_counters) c.segment[0].observe(segments_of(f.all.counters));
     if constexpr (has_pools) {
-      auto& seg = detail::segregator_in(in);
-      observe_side(seg.small(), 1);
-      observe_side(seg.large(), 2);
+      for (std::size_t p = 1; p <= 2; ++p) {
+        const detail::pool_figures& side = f.pools[p - 1];
+        if (side.knows_reserved) c.reserved[p].observe(static_cast<std::int64_t>(side.reserved));
+        if (side.knows_counters) c.segment[p].observe(segments_of(side.counters));
+      }
     }
+    return f;
   }
-  template <class Side>
-  void observe_side(Side& side, std::size_t p) const noexcept {
-    if constexpr (detail::any_part<detail::is_reserving, Side>())
-      core_.reserved[p].observe(static_cast<std::int64_t>(detail::reserved_in(side)));
-    if constexpr (detail::any_part<detail::is_counting, Side>()) {
-      const allocator_counters k = detail::counters_in(side);
-      core_.segment[p].observe(static_cast<std::int64_t>(k.num_device_alloc - k.num_device_free));
-    }
+  static std::int64_t segments_of(const allocator_counters& k) noexcept {
+    return static_cast<std::int64_t>(k.num_device_alloc - k.num_device_free);
   }
 
-  /// Brings the observed statistics up to date (reserved, segments, inactive splits).
-  void refresh() const {
-    refresh_reserved();
+  /// Brings the observed statistics up to date (reserved, segments, inactive splits) and returns
+  /// the figures they came from.
+  detail::figures refresh() const {
+    detail::figures_request request;
+    if constexpr (introspectable_allocator<Inner>) request = {.blocks = options_.introspect, .max_split = max_split_};
+    const detail::figures f = refresh_reserved(request);
     if constexpr (introspectable_allocator<Inner>) {
-      if (!options_.introspect) return;
-      if constexpr (has_pools) {
-        auto& seg = detail::segregator_in(mutable_inner());
-        std::array<std::int64_t, 3> count{}, bytes{};
-        std::int64_t oversize = 0;
-        if constexpr (introspectable_allocator<std::remove_cvref_t<decltype(seg.small())>> &&
-                      introspectable_allocator<std::remove_cvref_t<decltype(seg.large())>>) {
-          split_pieces(seg.small(), count[1], bytes[1], oversize);
-          split_pieces(seg.large(), count[2], bytes[2], oversize);
-          count[0] = count[1] + count[2];
-          bytes[0] = bytes[1] + bytes[2];
-        } else {
-          split_pieces(inner_, count[0], bytes[0], oversize);
-        }
-        for (std::size_t p = 0; p < 3; ++p) {
-          core_.inactive_split[p].observe(count[p]);
-          core_.inactive_split_bytes[p].observe(bytes[p]);
-        }
-        core_.oversize_segments.observe(oversize);
+      if (!options_.introspect) return f;
+      std::array<detail::block_figures, 3> pieces{};
+      if constexpr (pools_introspectable) {
+        pieces[1] = f.pools[0].blocks;
+        pieces[2] = f.pools[1].blocks;
+        pieces[0] = pieces[1];
+        pieces[0] += pieces[2];
       } else {
-        std::int64_t count = 0, bytes = 0, oversize = 0;
-        split_pieces(inner_, count, bytes, oversize);
-        core_.inactive_split[0].observe(count);
-        core_.inactive_split_bytes[0].observe(bytes);
-        core_.oversize_segments.observe(oversize);
+        pieces[0] = f.all.blocks;
       }
+      for (std::size_t p = 0; p < (has_pools ? 3 : 1); ++p) {
+        core_.inactive_split[p].observe(pieces[p].inactive_splits);
+        core_.inactive_split_bytes[p].observe(pieces[p].inactive_split_bytes);
+      }
+      core_.oversize_segments.observe(pieces[0].oversize_segments);
     }
+    return f;
   }
 
-  /// Free pieces of segments that also hold blocks in use (PyTorch's "inactive split"), and the
-  /// segments larger than `max_split_size` (PyTorch's "oversize segments").
-  template <class A>
-  void split_pieces(const A& a, std::int64_t& count, std::int64_t& bytes, std::int64_t& oversize) const {
-    const void* segment = nullptr;
-    std::int64_t seg_count = 0, seg_bytes = 0;
-    bool seg_used = false;
-    auto close = [&] {
-      if (seg_used) count += seg_count, bytes += seg_bytes;
-      seg_count = seg_bytes = 0;
-      seg_used = false;
-    };
-    a.for_each_block([&](const block_info& info) {
-      if (info.segment != segment) {
-        close();
-        segment = info.segment;
-        if (info.segment_size > max_split_) ++oversize;
-      }
-      if (info.state == block_state::free) {
-        ++seg_count;
-        seg_bytes += static_cast<std::int64_t>(info.size);
-      } else if (info.state != block_state::unmapped) {  // addresses without memory hold nothing
-        seg_used = true;
-      }
-    });
-    close();
-  }
+  static constexpr bool pools_introspectable = detail::pool_sides<has_pools, Inner>::introspectable;
 
   Inner inner_{};
   options options_{};
