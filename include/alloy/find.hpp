@@ -4,55 +4,30 @@
 //   auto& arena = alloy::find<alloy::best_fit_arena<alloy::host_upstream>>(alloc);
 //   auto& arena = alloy::find<alloy::best_fit_arena>(alloc);   // any best_fit_arena<...>
 //
-// The search is depth first through `parts()` (outermost first) and resolved at compile time: a
-// composition that has no such part does not compile.
+// The search is depth first through `parts()` (outermost first, the walker of detail/walk.hpp)
+// and resolved at compile time: a composition that has no such part does not compile.
 #pragma once
 
-#include <array>
-#include <cstddef>
-#include <tuple>
 #include <type_traits>
-#include <utility>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/walk.hpp>
 
 namespace alloy {
 
 namespace detail {
 
-template <class A>
-using parts_t = decltype(std::declval<A&>().parts());
-
+/// Whether `A` (itself included) has a part for which `Match::test` holds: the walker's rule
+/// over every part (`detail::all_parts`), resolved at compile time.
 template <class A, class Match>
 constexpr bool contains_part() {
-  if constexpr (Match::template test<A>) {
-    return true;
-  } else if constexpr (composite<A>) {
-    using parts = parts_t<A>;
-    return []<std::size_t... I>(std::index_sequence<I...>) {
-      return (contains_part<std::remove_cvref_t<std::tuple_element_t<I, parts>>, Match>() || ...);
-    }(std::make_index_sequence<std::tuple_size_v<parts>>{});
-  } else {
-    return false;
-  }
+  return contains<all_parts, Match, A>();
 }
 
+/// The first such part of `a`, depth first, outermost first.
 template <class Match, class A>
 constexpr decltype(auto) find_part(A& a) {
-  if constexpr (Match::template test<std::remove_cv_t<A>>) {
-    return (a);
-  } else {
-    auto parts = a.parts();
-    using parts_type = decltype(parts);
-    constexpr std::size_t index = []<std::size_t... I>(std::index_sequence<I...>) {
-      constexpr std::array<bool, sizeof...(I)> holds{
-          contains_part<std::remove_cvref_t<std::tuple_element_t<I, parts_type>>, Match>()...};
-      for (std::size_t i = 0; i < holds.size(); ++i)
-        if (holds[i]) return i;
-      return holds.size();
-    }(std::make_index_sequence<std::tuple_size_v<parts_type>>{});
-    return find_part<Match>(std::get<index>(parts));
-  }
+  return first_part<all_parts, Match>(a);
 }
 
 template <class P>

@@ -136,12 +136,15 @@ void take_snapshot(A& a, std::vector<memory_snapshot::segment>& out) {
     using T = std::remove_cvref_t<A>;
     constexpr bool pools = any_part<is_segregator, T>();
     if constexpr (pools) {
-      auto& seg = segregator_in(a);
-      using Small = std::remove_cvref_t<decltype(seg.small())>;
-      using Large = std::remove_cvref_t<decltype(seg.large())>;
+      using seg_type = first_part_t<all_parts, segregator_match, T>;
+      using Small = std::remove_cvref_t<decltype(std::declval<seg_type&>().small())>;
+      using Large = std::remove_cvref_t<decltype(std::declval<seg_type&>().large())>;
       if constexpr (introspectable_allocator<Small> && introspectable_allocator<Large>) {
-        add_snapshot_pieces(seg.small(), "small", out);
-        add_snapshot_pieces(seg.large(), "large", out);
+        // Through the lock of a synchronized<> on the way (stats<synchronized<segregator>>).
+        with_first_part_locked<all_parts, segregator_match>(a, [&](auto& seg) {
+          add_snapshot_pieces(seg.small(), "small", out);
+          add_snapshot_pieces(seg.large(), "large", out);
+        });
         return;
       }
     }

@@ -15,18 +15,10 @@
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
 #include <alloy/detail/align.hpp>
+#include <alloy/detail/walk.hpp>
 #include <alloy/error.hpp>
 
 namespace alloy::detail {
-
-/// Calls `f(part)` for `a` and every part below it, outermost first, depth first.
-template <class A, class F>
-void visit_parts(A& a, F& f) {
-  f(a);
-  if constexpr (composite<A>) {
-    std::apply([&](auto&... part) { (visit_parts(part, f), ...); }, a.parts());
-  }
-}
 
 /// Free bytes and the largest free piece, from introspection.
 struct free_space {
@@ -49,16 +41,12 @@ free_space measure_free_space(const A& a) {
   return space;
 }
 
-/// Calls `f(part)` for every part of `a` that requests draw on: all of a composite's parts, but
-/// only the device side of a part with a device and a host side (`host_spill_reclaimer`: its
-/// host memory holds spilled blocks, not what a request is served from).
+/// Calls `f(part)` for every part of `a` that requests draw on (the walker's `drawn_parts` rule:
+/// all of a composite's parts, but only the device side of a part with a device and a host side,
+/// `host_spill_reclaimer`, whose host memory holds spilled blocks).
 template <class A, class F>
 void for_each_drawn_part(A& a, F&& f) {
-  if constexpr (requires { a.device(); a.host(); }) {
-    f(a.device());
-  } else if constexpr (composite<A>) {
-    std::apply([&](auto&... part) { (f(part), ...); }, a.parts());
-  }
+  for_each_part_below<drawn_parts>(a, f);
 }
 
 /// Bytes in use as the outermost part that counts them says, or the sum over the drawn parts
@@ -129,8 +117,8 @@ std::size_t smallest_limit_of(A& a) {
 /// (`oom_report_for`) somewhere down that chain of single parts.
 template <class A>
 constexpr bool decorates_a_reporter() {
-  if constexpr (composite<A> && !requires(A& a) { a.device(); a.host(); }) {
-    using parts_type = std::remove_cvref_t<decltype(std::declval<A&>().parts())>;
+  if constexpr (composite<A> && !device_host_pair<A>) {
+    using parts_type = std::remove_cvref_t<parts_below_t<all_parts, A>>;
     if constexpr (std::tuple_size_v<parts_type> == 1) {
       using part = std::remove_reference_t<std::tuple_element_t<0, parts_type>>;
       return requires(part& p) { p.oom_report_for(std::size_t{}, std::size_t{}); } || decorates_a_reporter<part>();
@@ -181,7 +169,7 @@ std::size_t max_alignment_of(A& a) {
     return a.max_alignment();
   } else if constexpr (requires { { A::max_alignment } -> std::convertible_to<std::size_t>; }) {
     return A::max_alignment;
-  } else if constexpr (requires { a.device(); a.host(); } || composite<A>) {
+  } else if constexpr (device_host_pair<A> || composite<A>) {
     std::size_t best = 0;
     for_each_drawn_part(a, [&](auto& part) { best = std::max(best, max_alignment_of(part)); });
     return best == 0 ? static_cast<std::size_t>(-1) : best;
@@ -202,7 +190,7 @@ void throw_pending_cuda_error(A& a) {
       }
     }
   };
-  visit_parts(a, check);
+  visit_each_part<all_parts>(a, check);
 }
 
 inline void check_alignment(std::size_t alignment) {
