@@ -12,6 +12,7 @@
 // the way is locked for the query (`with_lock`), so statistics are read consistently.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +27,7 @@
 
 #include <alloy/concepts.hpp>
 #include <alloy/error.hpp>
-#include <alloy/find.hpp>
+#include <alloy/detail/walk.hpp>
 #include <alloy/policy/stats.hpp>
 
 namespace alloy {
@@ -46,43 +47,13 @@ struct stats_match {
 };
 
 template <class A>
-inline constexpr bool contains_stats = contains_part<std::remove_cvref_t<A>, stats_match>();
+inline constexpr bool contains_stats = contains<all_parts, stats_match, A>();
 
-/// A stream-ordered part (`stream_ordered<>`): it knows how often the host waited for all streams.
-struct stream_order_match {
-  template <class A>
-  static constexpr bool test = requires(const A& a) { a.order_counters().all_stream_synchronizations; };
-};
-
-/// PyTorch's `num_sync_all_streams`: from the first stream-ordered part inside the `stats<>` part
-/// `s` (counted since construction), 0 without one.
-template <class S>
-std::size_t all_stream_synchronizations(S& s) noexcept {
-  if constexpr (contains_part<std::remove_cvref_t<S>, stream_order_match>()) {
-    return find_part<stream_order_match>(s).order_counters().all_stream_synchronizations;
-  } else {
-    return 0;
-  }
-}
-
-/// Calls `f(s)` on the first `stats<>` part of `a`, holding the lock of every `synchronized<>` on
-/// the way, and returns what `f` returns.
+/// Calls `f(s)` on the first `stats<>` part of `a` (the walker, every part), holding the lock of
+/// every `synchronized<>` on the way, and returns what `f` returns.
 template <class A, class F>
 decltype(auto) with_stats(A& a, F&& f) {
-  if constexpr (stats_shaped<A>) {
-    return std::forward<F>(f)(a);
-  } else if constexpr (requires { a.with_lock([](auto&) {}); }) {
-    return a.with_lock([&](auto& inner) -> decltype(auto) { return with_stats(inner, std::forward<F>(f)); });
-  } else {
-    auto parts = a.parts();
-    using parts_type = decltype(parts);
-    constexpr std::size_t index = []<std::size_t... I>(std::index_sequence<I...>) {
-      std::size_t found = sizeof...(I);
-      ((found == sizeof...(I) && contains_stats<std::tuple_element_t<I, parts_type>> ? (found = I, true) : false), ...);
-      return found;
-    }(std::make_index_sequence<std::tuple_size_v<parts_type>>{});
-    return with_stats(std::get<index>(parts), std::forward<F>(f));
-  }
+  return with_first_part_locked<all_parts, stats_match>(a, std::forward<F>(f));
 }
 
 /// The PyTorch names of the statistics arrays, in PyTorch's order.
@@ -98,36 +69,43 @@ inline void put_stat(std::map<std::string, std::int64_t>& out, const std::string
   out[prefix + ".freed"] = s.freed;
 }
 
-inline std::map<std::string, std::int64_t> make_memory_stats(const stats_core& c, bool pools,
-                                                             const allocator_counters& k, std::size_t max_split,
-                                                             std::size_t all_stream_syncs) {
+/// A statistic as a pool shows it: without a segregator there is one pool, `all`, reported as
+/// `large_pool` too (`small_pool` is zero).
+inline stat pool_stat(const stat_array& a, std::size_t p, bool pools) noexcept {
+  return pools ? a[p] : (p == 1 ? stat{} : a[0]);
+}
+
+/// The statistics arrays in PyTorch's order (`stat_names`).
+inline std::array<const stat_array*, 9> stat_arrays(const stats_reading& r) noexcept {
+  return {&r.allocation, &r.segment, &r.allocation, &r.inactive_split, &r.bytes,
+          &r.reserved,   &r.bytes,   &r.inactive_split_bytes, &r.bytes};
+}
+
+inline std::int64_t max_split_key(std::size_t max_split) noexcept {
+  return max_split == static_cast<std::size_t>(-1) ? -1 : static_cast<std::int64_t>(max_split);
+}
+
+inline std::map<std::string, std::int64_t> make_memory_stats(const stats_reading& r) {
   std::map<std::string, std::int64_t> out;
-  const stat_array* arrays[] = {&c.allocation, &c.segment,    &c.allocation,          &c.inactive_split, &c.bytes,
-                                &c.reserved,   &c.bytes,      &c.inactive_split_bytes, &c.bytes};
-  for (std::size_t i = 0; i < std::size(stat_names); ++i) {
-    const stat_array& a = *arrays[i];
-    for (std::size_t p = 0; p < 3; ++p) {
-      // Without a segregator there is one pool: `all`, reported as `large_pool` too.
-      const stat s = pools ? a[p] : (p == 1 ? stat{} : a[0]);
-      put_stat(out, std::string(stat_names[i]) + "." + pool_names[p], s);
-    }
-  }
-  out["num_alloc_retries"] = static_cast<std::int64_t>(k.num_alloc_retries);
-  out["num_ooms"] = static_cast<std::int64_t>(c.num_ooms);
-  out["num_sync_all_streams"] = static_cast<std::int64_t>(all_stream_syncs);
-  out["num_device_alloc"] = static_cast<std::int64_t>(k.num_device_alloc);
-  out["num_device_free"] = static_cast<std::int64_t>(k.num_device_free);
-  out["max_split_size"] = max_split == static_cast<std::size_t>(-1) ? -1 : static_cast<std::int64_t>(max_split);
-  put_stat(out, "oversize_allocations", c.oversize);
-  put_stat(out, "oversize_segments", c.oversize_segments);
+  const auto arrays = stat_arrays(r);
+  for (std::size_t i = 0; i < std::size(stat_names); ++i)
+    for (std::size_t p = 0; p < 3; ++p)
+      put_stat(out, std::string(stat_names[i]) + "." + pool_names[p], pool_stat(*arrays[i], p, r.pools));
+  out["num_alloc_retries"] = static_cast<std::int64_t>(r.accumulated.num_alloc_retries);
+  out["num_ooms"] = static_cast<std::int64_t>(r.num_ooms);
+  out["num_sync_all_streams"] = static_cast<std::int64_t>(r.all_stream_synchronizations);
+  out["num_device_alloc"] = static_cast<std::int64_t>(r.accumulated.num_device_alloc);
+  out["num_device_free"] = static_cast<std::int64_t>(r.accumulated.num_device_free);
+  out["max_split_size"] = max_split_key(r.max_split);
+  put_stat(out, "oversize_allocations", r.oversize);
+  put_stat(out, "oversize_segments", r.oversize_segments);
   return out;
 }
 
 /// PyTorch's `memory_stats()` map of the `stats<>` part `s` (its lock held by the caller).
 template <class S>
 std::map<std::string, std::int64_t> memory_stats_of(S& s) {
-  return make_memory_stats(s.core(), S::has_pools, s.accumulated_counters(), s.max_split_size(),
-                           all_stream_synchronizations(s));
+  return make_memory_stats(s.reading());
 }
 
 }  // namespace detail
@@ -197,14 +175,13 @@ struct virtual_memory_summary {
   bool any = false;
 };
 
+/// The virtual-memory lines of a summary: map and unmap calls from `Inner`'s counters (as read in
+/// `r`), unmapped and offloaded pieces from the blocks `s` passes on.
 template <class S>
-virtual_memory_summary virtual_memory_of(S& s) {
+virtual_memory_summary virtual_memory_of(S& s, const stats_reading& r) {
   virtual_memory_summary v;
-  if constexpr (requires { s.inner().counters(); }) {  // composites add up their parts' counters
-    const allocator_counters k = s.inner().counters();
-    v.maps = k.num_maps;
-    v.unmaps = k.num_unmaps;
-  }
+  v.maps = r.inner_counters.num_maps;
+  v.unmaps = r.inner_counters.num_unmaps;
   if constexpr (introspectable_allocator<S>) {
     s.for_each_block([&](const block_info& info) {
       if (info.state == block_state::unmapped) {
@@ -219,9 +196,15 @@ virtual_memory_summary virtual_memory_of(S& s) {
   v.any = v.any || v.maps != 0 || v.unmaps != 0;
   return v;
 }
+template <class S>
+virtual_memory_summary virtual_memory_of(S& s) {
+  return virtual_memory_of(s, s.reading());
+}
 
-inline std::string make_memory_summary(const std::map<std::string, std::int64_t>& m, const alloy::statistics& s,
-                                       bool pools, const virtual_memory_summary& vm = {}) {
+/// The summary table, from one typed reading (nothing is read back from the `memory_stats` map).
+inline std::string make_memory_summary(const stats_reading& r, const virtual_memory_summary& vm = {}) {
+  const alloy::statistics& s = r.statistics;
+  const bool pools = r.pools;
   constexpr std::size_t width = 79;
   const std::string rule_double = "|" + std::string(width - 2, '=') + "|\n";
   const std::string rule_single = "|" + std::string(width - 2, '-') + "|\n";
@@ -244,17 +227,12 @@ inline std::string make_memory_summary(const std::map<std::string, std::int64_t>
                   a.c_str(), f.c_str());
     out += line;
   };
-  auto metric = [&](const char* label, const char* key, bool bytes) {
-    for (int p = 0; p < 3; ++p) {
-      if (!pools && p == 1) continue;
-      const std::string prefix = std::string(key) + "." + (p == 0 ? "all" : p == 1 ? "small_pool" : "large_pool");
-      auto get = [&](const char* field) {
-        const std::int64_t v = m.at(prefix + "." + field);
-        return bytes ? summary_bytes(v) : summary_count(v);
-      };
-      if (!pools && p == 2) break;
-      row(p == 0 ? label : p == 1 ? "      from small pool" : "      from large pool", get("current"), get("peak"),
-          get("allocated"), get("freed"));
+  auto metric = [&](const char* label, const stat_array& a, bool bytes) {
+    for (std::size_t p = 0; p < (pools ? 3 : 1); ++p) {
+      const stat st = pool_stat(a, p, pools);
+      auto text = [&](std::int64_t v) { return bytes ? summary_bytes(v) : summary_count(v); };
+      row(p == 0 ? label : p == 1 ? "      from small pool" : "      from large pool", text(st.current), text(st.peak),
+          text(st.allocated), text(st.freed));
     }
     out += rule_single;
   };
@@ -262,25 +240,24 @@ inline std::string make_memory_summary(const std::map<std::string, std::int64_t>
   out += rule_double;
   centered("alloy memory summary");
   out += rule_single;
-  two("Out of memory: " + std::to_string(m.at("num_ooms")),
-      "Upstream retries: " + std::to_string(m.at("num_alloc_retries")));
-  two("Upstream allocs: " + std::to_string(m.at("num_device_alloc")),
-      "Upstream frees: " + std::to_string(m.at("num_device_free")));
+  two("Out of memory: " + std::to_string(r.num_ooms),
+      "Upstream retries: " + std::to_string(r.accumulated.num_alloc_retries));
+  two("Upstream allocs: " + std::to_string(r.accumulated.num_device_alloc),
+      "Upstream frees: " + std::to_string(r.accumulated.num_device_free));
   out += rule_double;
   row("Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed");
   out += rule_single;
-  metric("Allocated memory", "allocated_bytes", true);
-  metric("Active memory", "active_bytes", true);
-  metric("Requested memory", "requested_bytes", true);
-  metric("Reserved memory", "reserved_bytes", true);
-  metric("Non-releasable memory", "inactive_split_bytes", true);
-  metric("Allocations", "allocation", false);
-  metric("Active allocs", "active", false);
-  metric("Reserved segments", "segment", false);
-  metric("Non-releasable allocs", "inactive_split", false);
-  row("Oversize allocations", summary_count(m.at("oversize_allocations.current")),
-      summary_count(m.at("oversize_allocations.peak")), summary_count(m.at("oversize_allocations.allocated")),
-      summary_count(m.at("oversize_allocations.freed")));
+  metric("Allocated memory", r.bytes, true);
+  metric("Active memory", r.bytes, true);
+  metric("Requested memory", r.bytes, true);
+  metric("Reserved memory", r.reserved, true);
+  metric("Non-releasable memory", r.inactive_split_bytes, true);
+  metric("Allocations", r.allocation, false);
+  metric("Active allocs", r.allocation, false);
+  metric("Reserved segments", r.segment, false);
+  metric("Non-releasable allocs", r.inactive_split, false);
+  row("Oversize allocations", summary_count(r.oversize.current), summary_count(r.oversize.peak),
+      summary_count(r.oversize.allocated), summary_count(r.oversize.freed));
   out += rule_double;
   char frag[32];
   std::snprintf(frag, sizeof frag, "%.1f%%", s.fragmentation * 100.0);
@@ -288,8 +265,8 @@ inline std::string make_memory_summary(const std::map<std::string, std::int64_t>
       "Reservable limit: " + (s.bytes_reservable_limit ? format_bytes(s.bytes_reservable_limit) : std::string("none")));
   two("Largest free block: " + format_bytes(s.largest_free_block), std::string("Fragmentation: ") + frag);
   two("Largest allocation: " + format_bytes(s.largest_alloc_size),
-      "Max split size: " + (m.at("max_split_size") < 0 ? std::string("none")
-                                                        : format_bytes(static_cast<std::size_t>(m.at("max_split_size")))));
+      "Max split size: " + (max_split_key(r.max_split) < 0 ? std::string("none")
+                                                           : format_bytes(static_cast<std::size_t>(max_split_key(r.max_split)))));
   if (vm.any) {
     two("Map calls: " + std::to_string(vm.maps), "Unmap calls: " + std::to_string(vm.unmaps));
     two("Mapped memory: " + format_bytes(s.bytes_reserved), "Unmapped addresses: " + format_bytes(vm.unmapped_bytes));
@@ -314,9 +291,8 @@ template <class A>
   requires detail::contains_stats<A>
 std::string memory_summary(A& a) {
   return detail::with_stats(a, [](auto& s) {
-    using S = std::remove_cvref_t<decltype(s)>;
-    return detail::make_memory_summary(detail::memory_stats_of(s), s.statistics(), S::has_pools,
-                                       detail::virtual_memory_of(s));
+    const detail::stats_reading r = s.reading();  // refreshed once
+    return detail::make_memory_summary(r, detail::virtual_memory_of(s, r));
   });
 }
 

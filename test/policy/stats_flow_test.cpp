@@ -141,6 +141,8 @@ BOOST_AUTO_TEST_CASE(stats_reads_below_a_synchronized_only_under_its_lock) {
   BOOST_TEST(s.bytes_reservable_limit == 64_MiB);  // each side's; the smallest
   BOOST_TEST(alloy::memory_summary(a) == reference_summary);
 
+  const alloy::memory_snapshot snap = alloy::snapshot(a);
+  BOOST_TEST(snap.segments.size() == 3u);  // S1 in the small pool; L1 and L2 in the large one
   a.reset_peak();
   a.reset_accumulated();
   const alloy::statistics after = a.statistics();

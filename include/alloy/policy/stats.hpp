@@ -197,6 +197,26 @@ class stats_core {
   }
 };
 
+/// One reading of a `stats<>` part, taken with one refresh: what `memory_stats` and
+/// `memory_summary` print, as typed data.
+struct stats_reading {
+  alloy::statistics statistics{};
+  stat_array allocation{};            ///< PyTorch `allocation` and `active`
+  stat_array bytes{};                 ///< PyTorch `allocated_bytes`, `active_bytes`, `requested_bytes`
+  stat_array reserved{};              ///< PyTorch `reserved_bytes`
+  stat_array segment{};               ///< PyTorch `segment`
+  stat_array inactive_split{};        ///< PyTorch `inactive_split`
+  stat_array inactive_split_bytes{};  ///< PyTorch `inactive_split_bytes`
+  stat oversize{};                    ///< PyTorch `oversize_allocations`
+  stat oversize_segments{};           ///< PyTorch `oversize_segments`
+  allocator_counters accumulated{};   ///< upstream counters since `reset_accumulated()`
+  allocator_counters inner_counters{};  ///< `Inner`'s own counters (maps and unmaps), when it counts
+  std::size_t num_ooms = 0;
+  std::size_t max_split = std::numeric_limits<std::size_t>::max();  ///< SIZE_MAX: none
+  std::size_t all_stream_synchronizations = 0;  ///< of the stream-ordered parts inside
+  bool pools = false;                 ///< small and large pools (a segregator inside)
+};
+
 }  // namespace alloy::detail
 
 /// `stats<Inner>` counts everything DESIGN §5 names, exactly, and keeps scoped traces.
@@ -361,8 +381,33 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
 
   /// Every field of DESIGN §5. O(1), plus one walk over the blocks when `Inner` is introspectable
   /// and `options::introspect` is on.
-  alloy::statistics statistics() const {
+  alloy::statistics statistics() const { return statistics_from(refresh()); }
+
+  /// Everything `memory_stats` and `memory_summary` print, from one refresh. Internal; use those.
+  detail::stats_reading reading() const {
     const detail::figures f = refresh();
+    detail::stats_reading r;
+    r.statistics = statistics_from(f);
+    const auto& c = core_;
+    r.allocation = c.allocation;
+    r.bytes = c.bytes;
+    r.reserved = c.reserved;
+    r.segment = c.segment;
+    r.inactive_split = c.inactive_split;
+    r.inactive_split_bytes = c.inactive_split_bytes;
+    r.oversize = c.oversize;
+    r.oversize_segments = c.oversize_segments;
+    r.accumulated = accumulated_from(f);
+    if constexpr (counting_allocator<Inner>) r.inner_counters = f.all.counters;
+    r.num_ooms = c.num_ooms;
+    r.max_split = max_split_;
+    r.all_stream_synchronizations = f.all_stream_synchronizations;
+    r.pools = has_pools;
+    return r;
+  }
+
+ private:
+  alloy::statistics statistics_from(const detail::figures& f) const {
     alloy::statistics s;
     const auto& c = core_;
     s.num_allocs = static_cast<std::size_t>(c.allocation[0].allocated);
@@ -400,6 +445,8 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
     }
     return s;
   }
+
+ public:
 
   /// The counters behind `alloy::memory_stats` (refreshed). Internal; use `alloy::memory_stats`.
   const detail::stats_core& core() const {
