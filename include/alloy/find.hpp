@@ -8,7 +8,11 @@
 // and resolved at compile time: a composition that has no such part does not compile.
 #pragma once
 
+#include <array>
+#include <cstddef>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include <alloy/concepts.hpp>
 #include <alloy/detail/walk.hpp>
@@ -16,6 +20,10 @@
 namespace alloy {
 
 namespace detail {
+
+/// The tuple of references a composite's `parts()` returns.
+template <class A>
+using parts_t = parts_below_t<all_parts, A>;
 
 /// Whether `A` (itself included) has a part for which `Match::test` holds: the walker's rule
 /// over every part (`detail::all_parts`), resolved at compile time.
