@@ -21,6 +21,9 @@ namespace alloy {
 ///   `allocate_keeping_cache`, `record_use`, `serves` and planned growth (`Primary`'s growth is
 ///   planned; `Secondary` is then called plainly, under the caller's lock, when `Primary` fails for
 ///   good). Not limits or movable handles. Memory kind: what both parts share.
+/// - Statistics (`detail::figures_of`, what `stats<>` reads): its parts' figures added up
+///   (counters and reserved bytes summed, the smallest limit and max split size), also when only
+///   one part reports a figure.
 /// - Failure: an empty block when both fail; a failed `Primary` is not retried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: none of its own.
 template <owning_allocator Primary, allocator Secondary>

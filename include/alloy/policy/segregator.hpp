@@ -62,6 +62,9 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
 ///   and planned growth (`allocate_or_plan` / `allocate_planned`, routed as an allocation, so
 ///   that `synchronized<default_allocator>` calls the upstream outside its lock). Not limits or
 ///   movable handles. Memory kind: what both parts share.
+/// - Statistics (`detail::figures_of`, what `stats<>` reads): its parts' figures added up
+///   (counters and reserved bytes summed, the smallest limit and max split size), its two sides
+///   as the pools, also when only one part reports a figure.
 /// - Failure: an empty block when the chosen part fails; the other part is not tried.
 /// - Thread safety: none (wrap in `synchronized`). Metadata: one counter; O(1) overhead.
 template <std::size_t Threshold, allocator Small, allocator Large>

@@ -38,14 +38,6 @@ constexpr bool any_part() {
 template <class A>
 struct is_reserving : std::bool_constant<reserving_allocator<A>> {};
 template <class A>
-struct is_counting : std::bool_constant<counting_allocator<A>> {};
-template <class A>
-struct is_movable_counting : std::bool_constant<requires(const A& a) { a.movable_statistics(); }> {};
-/// Parts that offload tagged memory (`virtual_arena`, `virtual_allocator`): their reclaims are
-/// LMS's reclaims (one tag: single, every tag: full).
-template <class A>
-struct is_offloading : std::bool_constant<reports_offload_stats<A>> {};
-template <class A>
 struct has_max_split_size : std::bool_constant<reports_max_split_size<A>> {};
 template <class A>
 struct is_segregator : std::bool_constant<segregator_shaped<A>> {};
@@ -63,12 +55,6 @@ struct pool_sides<true, Inner> {
       introspectable_allocator<std::remove_cvref_t<decltype(std::declval<seg&>().small())>> &&
       introspectable_allocator<std::remove_cvref_t<decltype(std::declval<seg&>().large())>>;
 };
-
-/// The first segregator-shaped part of `a` (depth first; the snapshot labels its pools).
-template <class A>
-decltype(auto) segregator_in(A& a) {
-  return first_part<all_parts, segregator_match>(a);
-}
 
 // ---- the counters every stats<> keeps, independent of Inner ----------------------------------
 
