@@ -125,9 +125,11 @@ struct alignas(64) thread_slot {
 ///   thread and the synchronized peers; 2-core VM, quiet, two runs of 2026-11-24, history in
 ///   bench/threads/README.md): at 2 threads 9.8-15.0x the best synchronized peer on W2, 2.7-3.7x
 ///   on W1, 10.8x on producer/consumer (2.3-6.6x at 4 and 8 threads); 2T/1T throughput 1.92x on
-///   W2 and 1.75-1.95x on W1 where one unshared allocator per thread scales 1.74-1.85x; one
-///   thread 0.74x the bare allocator's CPU time on W2, 1.16-1.25x on W1 (its large blocks take
-///   the shard's lock); peak reserved / peak live at 4 threads 0.84-0.89x the 1-thread one.
+///   W2 and 1.75-1.95x on W1 where one unshared allocator per thread scales 1.74-1.85x; peak
+///   reserved / peak live at 4 threads 0.84-0.89x the 1-thread one. One thread, CPU time against
+///   the bare allocator, since the owner's gate (three busy-VM runs): 0.74-0.77x on W2, 1.13x on
+///   W1 (1.16-1.25x before, when its large blocks took the mutex); counted, 585 instructions a
+///   W1 pair against the bare allocator's 533 (666 before).
 template <allocator Inner, class Mutex = std::mutex>
 class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using queries = detail::forwards_queries<sharded<Inner, Mutex>, Inner>;
