@@ -148,6 +148,43 @@ concept growth_planning_allocator =
       { a.allocate_planned(plan, bytes, alignment) } noexcept -> std::same_as<block>;
     };
 
+/// Segments (slabs) a policy took off its books under the caller's lock, to be returned to
+/// their upstream after the lock is released (`detaching_release_allocator`). Holds at most
+/// `capacity`; `give_back()` (no lock held) returns them and empties the list.
+struct detached_segments {
+  static constexpr std::size_t capacity = 32;
+  struct entry {
+    block taken{};
+    void* upstream = nullptr;
+    void (*give)(void*, block) noexcept = nullptr;
+  };
+  entry entries[capacity];
+  std::size_t count = 0;
+
+  bool full() const noexcept { return count == capacity; }
+  /// `b` goes back through `up.deallocate(b)` in `give_back` (`count < capacity`).
+  template <class Upstream>
+  void add(Upstream& up, block b) noexcept {
+    entries[count++] = {b, &up, [](void* u, block x) noexcept { static_cast<Upstream*>(u)->deallocate(x); }};
+  }
+  void give_back() noexcept {
+    for (std::size_t i = 0; i < count; ++i) entries[i].give(entries[i].upstream, entries[i].taken);
+    count = 0;
+  }
+};
+
+/// `release()` in two phases, so that a lock need not be held across the upstream's frees
+/// (`cudaFree`; DESIGN §13). Under the caller's lock, `release_detached(out)` takes wholly free
+/// segments off the policy's books (counters and reserved bytes as `release()` leaves them) into
+/// `out`, and returns true when none is left, false when `out` filled first; without the lock
+/// the caller runs `out.give_back()`, and repeats while the answer was false. Offered by
+/// `best_fit_arena` and `size_class_pool` over a `thread_safe_upstream`, passed on by
+/// `segregator` and `fallback` (both parts), used by `synchronized` and `sharded`.
+template <class A>
+concept detaching_release_allocator = allocator<A> && requires(A& a, detached_segments& out) {
+  { a.release_detached(out) } noexcept -> std::same_as<bool>;
+};
+
 /// `record_use(block, stream)`: the block is used on `stream` too (see `alloy::record_use`).
 template <class A, class Stream>
 concept use_recording_allocator = allocator<A> && requires(A& a, block b, Stream stream) {

@@ -14,6 +14,9 @@
 // - Scripted failures: one upstream call fails, at every call index of a single-thread script
 //   through synchronized<stats<default_allocator>>; fill patterns, exact statistics, invariants,
 //   upstream byte balance.
+// - release() (the same gate, in the upstream's free): thread A releases and waits in the free of
+//   a wholly free segment while another thread allocates and frees from cache on the same object;
+//   more free segments than one detached list holds are returned in turns.
 // - Randomized, multi-threaded: 4 threads over a slow upstream that fails one call in seven,
 //   periodic release() so that growth keeps happening, blocks handed to other threads to free;
 //   fill patterns, exact statistics and upstream byte balance at the end.
@@ -79,6 +82,24 @@ struct upstream_state {
     }
     changed.notify_all();
   }
+  // The same for a free: while armed, the next deallocate blocks (once) until opened.
+  bool free_armed = false, free_inside = false, free_open = false;
+  void arm_free() {
+    std::lock_guard lock(mutex);
+    free_armed = true;
+    free_inside = free_open = false;
+  }
+  bool wait_free_inside(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, limit, [&] { return free_inside; });
+  }
+  void open_free_gate() {
+    {
+      std::lock_guard lock(mutex);
+      free_open = true;
+    }
+    changed.notify_all();
+  }
 };
 
 /// Host memory, safe to call from several threads; shares `upstream_state` between copies.
@@ -115,6 +136,15 @@ class basic_gated_upstream {
   }
   void deallocate(alloy::block b) noexcept {
     if (b.ptr == nullptr) return;
+    {
+      std::unique_lock lock(s_->mutex);
+      if (s_->free_armed) {
+        s_->free_armed = false;
+        s_->free_inside = true;
+        s_->changed.notify_all();
+        s_->changed.wait(lock, [&] { return s_->free_open; });
+      }
+    }
     std::free(b.ptr);
     s_->deallocations.fetch_add(1);
     s_->live_bytes.fetch_sub(static_cast<std::int64_t>(b.size));
@@ -252,6 +282,168 @@ BOOST_AUTO_TEST_CASE(over_an_upstream_that_is_not_thread_safe_the_lock_is_held_a
     BOOST_TEST(!others_proceed_during_growth(alloc, up));
   }
   BOOST_TEST(up.state()->live_bytes.load() == 0);
+}
+
+// ---- release() returns segments to the upstream without the lock ---------------------------------
+
+/// Thread A releases (blocked in the upstream's free of a wholly free segment); another thread
+/// then allocates from cache and frees on the same object. Returns whether that thread finished
+/// while A was still blocked.
+template <class Alloc, class Upstream>
+bool others_proceed_during_release(Alloc& alloc, const Upstream& up) {
+  const auto& s = up.state();
+  // Kept live: a 1000-byte block (its slab stays) and 300 KiB (its 2 MiB segment stays, with
+  // room for the other thread's 300 KiB). Freed: 3 MiB in a segment of its own, for release().
+  const alloy::block small = alloc.allocate(1000, 256);
+  const alloy::block large = alloc.allocate(300 << 10, 256);
+  const alloy::block huge = alloc.allocate(3 << 20, 256);
+  BOOST_REQUIRE(small);
+  BOOST_REQUIRE(large);
+  BOOST_REQUIRE(huge);
+  alloc.deallocate(huge);
+  const std::size_t frees_before = s->deallocations.load(), calls_before = s->calls.load();
+
+  s->arm_free();
+  std::thread a([&] { alloc.release(); });
+  const bool a_inside = s->wait_free_inside(10s);
+  BOOST_TEST(a_inside, "thread A never reached the upstream's free");
+  auto b = std::async(std::launch::async, [&] {
+    bool ok = true;
+    for (int i = 0; i < 3; ++i) {
+      const alloy::block x = alloc.allocate(1000, 256);       // the kept slab
+      const alloy::block y = alloc.allocate(300 << 10, 256);  // the kept segment's free room
+      ok = ok && x && y;
+      if (x) fill(x, 7);
+      if (y) fill(y, 8);
+      ok = ok && (!x || intact(x, 7)) && (!y || intact(y, 8));
+      alloc.deallocate(x);
+      alloc.deallocate(y);
+    }
+    return ok;
+  });
+  const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
+  s->open_free_gate();
+  a.join();
+  BOOST_TEST(b.get(), "the other thread's blocks were wrong");
+  BOOST_TEST(s->calls.load() == calls_before, "the other thread's requests were served from cache");
+  BOOST_TEST(s->deallocations.load() == frees_before + 1, "release() returned exactly the free segment");
+  BOOST_TEST(alloc.reserved_bytes() == static_cast<std::size_t>(s->live_bytes.load()));
+  alloc.deallocate(small);
+  alloc.deallocate(large);
+  return finished;
+}
+
+BOOST_AUTO_TEST_CASE(synchronized_serves_from_cache_while_release_frees_on_the_upstream) {
+  gated_upstream up;
+  {
+    alloy::synchronized<alloy::default_allocator<gated_upstream>> alloc{alloy::default_allocator<gated_upstream>{up}};
+    BOOST_TEST(others_proceed_during_release(alloc, up), "a cached allocate waited for another thread's cudaFree");
+    BOOST_TEST(alloc.bytes_in_use() == 0u);
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+}
+
+BOOST_AUTO_TEST_CASE(sharded_serves_the_same_shard_while_release_frees_on_the_upstream) {
+  gated_upstream up;
+  {
+    using inner = alloy::default_allocator<gated_upstream>;
+    alloy::sharded<inner> alloc([&](std::size_t) { return inner{up}; }, {.shards = 1, .thread_cache = 0});
+    BOOST_TEST(others_proceed_during_release(alloc, up), "a cached allocate waited for the shard's cudaFree");
+    BOOST_TEST(alloc.bytes_in_use() == 0u);
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+}
+
+// The sensitivity check: over an upstream that is not thread safe, release() holds the lock
+// across the upstream's frees as before, and the same script sees the other thread wait.
+BOOST_AUTO_TEST_CASE(release_over_an_upstream_that_is_not_thread_safe_holds_the_lock_and_the_test_sees_it) {
+  unsafe_gated_upstream up;
+  {
+    alloy::synchronized<alloy::default_allocator<unsafe_gated_upstream>> alloc{
+        alloy::default_allocator<unsafe_gated_upstream>{up}};
+    BOOST_TEST(!others_proceed_during_release(alloc, up));
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+}
+
+static_assert(alloy::detaching_release_allocator<alloy::default_allocator<gated_upstream>>);
+static_assert(!alloy::detaching_release_allocator<alloy::default_allocator<unsafe_gated_upstream>>);
+
+// More free segments and slabs than one detached list holds (32): the list fills, the caller
+// gives it back and asks again; every one is returned, counters and reserved bytes exact.
+BOOST_AUTO_TEST_CASE(release_detached_in_turns_when_more_than_a_list_is_free) {
+  // Fixed 1 MiB segments and 1 MiB blocks: a segment each.
+  const alloy::best_fit_arena<gated_upstream>::options fixed{.growth = alloy::best_fit_growth::fixed,
+                                                             .growth_size = std::size_t{1} << 20};
+  gated_upstream up;
+  {
+    alloy::best_fit_arena<gated_upstream> arena(up, fixed);
+    std::vector<alloy::block> blocks;
+    for (int i = 0; i < 40; ++i) {
+      blocks.push_back(arena.allocate(std::size_t{1} << 20, 256));
+      BOOST_REQUIRE(blocks.back());
+    }
+    const std::size_t segments = up.state()->allocations.load();
+    BOOST_TEST(segments == 40u);
+    for (const alloy::block& b : blocks) arena.deallocate(b);
+    alloy::detached_segments out;
+    BOOST_TEST(!arena.release_detached(out), "32 of them fit: not done");
+    BOOST_TEST(out.count == alloy::detached_segments::capacity);
+    BOOST_TEST(up.state()->deallocations.load() == 0u, "nothing went to the upstream yet");
+    BOOST_TEST(arena.counters().num_device_free == alloy::detached_segments::capacity);
+    out.give_back();
+    BOOST_TEST(out.count == 0u);
+    BOOST_TEST(arena.release_detached(out));
+    BOOST_TEST(out.count == segments - alloy::detached_segments::capacity);
+    out.give_back();
+    BOOST_TEST(arena.reserved_bytes() == 0u);
+    BOOST_TEST(arena.counters().num_device_free == segments);
+    BOOST_TEST(arena.release_detached(out));  // nothing left
+    BOOST_TEST(out.count == 0u);
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+
+  // Through synchronized and sharded over default_allocator (fixed 1 MiB arena segments): pool
+  // slabs (one class each) and arena segments, more than 32 of them, all returned by one release().
+  using dflt = alloy::default_allocator<gated_upstream>;
+  const dflt::options fixed_large{.large = fixed};
+  auto churn = [](auto& alloc) {
+    std::vector<alloy::block> blocks;
+    for (int i = 0; i < 40; ++i) blocks.push_back(alloc.allocate(std::size_t{1} << 20, 256));
+    for (std::size_t bytes = 256; bytes <= (std::size_t{60} << 10); bytes += bytes / 3) {
+      blocks.push_back(alloc.allocate(bytes, 256));  // small classes: a slab each
+    }
+    for (const alloy::block& b : blocks) {
+      BOOST_REQUIRE(b);
+      alloc.deallocate(b);
+    }
+  };
+  gated_upstream up2;
+  {
+    alloy::synchronized<dflt> alloc{dflt{up2, fixed_large}};
+    churn(alloc);
+    BOOST_TEST(up2.state()->allocations.load() > alloy::detached_segments::capacity + 20);
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+    BOOST_TEST(up2.state()->live_bytes.load() == 0);
+    BOOST_TEST(alloc.counters().num_device_free == up2.state()->deallocations.load());
+  }
+  gated_upstream up3;
+  {
+    alloy::sharded<dflt> alloc([&](std::size_t) { return dflt{up3, fixed_large}; }, {.shards = 2});
+    churn(alloc);
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+    BOOST_TEST(up3.state()->live_bytes.load() == 0);
+    BOOST_TEST(alloc.counters().num_device_free == up3.state()->deallocations.load());
+  }
 }
 
 // ---- the two phases, called directly ------------------------------------------------------------

@@ -642,6 +642,12 @@ class two_parts {
     first().release();
     second().release();
   }
+  /// The first part's free segments, then (room left) the second's.
+  bool release_detached(detached_segments& out) noexcept
+    requires detaching_release_allocator<First> && detaching_release_allocator<Second>
+  {
+    return first().release_detached(out) && second().release_detached(out);
+  }
   std::size_t reserved_bytes() const noexcept
     requires reserving_allocator<First> && reserving_allocator<Second>
   {

@@ -105,7 +105,10 @@ using arena_misuse_counts = misuse_counts;
 ///   (changing nothing), `allocate_planned` adopts it as a free chunk (also when another thread
 ///   grew meanwhile: more cache; refused past `maximum_size` or when host metadata cannot grow,
 ///   then handed back, counted as taken and freed) and allocates as `allocate`; so that
-///   `synchronized` and `sharded` make the upstream call without their lock.
+///   `synchronized` and `sharded` make the upstream call without their lock. Likewise
+///   `release_detached` (`detaching_release_allocator`): `release()` without the upstream's
+///   frees, the wholly free segments taken off the books into a list the caller returns after
+///   its lock is released.
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena may
 ///   only be destroyed or assigned to.
 template <allocator Upstream>
@@ -328,21 +331,19 @@ class best_fit_arena {
 
   /// Returns every wholly free segment to the upstream; returns how many bytes went back.
   std::size_t release() noexcept {
-    std::size_t released = 0;
-    for (std::size_t i = segments_.size(); i-- > 0;) {
-      segment& s = segments_[i];
-      const detail::best_fit_chunk& first = pool_[s.first];
-      if (!first.free() || first.size() != s.size) continue;
-      index_.erase(pool_, s.first);
-      pool_.give(s.first);
-      upstream_.deallocate(s.taken);
-      ++counters_.num_device_free;
-      reserved_ -= s.size;
-      released += s.size;
-      s.size = 0;  // gone: removed below in one pass, not one erase (a shift of the rest) each
-    }
-    if (released != 0) std::erase_if(segments_, [](const segment& s) { return s.size == 0; });
-    return released;
+    return release_segments([this](block taken) { upstream_.deallocate(taken); });
+  }
+  /// `release()` without the upstream calls: the wholly free segments leave the books into `out`
+  /// (`detaching_release_allocator`); false when `out` filled before every one did.
+  bool release_detached(detached_segments& out) noexcept
+    requires thread_safe_upstream<Upstream>
+  {
+    bool all = true;
+    release_segments([&](block taken) { out.add(upstream_, taken); }, [&] {
+      all = !out.full();
+      return all;
+    });
+    return all;
   }
 
   std::size_t reserved_bytes() const noexcept { return reserved_; }
@@ -557,6 +558,27 @@ class best_fit_arena {
   }
 
   /// Grows the arena for a request that found no chunk; returns the chunk to serve it from.
+  /// Takes every wholly free segment off the books and hands its upstream block to `give`, while
+  /// `more()` says there is room; returns the bytes taken.
+  template <class Give, class More = bool (*)()>
+  std::size_t release_segments(Give give, More more = [] { return true; }) noexcept {
+    std::size_t released = 0;
+    for (std::size_t i = segments_.size(); i-- > 0;) {
+      segment& s = segments_[i];
+      const detail::best_fit_chunk& first = pool_[s.first];
+      if (!first.free() || first.size() != s.size) continue;
+      if (!more()) break;
+      index_.erase(pool_, s.first);
+      pool_.give(s.first);
+      give(s.taken);
+      ++counters_.num_device_free;
+      reserved_ -= s.size;
+      released += s.size;
+      s.size = 0;  // gone: removed below in one pass, not one erase (a shift of the rest) each
+    }
+    if (released != 0) std::erase_if(segments_, [](const segment& s) { return s.size == 0; });
+    return released;
+  }
   [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, bool may_release) noexcept {
     const std::size_t max_split = opts_.max_split_size;
     bool advances = false;

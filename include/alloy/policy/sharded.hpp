@@ -76,11 +76,14 @@ struct alignas(64) thread_slot {
 ///   over a `thread_safe_upstream`): the shard is asked under its lock to serve or plan, the
 ///   upstream call (`cudaMalloc` of a new slab or segment) runs without it, and the shard adopts
 ///   the result under its lock again (a refill stops where its shard would grow, and grows that
-///   way for one block when it got none). Still under the lock: a growth that needs more than one
-///   plain upstream call (failure, release and retry), `allocate_keeping_cache`, frees and
-///   `release()`; over an `Inner` without planned growth (`virtual_arena`'s maps), every
-///   upstream call. The table and the caches take no lock; a thread's first call claims its
-///   entry with one compare-exchange.
+///   way for one block when it got none). `release()` takes each shard's free segments off its
+///   books under the shard's lock (up to 32 at a time) and returns them to the upstream without
+///   it, when `Inner` can detach them (`detaching_release_allocator`: `default_allocator` over a
+///   `thread_safe_upstream`; not through `stats<>`). Still under the lock: a growth that needs
+///   more than one plain upstream call (failure, release and retry), `allocate_keeping_cache`,
+///   frees, `release()` of an `Inner` that cannot detach; over an `Inner` without planned growth
+///   (`virtual_arena`'s maps), every upstream call. The table and the caches take no lock; a
+///   thread's first call claims its entry with one compare-exchange.
 /// - The shard's lock, held the cheap way: the thread a shard was first given to holds it
 ///   through a gate (an atomic flag: one compare-exchange and one store, no `Mutex` call) for as
 ///   long as no other thread has needed that shard, so one thread alone, or each thread on its
@@ -305,7 +308,23 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires releasing_allocator<Inner>
   {
     flush_thread_cache();
-    queries::release();
+    if constexpr (detaching_release_allocator<Inner>) {
+      // The free segments leave each shard's books under its lock, up to 32 at a time, and go
+      // back to the upstream without it.
+      const std::size_t caller = caller_index();
+      for (std::size_t i = 0; i < count_; ++i) {
+        for (bool done = false; !done;) {
+          detached_segments out;
+          {
+            shard_lock lock(shards_[i], caller);
+            done = shards_[i].inner.release_detached(out);
+          }
+          out.give_back();
+        }
+      }
+    } else {
+      queries::release();
+    }
   }
   /// `Inner::record_use` on the shard that owns the block.
   template <class Stream>

@@ -282,7 +282,9 @@ struct size_class_usage {
 ///   `allocate_planned` installs the slab when the class still has no free or uncarved block
 ///   (else, or when host metadata cannot grow, hands it back, counted as taken and freed) and
 ///   allocates as `allocate`; so that `synchronized` and `sharded` make the upstream call
-///   without their lock.
+///   without their lock. Likewise `release_detached` (`detaching_release_allocator`): `release()`
+///   without the upstream's frees, the empty slabs taken off the books into a list the caller
+///   returns after its lock is released.
 /// - Thread safety: none (wrap in `synchronized`).
 template <allocator Upstream, class Classes = power2_classes<>>
 class size_class_pool {
@@ -522,21 +524,14 @@ class size_class_pool {
 
   /// Gives every wholly free slab back to the upstream.
   void release() noexcept {
-    bool any = false;
-    for (std::uint32_t id = 0; id < slabs_.size(); ++id) {
-      if (slabs_[id].base != nullptr && slabs_[id].live == 0) {
-        slabs_[id].releasing = true;
-        any = true;
-      }
-    }
-    if (!any) return;
-    for (class_state& cls : classes_) {
-      std::erase_if(cls.free, [this](const free_entry& e) { return slabs_[e.slab].releasing; });
-      if (cls.bump_slab != none && slabs_[cls.bump_slab].releasing) cls.bump_slab = none;
-    }
-    for (std::uint32_t id = 0; id < slabs_.size(); ++id) {
-      if (slabs_[id].releasing) drop_slab(id);
-    }
+    (void)release_slabs(slabs_.size(), [this](block taken) { upstream_.deallocate(taken); });
+  }
+  /// `release()` without the upstream calls: the empty slabs leave the books into `out`
+  /// (`detaching_release_allocator`); false when `out` filled before every one did.
+  bool release_detached(detached_segments& out) noexcept
+    requires thread_safe_upstream<Upstream>
+  {
+    return release_slabs(detached_segments::capacity - out.count, [&](block taken) { out.add(upstream_, taken); });
   }
 
   std::size_t reserved_bytes() const noexcept { return reserved_; }
@@ -718,14 +713,44 @@ class size_class_pool {
     return true;
   }
 
-  void drop_slab(std::uint32_t id) noexcept {
+  /// Drops up to `most` empty slabs, each one's upstream block handed to `give`; true when no
+  /// empty slab is left.
+  template <class Give>
+  bool release_slabs(std::size_t most, Give give) noexcept {
+    std::size_t marked = 0;
+    bool all = true;
+    for (std::uint32_t id = 0; id < slabs_.size(); ++id) {
+      if (slabs_[id].base != nullptr && slabs_[id].live == 0) {
+        if (marked == most) {
+          all = false;
+          break;
+        }
+        slabs_[id].releasing = true;
+        ++marked;
+      }
+    }
+    if (marked == 0) return all;
+    for (class_state& cls : classes_) {
+      std::erase_if(cls.free, [this](const free_entry& e) { return slabs_[e.slab].releasing; });
+      if (cls.bump_slab != none && slabs_[cls.bump_slab].releasing) cls.bump_slab = none;
+    }
+    for (std::uint32_t id = 0; id < slabs_.size(); ++id) {
+      if (slabs_[id].releasing) {
+        give(slabs_[id].upstream_block);
+        drop_slab(id, false);
+      }
+    }
+    return all;
+  }
+
+  void drop_slab(std::uint32_t id, bool give_back = true) noexcept {
     slab& s = slabs_[id];
     class_state& cls = classes_[s.class_index];
     const auto start = reinterpret_cast<std::uintptr_t>(s.base);
     for (std::uintptr_t g = start >> granule_shift_; g <= (start + s.bytes - 1) >> granule_shift_; ++g) {
       granules_.remove(g, id);
     }
-    upstream_.deallocate(s.upstream_block);
+    if (give_back) upstream_.deallocate(s.upstream_block);
     ++counters_.num_device_free;
     reserved_ -= s.bytes;
     cls.carved -= s.capacity;

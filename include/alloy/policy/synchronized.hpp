@@ -29,7 +29,11 @@ namespace alloy {
 ///   adopt goes back to the upstream after the lock is released. Still under the lock: a growth
 ///   that needs more than one plain call (the upstream failed: ask again, release free segments
 ///   and retry; the last resorts), `allocate_keeping_cache`, stream-ordered and movable calls,
-///   `release()` and every free (a free never calls the upstream, except through `release()`).
+///   and every free (a free never calls the upstream, except through `release()`). `release()`
+///   takes the lock to take the free segments off `Inner`'s books (up to 32 at a time) and
+///   returns them to the upstream (`cudaFree`) without it, when `Inner` can detach them
+///   (`detaching_release_allocator`: the same parts as above, and `segregator`/`fallback` of
+///   them; not through a decorator such as `stats<>`, where all of `release()` is locked).
 ///   Over a `virtual_arena` (`virtual_allocator`) the `cuMemMap`s of a growth still happen
 ///   under the lock: its parts offer no planned growth (their upstream, `ref<virtual_arena>`, is
 ///   not `thread_safe_upstream`).
@@ -56,6 +60,27 @@ class synchronized : public detail::forwards_everything<synchronized<Inner, Mute
     return detail::allocate_growing_unlocked(mutex_, inner_, bytes, alignment);
   }
   using detail::forwards_everything<synchronized<Inner, Mutex>, Inner>::allocate;
+
+  /// `Inner::release()` under the lock, except the upstream's frees when `Inner` detaches its
+  /// free segments (`detaching_release_allocator`): taken off its books under the lock, up to
+  /// `detached_segments::capacity` at a time, and returned to the upstream without it.
+  void release() noexcept
+    requires releasing_allocator<Inner>
+  {
+    if constexpr (detaching_release_allocator<Inner>) {
+      for (bool done = false; !done;) {
+        detached_segments out;
+        {
+          std::lock_guard lock(mutex_);
+          done = inner_.release_detached(out);
+        }
+        out.give_back();
+      }
+    } else {
+      std::lock_guard lock(mutex_);
+      inner_.release();
+    }
+  }
 
   /// Runs `f(inner())` with the lock held and returns what it returns.
   template <class F>
