@@ -106,7 +106,7 @@ int candidates(std::vector<std::string> paths) {
   for (const auto& p : paths) traces.push_back(bench::read_trace(p));
   std::vector<variant> vs;
   auto add_layouts = [&](std::size_t rt) {
-    const arena_t::options ao{.release_threshold = rt, .release_threshold_divisor = 0};  // the threshold alone
+    const arena_t::options ao{.release_threshold = rt, .release_threshold_divisor = 0, .keep_up_to_peak = false};  // the threshold alone
     const std::string r = ", threshold " + mib(rt);
     vs.push_back(make_variant("arena alone" + r, [ao](simulated_vm_device& d) { return arena_alone{vm{d}, ao}; }));
     vs.push_back(make_variant("pool<=16K, slabs 64K-256K" + r, [ao](simulated_vm_device& d) {
@@ -126,15 +126,15 @@ int candidates(std::vector<std::string> paths) {
   add_layouts(0);
   add_layouts(64_MiB);
   for (const std::size_t rt : {std::size_t{16} << 20, std::size_t{256} << 20, std::size_t{1} << 30, ~std::size_t{0}}) {
-    const arena_t::options ao{.release_threshold = rt, .release_threshold_divisor = 0};
+    const arena_t::options ao{.release_threshold = rt, .release_threshold_divisor = 0, .keep_up_to_peak = false};
     vs.push_back(make_variant("pool<=64K, slabs 64K-256K, threshold " + mib(rt), [ao](simulated_vm_device& d) {
       return candidate<64_KiB>{vm{d}, ao, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
     }));
   }
-  // The arena's defaults: 32 MiB, or 1/32 of the granules live chunks touch when that is more.
-  vs.push_back(make_variant("arena alone, default threshold (32 MiB or 1/32)",
+  // The arena's defaults: no threshold, 1/32 of the granules live chunks touch, up to the peak in use.
+  vs.push_back(make_variant("arena alone, default release (1/32, up to the peak)",
                             [](simulated_vm_device& d) { return arena_alone{vm{d}, arena_t::options{}}; }));
-  vs.push_back(make_variant("pool<=64K, slabs 64K-256K, default threshold (32 MiB or 1/32)", [](simulated_vm_device& d) {
+  vs.push_back(make_variant("pool<=64K, slabs 64K-256K, default release (1/32, up to the peak)", [](simulated_vm_device& d) {
     return candidate<64_KiB>{vm{d}, arena_t::options{}, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
   }));
   std::printf("%zu traces, 2 MiB granules, alignment 256; min capacity to 0.5 %%\n\n", traces.size());

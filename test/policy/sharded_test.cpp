@@ -650,7 +650,7 @@ BOOST_AUTO_TEST_CASE(shards_share_one_physical_pool) {
       alloy::sharded<shared_arena> a{
           [&](std::size_t) {
             return shared_arena{locked_vmm_ref<alloy::host_vmm>{backend, backend_lock},
-                                {.release_threshold = threshold}};
+                                {.release_threshold = threshold, .keep_up_to_peak = false}};
           },
           {.shards = 2, .thread_cache = 0}};
       auto take = [&](std::size_t pieces, std::vector<item>& out, std::uint64_t first_id) {

@@ -71,6 +71,7 @@ struct failing_host {
 host_arena::options with_host(failing_host& h) {
   host_arena::options o;
   o.release_threshold = 0;
+  o.keep_up_to_peak = false;
   o.host_allocate = &failing_host::allocate;
   o.host_deallocate = &failing_host::deallocate;
   o.host_context = &h;
@@ -86,7 +87,7 @@ std::size_t granule_of(const host_arena& a, const void* p) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(tags_never_share_a_granule) {
-  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   std::vector<std::pair<block, std::uint16_t>> live;
   std::mt19937_64 rng{7};
   for (int i = 0; i < 2000; ++i) {
@@ -120,7 +121,7 @@ BOOST_AUTO_TEST_CASE(tags_never_share_a_granule) {
 }
 
 BOOST_AUTO_TEST_CASE(scoped_tag_sets_and_restores_the_current_tag) {
-  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   BOOST_TEST(a.current_tag().value == 0u);
   block outer, inner;
   {
@@ -146,7 +147,7 @@ BOOST_AUTO_TEST_CASE(offload_restore_keeps_addresses_and_content_and_frees_exact
   // 16 granules of capacity: the weights take 6, the cache 4, the rest is free.
   host_vmm vmm{{.capacity = 16 * granule, .granularity = granule}};
   alloy::vmm_ref<host_vmm> ref{vmm};
-  virtual_arena<alloy::vmm_ref<host_vmm>> a{ref, {.release_threshold = 0}};
+  virtual_arena<alloy::vmm_ref<host_vmm>> a{ref, {.release_threshold = 0, .keep_up_to_peak = false}};
   std::vector<block> weights, cache;
   for (int i = 0; i < 6; ++i) weights.push_back(a.allocate(granule - 4096, 256, tag{1}));
   for (int i = 0; i < 4; ++i) cache.push_back(a.allocate(granule / 2 + 1000, 256, tag{2}));
@@ -238,7 +239,7 @@ BOOST_AUTO_TEST_CASE(misuse_is_refused_and_leaves_the_tag_intact) {
 }
 
 BOOST_AUTO_TEST_CASE(a_freed_offloaded_range_can_go_to_another_tag_and_is_not_overwritten) {
-  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   const block w = a.allocate(2 * granule, granule, tag{1});
   fill_pattern(w, 1);
   BOOST_TEST(a.offload(tag{1}) == offload_status::done);
@@ -265,6 +266,7 @@ BOOST_AUTO_TEST_CASE(failures_at_every_call_leave_everything_intact) {
       fvmm control = backend;  // shares the options and counts
       virtual_arena<fvmm>::options o;
       o.release_threshold = 0;
+      o.keep_up_to_peak = false;
       o.host_allocate = &failing_host::allocate;
       o.host_deallocate = &failing_host::deallocate;
       o.host_context = &h;
@@ -413,7 +415,7 @@ BOOST_AUTO_TEST_CASE(randomized_cycles_of_random_tags) {
 }
 
 BOOST_AUTO_TEST_CASE(offload_all_is_one_full_reclaim) {
-  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   std::vector<block> blocks;
   for (std::uint16_t t = 0; t < 4; ++t) blocks.push_back(a.allocate(10000 + t, 256, tag{t}));
   for (std::size_t i = 0; i < blocks.size(); ++i) fill_pattern(blocks[i], i);
@@ -467,7 +469,7 @@ BOOST_AUTO_TEST_CASE(virtual_allocator_passes_tags_through) {
 }
 
 BOOST_AUTO_TEST_CASE(introspection_shows_offloaded_ranges) {
-  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   const block w = a.allocate(3 * granule + 1000, 256, tag{1});
   const block k = a.allocate(5000, 256, tag{0});
   const std::size_t w_rounded = 3 * granule + 1024, k_rounded = 5120;
@@ -489,7 +491,7 @@ BOOST_AUTO_TEST_CASE(introspection_shows_offloaded_ranges) {
   BOOST_TEST(shot.used_bytes() == a.bytes_in_use());
   BOOST_TEST(shot.to_json().find("\"offloaded\"") != std::string::npos);
   {
-    alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = granule}}, {.release_threshold = 0}}};
+    alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}}};
     block x;
     {
       scoped_tag guard{s.inner(), tag{4}};  // a decorator on top: tagged from outside
@@ -511,7 +513,7 @@ BOOST_AUTO_TEST_CASE(introspection_shows_offloaded_ranges) {
 }
 
 BOOST_AUTO_TEST_CASE(a_pmr_container_is_tagged_from_outside) {
-  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0}};
+  host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   alloy::pmr_resource resource{a};
   const block untagged = a.allocate(1000, 8);
   std::vector<std::uint32_t> expected;

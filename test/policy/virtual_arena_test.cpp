@@ -128,13 +128,14 @@ BOOST_AUTO_TEST_CASE(conformance_over_host_vmm) {
 BOOST_AUTO_TEST_CASE(address_space_defaults_and_options) {
   host_arena unlimited{host_vmm{{.granularity = 64_KiB}}};
   BOOST_TEST(unlimited.address_space() == 1_GiB * 1024, "no capacity: 1 TiB of addresses");
-  BOOST_TEST(unlimited.get_options().release_threshold == 32_MiB);
+  BOOST_TEST(unlimited.get_options().release_threshold == 0u);
+  BOOST_TEST(unlimited.get_options().keep_up_to_peak);
   BOOST_TEST(unlimited.get_options().rounding == 256u);
   host_arena small{host_vmm{{.capacity = 16_MiB, .granularity = 64_KiB}}};
   BOOST_TEST(small.address_space() == 1_GiB, "at least 1 GiB");
   host_arena sized{host_vmm{{.capacity = 1_GiB, .granularity = 64_KiB}}};
   BOOST_TEST(sized.address_space() == 4_GiB, "four times the capacity");
-  host_arena coarse{host_vmm{{.granularity = 64_KiB}}, {.address_space = 100_MiB + 1, .granularity = 100_KiB, .release_threshold = 0}};
+  host_arena coarse{host_vmm{{.granularity = 64_KiB}}, {.address_space = 100_MiB + 1, .granularity = 100_KiB, .release_threshold = 0, .keep_up_to_peak = false}};
   BOOST_TEST(coarse.granularity() == 128_KiB, "a power of two, a multiple of the backend's");
   BOOST_TEST(coarse.address_space() == 100_MiB + 128_KiB);
   const block b = coarse.allocate(1, 1);
@@ -151,7 +152,7 @@ BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
   host_vmm v{{.granularity = 64_KiB}};
   {
     // Every wholly free granule is unmapped at once (no threshold, no share of the touched ones).
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .release_threshold_divisor = 0}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
     std::mt19937_64 rng(17);
     std::vector<alloy::testing::live_block> live;
     std::uint64_t next_id = 1;
@@ -197,7 +198,7 @@ BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
 }
 
 BOOST_AUTO_TEST_CASE(granules_are_shared_and_counted) {
-  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0}};
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   const block x = a.allocate(40_KiB, 256);  // granule 0
   const block y = a.allocate(40_KiB, 256);  // granules 0 and 1
   const block z = a.allocate(40_KiB, 256);  // granule 1
@@ -228,7 +229,7 @@ BOOST_AUTO_TEST_CASE(granules_are_shared_and_counted) {
 }
 
 BOOST_AUTO_TEST_CASE(release_threshold_keeps_the_most_recently_freed) {
-  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 192_KiB}};
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 192_KiB, .keep_up_to_peak = false}};
   std::vector<block> blocks;
   for (int i = 0; i < 8; ++i) {
     blocks.push_back(a.allocate(64_KiB, 64_KiB));  // one granule each
@@ -259,7 +260,7 @@ BOOST_AUTO_TEST_CASE(release_threshold_keeps_the_most_recently_freed) {
 
 BOOST_AUTO_TEST_CASE(release_threshold_divisor_keeps_a_share_of_the_touched_granules) {
   // Threshold 0, divisor 4: a free keeps floor(touched granules / 4) free mapped granules.
-  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 4}};
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 4, .keep_up_to_peak = false}};
   std::vector<block> blocks;
   for (int i = 0; i < 12; ++i) {
     blocks.push_back(a.allocate(64_KiB, 64_KiB));  // one granule each
@@ -277,7 +278,7 @@ BOOST_AUTO_TEST_CASE(release_threshold_divisor_keeps_a_share_of_the_touched_gran
   }
   BOOST_TEST(a.reserved_bytes() == 7 * 64_KiB);
   // Divisor 0: only the threshold counts (0 here: every wholly free granule goes at once).
-  host_arena b{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0}};
+  host_arena b{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
   const block x = b.allocate(64_KiB, 64_KiB), y = b.allocate(64_KiB, 64_KiB);
   BOOST_REQUIRE(x);
   BOOST_REQUIRE(y);
@@ -288,12 +289,50 @@ BOOST_AUTO_TEST_CASE(release_threshold_divisor_keeps_a_share_of_the_touched_gran
   BOOST_TEST(b.check_invariants());
 }
 
+BOOST_AUTO_TEST_CASE(keep_up_to_peak_holds_what_the_peak_needed_and_no_more) {
+  // No threshold, no share: only the peak in use (since construction or release()) keeps granules.
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0}};
+  const block x = a.allocate(64_KiB, 64_KiB), y = a.allocate(64_KiB, 64_KiB), z = a.allocate(64_KiB, 64_KiB);
+  BOOST_REQUIRE(x);
+  BOOST_REQUIRE(y);
+  BOOST_REQUIRE(z);
+  a.deallocate(x);  // peak 192 KiB, 128 KiB touched: granule 0 stays mapped
+  a.deallocate(z);  // 64 KiB touched: granules 0 and 2 stay mapped
+  BOOST_TEST(a.free_mapped_bytes() == 128_KiB);
+  BOOST_TEST(a.mapped_bytes() == 192_KiB);
+  BOOST_TEST(a.counters().num_unmaps == 0u);
+  // 128 KiB lands on granules 2-3 (best fit: the free chunk from granule 2 on). Granule 3 is
+  // new, so granule 0 goes first: mapped never passes the peak, 192 KiB.
+  const block w = a.allocate(128_KiB, 64_KiB);
+  BOOST_REQUIRE(w);
+  BOOST_TEST(w.ptr == z.ptr);
+  BOOST_TEST(a.counters().num_maps == 4u);
+  BOOST_TEST(a.counters().num_unmaps == 1u);
+  BOOST_TEST(a.mapped_bytes() == 192_KiB);
+  BOOST_TEST(a.free_mapped_bytes() == 0u);
+  // A 64 KiB request takes no driver call while a kept granule is free (here after a free).
+  a.deallocate(y);
+  BOOST_TEST(a.free_mapped_bytes() == 64_KiB);
+  const block v = a.allocate(64_KiB, 64_KiB);
+  BOOST_REQUIRE(v);
+  BOOST_TEST(a.counters().num_maps == 4u);
+  // release() gives back every free granule and starts the peak again from what is in use.
+  a.deallocate(v);
+  BOOST_TEST(a.release() == 64_KiB);
+  a.deallocate(w);  // peak 128 KiB, nothing touched: both granules stay
+  BOOST_TEST(a.free_mapped_bytes() == 128_KiB);
+  BOOST_TEST(a.release() == 128_KiB);
+  BOOST_TEST(a.mapped_bytes() == 0u);
+  BOOST_TEST(a.counters().num_maps == a.counters().num_unmaps);
+  BOOST_TEST(a.check_invariants());
+}
+
 // ---- capacity -----------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(capacity_exhausted_freed_and_served_again) {
   host_vmm v{{.capacity = 1_MiB, .granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .keep_up_to_peak = false}};
     std::vector<block> blocks;
     BOOST_TEST(a.bytes_reservable_limit() == 1_MiB);
     for (int i = 0; i < 16; ++i) {
@@ -588,7 +627,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
   misuse_log log;
   host_vmm v{{.granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .on_misuse = &misuse_log::record, .misuse_context = &log}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .keep_up_to_peak = false, .on_misuse = &misuse_log::record, .misuse_context = &log}};
     constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
     for (std::size_t bytes : {max, max - 1, max - 255, max / 2 + 1, max / 2, std::size_t{1} << 44})
       for (std::size_t alignment : {1u, 256u, 4096u, 1u << 20}) BOOST_TEST(!a.allocate(bytes, alignment));
@@ -635,7 +674,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
 BOOST_AUTO_TEST_CASE(moves_hand_over_everything) {
   host_vmm v{{.granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};
+    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .keep_up_to_peak = false}};
     const block b = a.allocate(300_KiB, 4096);
     BOOST_REQUIRE(b);
     fill_pattern(b, 3);
@@ -644,7 +683,7 @@ BOOST_AUTO_TEST_CASE(moves_hand_over_everything) {
     BOOST_TEST(!a.owns(b));
     BOOST_TEST(a.reserved_bytes() == 0u);
     BOOST_TEST(has_pattern(b, 3));
-    shared_arena other{vmm_ref<host_vmm>{v}, {.release_threshold = 0}};
+    shared_arena other{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .keep_up_to_peak = false}};
     const block c = other.allocate(10, 1);
     BOOST_REQUIRE(c);
     other = std::move(moved);  // `other`'s own block and range go back
@@ -711,14 +750,17 @@ bool marks_hold(const model::entry& e) {
   return std::memcmp(e.b.ptr, &head, 8) == 0 && std::memcmp(static_cast<char*>(e.b.ptr) + e.b.size - 8, &tail, 8) == 0;
 }
 
-/// `threshold`: the arena's release_threshold; `divisor` its release_threshold_divisor (a free
-/// keeps free mapped granules up to the larger of the threshold and the touched bytes ÷ divisor).
-void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold = 4_MiB, std::size_t divisor = 32) {
+/// `threshold`: the arena's release_threshold; `divisor` its release_threshold_divisor;
+/// `up_to_peak` its keep_up_to_peak (free mapped granules kept: the most of the threshold, the
+/// touched bytes ÷ divisor and the peak bytes in use since the last release() less the touched).
+void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold = 4_MiB, std::size_t divisor = 32,
+               bool up_to_peak = true) {
   constexpr std::size_t g = 64_KiB;
   constexpr std::size_t capacity = 32_MiB;
   host_vmm v{{.capacity = capacity, .granularity = g}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = threshold, .release_threshold_divisor = divisor}};
+    shared_arena a{vmm_ref<host_vmm>{v},
+                   {.release_threshold = threshold, .release_threshold_divisor = divisor, .keep_up_to_peak = up_to_peak}};
     model m{.rounding = 256, .g = g, .base = 0, .live = {}, .touched = {}, .addresses = {}};
     m.base = reinterpret_cast<std::uintptr_t>(
         [&] {
@@ -731,11 +773,15 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
     std::uint64_t next_id = 1;
     std::size_t failures = 0, served = 0, checks = 0;
     std::size_t target_live = 300;
+    std::size_t in_use = 0, peak_in_use = 0;  // chunk bytes; the peak since the last release()
     auto check_accounting = [&] {
       // Mapped bytes == the granules live chunks touch + the free mapped granules kept.
-      BOOST_REQUIRE(a.mapped_bytes() == (m.touched.size() * g) + a.free_mapped_bytes());
-      const std::size_t share = divisor == 0 ? 0 : (m.touched.size() * g / divisor) / g * g;
-      BOOST_REQUIRE(a.free_mapped_bytes() <= std::max(threshold, share));
+      const std::size_t touched = m.touched.size() * g;
+      BOOST_REQUIRE(a.mapped_bytes() == touched + a.free_mapped_bytes());
+      const std::size_t share = divisor == 0 ? 0 : (touched / divisor) / g * g;
+      const std::size_t below_peak = up_to_peak && peak_in_use > touched ? (peak_in_use - touched) / g * g : 0;
+      BOOST_REQUIRE(a.free_mapped_bytes() <= std::max({threshold, share, below_peak}));
+      BOOST_REQUIRE(a.mapped_bytes() <= std::max({touched + threshold, touched + share, peak_in_use}));
       BOOST_REQUIRE(v.physical_bytes() == a.mapped_bytes());
       BOOST_REQUIRE(a.allocated_chunk_count() == m.live.size());
     };
@@ -764,6 +810,7 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         m.live.emplace(at, e);
         m.addresses.push_back(at);
         m.touch(at, chunk, +1);
+        in_use += chunk;
       } else {
         const std::size_t pick = rng() % m.addresses.size();
         const std::uintptr_t at = m.addresses[pick];
@@ -772,6 +819,8 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         const auto found = m.live.find(at);
         BOOST_REQUIRE(marks_hold(found->second));
         a.deallocate(found->second.b);
+        peak_in_use = std::max(peak_in_use, in_use);
+        in_use -= found->second.chunk;
         m.touch(at, found->second.chunk, -1);
         m.live.erase(found);
       }
@@ -784,6 +833,7 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
       if (op % 250'000 == 249'999) {
         a.release();
         BOOST_REQUIRE(a.free_mapped_bytes() == 0u);
+        peak_in_use = in_use;
         check_accounting();
       }
     }
@@ -805,14 +855,16 @@ BOOST_AUTO_TEST_CASE(model_based_randomized) {
   for (std::uint64_t seed : {1u, 2u}) run_model(seed, 1'000'000);
   // A threshold of 4 granules, below the share of 1/32 of up to 512 touched granules (16), and
   // the share turned off: both bounds hold exactly as the rule says.
-  run_model(3, 1'000'000, 256_KiB, 32);
-  run_model(4, 500'000, 256_KiB, 0);
+  run_model(3, 1'000'000, 256_KiB, 32, false);
+  run_model(4, 500'000, 256_KiB, 0, false);
+  // The defaults: no threshold, the share, and what stays under the peak in use.
+  run_model(5, 1'000'000, 0, 32, true);
 }
 
 // ---- statistics ---------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(stats_report_mapped_bytes_and_driver_calls) {
-  alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 64_KiB}}};
+  alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 64_KiB, .keep_up_to_peak = false}}};
   const block a = s.allocate(100_KiB, 256);      // granules 0, 1
   const block b = s.allocate(50_KiB, 256);       // granules 1, 2
   const block c = s.allocate(200_KiB, 64_KiB);   // granules 3 .. 6 (aligned: 4 whole granules at 192 KiB)

@@ -44,15 +44,20 @@ namespace alloy {
 ///   every granule an allocated chunk touches is mapped, one physical piece per granule, so
 ///   that any wholly free granule anywhere can go back. A granule whose last allocated chunk
 ///   goes is *free mapped*: kept (ready for the next chunk there, no driver call) while free
-///   mapped granules total at most `release_threshold` bytes, or 1/`release_threshold_divisor`
-///   of the granules live chunks touch when that is more; beyond that the one freed longest ago
-///   is unmapped and released (least recently freed first; a hot granule stays). Defaults 32 MiB
-///   and 1/32 (see `options` and the measured figures below).
+///   mapped granules total at most the largest of `release_threshold` bytes (default 0),
+///   1/`release_threshold_divisor` of the granules live chunks touch (default 1/32) and, with
+///   `keep_up_to_peak` (default), what keeps mapped bytes within the most bytes in use since
+///   construction or the last `release()`. Beyond that the one freed longest ago is unmapped and
+///   released (least recently freed first; a hot granule stays). An allocate that needs new
+///   granules applies the same rule first, so mapped bytes never pass the granules live chunks
+///   touch plus what is kept: memory the program needed a moment ago stays for the next
+///   request, and the peak mapped stays that of the touched granules or the peak in use.
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
-///   not mapped (a `create` and a `map` each; none when its granules are mapped already); a
-///   deallocate unmaps and releases the granules trimmed beyond `release_threshold` (an `unmap`
-///   and a `release` each); `release()` does that for every free mapped granule; growth calls
-///   `reserve`. Nothing else calls the backend.
+///   not mapped (a `create` and a `map` each; none when its granules are mapped already), after
+///   unmapping the oldest free granules the rule no longer keeps; a deallocate unmaps and
+///   releases the granules the rule no longer keeps (an `unmap` and a `release` each);
+///   `release()` does that for every free mapped granule; growth calls `reserve`. Nothing else
+///   calls the backend.
 /// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
 ///   unmapped and released (oldest first, as many as the request still needs, more if that was
 ///   not enough) and `create` retried (`num_alloc_retries`): physical pages are fungible, a hole's
@@ -115,23 +120,16 @@ namespace alloy {
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
 ///   through `vmm_ref`.
-/// - Measured 2026-11-24 (host_vmm, 2 MiB granules, W1-like free + allocate pairs over 1,000 live
-///   blocks of 256 B-4 MiB, 200,000 pairs, seeds 1 and 2, busy 2-core VM; best_fit_arena over
-///   host_upstream beside it at 118 ns/pair, peak reserved ÷ peak live 1.17-1.20):
-///   threshold 0: 760-830 ns/pair, peak mapped ÷ peak live 1.14-1.15, 47 map + unmap calls per
-///   1,000 operations; 8 MiB: 490-530 ns, 1.14-1.16, 27; 32 MiB (default): 220-250 ns, 1.15-1.16,
-///   7; 128 MiB: 127-138 ns, 1.16, 0.8. Each map or unmap is a system call here (a driver call on
-///   a GPU), which is what the time follows. What the threshold cannot remove is the free bytes
-///   in granules that a live chunk also touches (holes smaller than a granule between live
-///   blocks): on W1 that is most of the 14 % above live.
 /// - Today's figures (alloy-replay, the 15 shipped traces, 2 MiB granules, bench/README.md
-///   "Virtual memory"): smallest device ÷ peak live 1.000-1.145 (geometric mean 1.021); with the
-///   default threshold and no limit, peak mapped ÷ peak live 1.001-1.235 on PyTorch traces
-///   (1.001-1.015 on those of GiBs) and 1.035-1.042 on MiniMalloc, at 24-2,590 map + unmap calls
-///   per 1,000 operations on PyTorch and 26,900-47,100 on MiniMalloc (blocks of hundreds of MiB
-///   that move: each granule mapped where the block lands). W1 (bench/virtual_memory, five
-///   seeds): 77-81 ns/pair against default_allocator's 48-49, mapped ÷ live 1.13-1.15, 0.014
-///   map calls per pair.
+///   "Virtual memory"; ratios and call counts are deterministic): smallest device ÷ peak live
+///   1.000-1.145 (geometric mean 1.022); with the defaults and no limit, peak mapped ÷ peak live
+///   1.000-1.044 on the PyTorch traces but the two silmont ones (1.114, 1.143: the granules their
+///   live chunks touch) and 1.037-1.044 on MiniMalloc, at 143-370 map + unmap calls per 1,000
+///   operations on PyTorch and 6,500-20,200 on MiniMalloc (blocks of hundreds of MiB that move:
+///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): 84-93
+///   ns/pair against default_allocator's 50-52 (busy VM), mapped ÷ live 1.12-1.17, 0.016-0.023
+///   map calls per pair. Each map or unmap is a system call over `host_vmm` and a driver call on
+///   a GPU; what no release rule removes is the free bytes in granules a live chunk also touches.
 template <virtual_memory Vmm>
 class virtual_arena {
  public:
@@ -151,15 +149,20 @@ class virtual_arena {
     /// Bytes per physical piece; 0: the backend's. Otherwise rounded up to a power of two and to a
     /// multiple of the backend's.
     std::size_t granularity = 0;
-    /// Free mapped bytes kept for reuse before the least recently freed granule is unmapped.
-    /// 32 MiB: on W1 it cuts map + unmap calls 6.7x against 0 (47 -> 7 per 1,000 operations) for
-    /// 1 % more peak mapped memory; on traces whose peak live is GiBs it is under 1 % of it.
-    std::size_t release_threshold = std::size_t{32} << 20;
+    /// Free mapped bytes always kept for reuse before the least recently freed granule is
+    /// unmapped (as `cudaMemPoolAttrReleaseThreshold`, whose default is 0 too). 0: with the share
+    /// and `keep_up_to_peak` below it needs the least memory for as few calls (bench/README.md).
+    std::size_t release_threshold = 0;
     /// A free also keeps free mapped granules up to (bytes of the granules live chunks touch) ÷
-    /// this, when that is more than `release_threshold` (0: only the threshold). On traces whose
-    /// live bytes are GiBs a fixed 32 MiB is a few blocks: 1/32 halves the map + unmap calls of
-    /// PyTorch training traces for at most 1 % more peak mapped (bench/README.md, Virtual memory).
+    /// this (0: no share): a share grows with the heap where a fixed threshold does not.
     std::size_t release_threshold_divisor = 32;
+    /// A free also keeps free mapped granules while the mapped bytes stay within the most bytes
+    /// in use since construction or the last `release()`: what the program held a moment ago its
+    /// next requests need, and holding it never raises the peak mapped above the peak in use.
+    /// With it, threshold 0 makes 2-4x fewer map + unmap calls than the former 32 MiB on the
+    /// large traces and holds less on the small ones (bench/README.md, Virtual memory). Off:
+    /// only the threshold and the share decide.
+    bool keep_up_to_peak = true;
     std::size_t rounding = 256;  ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;      ///< passed to `on_misuse`
@@ -335,6 +338,7 @@ class virtual_arena {
     }
     detail::best_fit_chunk& node = pool_[c];
     const std::size_t size = node.size();
+    peak_in_use_ = std::max(peak_in_use_, in_use_);  // a peak ends with a free
     in_use_ -= size;
     requested_ -= node.requested();
     node.set_free(size);
@@ -373,6 +377,7 @@ class virtual_arena {
   std::size_t release() noexcept {
     const std::size_t before = free_mapped_;
     trim(0);
+    peak_in_use_ = in_use_;
     return (before - free_mapped_) << gshift_;
   }
 
@@ -980,6 +985,9 @@ class virtual_arena {
       unmap_fresh_and_drop(first, last);
       return false;
     }
+    // The granules about to be mapped count against what is kept free: trimmed first, so that
+    // mapped memory never passes what the live chunks touch plus what a free may keep.
+    if (may_release) trim(kept_free_bytes(to_map));
     bool retried = false;
     for (std::size_t g = first; g <= last; ++g) {
       granule& r = granules_[g];
@@ -1058,11 +1066,15 @@ class virtual_arena {
     r.older = r.newer = no_granule;
     --free_mapped_;
   }
-  /// What a free keeps mapped: `release_threshold`, or a share of the granules live chunks touch
-  /// when that is more (`release_threshold_divisor`).
-  std::size_t kept_free_bytes() const noexcept {
-    if (opts_.release_threshold_divisor == 0) return opts_.release_threshold;
-    return std::max(opts_.release_threshold, ((mapped_ - free_mapped_) << gshift_) / opts_.release_threshold_divisor);
+  /// Free mapped bytes kept: the most of `release_threshold`, a share of the granules live chunks
+  /// touch (`release_threshold_divisor`) and what stays under the peak in use (`keep_up_to_peak`),
+  /// counting `about_to_map` granules as touched.
+  std::size_t kept_free_bytes(std::size_t about_to_map = 0) const noexcept {
+    const std::size_t touched = mapped_ - free_mapped_ + about_to_map;
+    const std::size_t touched_bytes = touched << gshift_;
+    const std::size_t below_peak = opts_.keep_up_to_peak ? peak_in_use_ - std::min(peak_in_use_, touched_bytes) : 0;
+    if (opts_.release_threshold_divisor == 0) return std::max(opts_.release_threshold, below_peak);
+    return std::max({opts_.release_threshold, touched_bytes / opts_.release_threshold_divisor, below_peak});
   }
   /// Unmaps the least recently freed granules until at most `keep_bytes` of free mapped remain.
   void trim(std::size_t keep_bytes) noexcept {
@@ -1189,7 +1201,7 @@ class virtual_arena {
     base_ = end_ = reserved_end_ = 0;
     head_ = tail_ = none;
     oldest_ = newest_ = no_granule;
-    mapped_ = free_mapped_ = in_use_ = requested_ = 0;
+    mapped_ = free_mapped_ = peak_in_use_ = in_use_ = requested_ = 0;
     tags_.clear();
     tags_in_use_ = false;
     offloaded_in_use_ = 0;
@@ -1210,6 +1222,7 @@ class virtual_arena {
     newest_ = other.newest_;
     mapped_ = other.mapped_;
     free_mapped_ = other.free_mapped_;
+    peak_in_use_ = other.peak_in_use_;
     in_use_ = other.in_use_;
     requested_ = other.requested_;
     counters_ = other.counters_;
@@ -1242,6 +1255,7 @@ class virtual_arena {
   std::uint32_t newest_ = no_granule;
   std::size_t mapped_ = 0;       ///< granules mapped
   std::size_t free_mapped_ = 0;  ///< of which no allocated chunk touches (on the list)
+  std::size_t peak_in_use_ = 0;   ///< most bytes in use since the last release() (what a free may keep mapped)
   std::size_t in_use_ = 0;
   std::size_t requested_ = 0;
   allocator_counters counters_{};
