@@ -204,14 +204,16 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   is room: none (free granules stay mapped until the device runs short or `release()`) makes
 ///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
 ///   makes 290-51,000; it holds 1.00-1.21x peak live on the PyTorch traces without a limit (0:
-///   1.00-1.18x), less than default_allocator's 1.02-2.10x. Set `options::arena.release_threshold`
-///   to give memory back to other processes sooner.
+///   1.00-1.18x), less than default_allocator's 1.02-2.10x. Set `options::arena` to the arena's
+///   defaults (`{}`: threshold 0, a 1/32 share, kept up to the peak in use: 1.046 against 1.215
+///   geometric mean over the traces, for 5,207 map calls per 1,000 operations against 787) to
+///   give memory back to other processes sooner.
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
-///   replay time 1.2-2.1x default_allocator's on the PyTorch traces, 4-8x on the MiniMalloc
+///   replay time 1.3-2.8x default_allocator's on the PyTorch traces, 4.6-8.5x on the MiniMalloc
 ///   instances (busy 2-core VM; first mappings: 1 GiB in 2 MiB granules over about 600
-///   operations), 8-335 and 990-2,820 map + unmap calls per 1,000 operations; W1 1.17-1.19x
-///   default_allocator's time, mapped ÷ live 1.11-1.14.
+///   operations), 8-335 and 990-2,820 map + unmap calls per 1,000 operations; W1 1.20-1.30x
+///   default_allocator's time (busy VM; 1.17-1.19 on a quieter one), mapped ÷ live 1.11-1.14.
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
