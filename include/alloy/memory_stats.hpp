@@ -215,9 +215,9 @@ inline std::string make_memory_summary(const stats_reading& r, const virtual_mem
     const std::size_t right = pad - left;
     out += "|" + std::string(left, ' ') + text + std::string(right, ' ') + "|\n";
   };
-  auto two = [&](const std::string& l, const std::string& r) {
+  auto two = [&](const std::string& left, const std::string& right) {
     char line[160];
-    std::snprintf(line, sizeof line, "| %-36s| %-38s|\n", l.c_str(), r.c_str());
+    std::snprintf(line, sizeof line, "| %-36s| %-38s|\n", left.c_str(), right.c_str());
     out += line;
   };
   auto row = [&](const char* label, const std::string& c, const std::string& p, const std::string& a,
