@@ -17,6 +17,7 @@
 #include <alloy/policy/fallback.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/segregator.hpp>
+#include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/snapshot.hpp>
@@ -212,6 +213,34 @@ BOOST_AUTO_TEST_CASE(figures_add_up_through_composites) {
   BOOST_TEST(sum.has_pools);
 
   seg.deallocate(d);
+}
+
+// sharded<> passes the figures on through its guard: each shard's, under its lock, added up with
+// `figures::operator+=` (counter types add up).
+BOOST_AUTO_TEST_CASE(sharded_figures_add_up_over_its_shards) {
+  using arena_t = alloy::best_fit_arena<checking_upstream>;
+  using sharded_t = alloy::sharded<arena_t>;
+  alloy::stats<sharded_t> a{sharded_t{[](std::size_t i) {
+                                        arena_t::options o;
+                                        o.initial_size = (i + 1) * 1_MiB;  // one segment each: 1, 2, 3 MiB
+                                        return arena_t{checking_upstream{}, o};
+                                      },
+                                      {.shards = 3, .thread_cache = 0}}};
+  const alloy::statistics s = a.statistics();
+  BOOST_TEST(s.bytes_reserved == 6_MiB);
+  BOOST_TEST(s.peak_bytes_reserved == 6_MiB);
+  BOOST_TEST(s.num_device_alloc == 3u);
+  BOOST_TEST(s.num_device_free == 0u);
+  const std::map<std::string, std::int64_t> m = alloy::memory_stats(a);
+  BOOST_TEST(m.at("segment.all.current") == 3);
+  BOOST_TEST(m.at("reserved_bytes.all.current") == static_cast<std::int64_t>(6_MiB));
+  const alloy::block b = a.allocate(100, 16);  // this thread's shard: no new segment
+  BOOST_REQUIRE(b);
+  BOOST_TEST(a.statistics().num_device_alloc == 3u);
+  a.deallocate(b);
+  const alloy::detail::figures f = alloy::detail::figures_of(a.inner());
+  BOOST_TEST(f.all.reserved == 6_MiB);
+  BOOST_TEST(f.all.counters.num_device_alloc == 3u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
