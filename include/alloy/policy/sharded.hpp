@@ -130,9 +130,10 @@ struct alignas(64) thread_slot {
 ///   on W1, 10.8x on producer/consumer (2.3-6.6x at 4 and 8 threads); 2T/1T throughput 1.92x on
 ///   W2 and 1.75-1.95x on W1 where one unshared allocator per thread scales 1.74-1.85x; peak
 ///   reserved / peak live at 4 threads 0.84-0.89x the 1-thread one. One thread, CPU time against
-///   the bare allocator, since the owner's gate (four busy-VM runs): 0.61-0.77x on W2, 1.13-1.14x on
-///   W1 (1.16-1.25x before, when its large blocks took the mutex); counted, 585 instructions a
-///   W1 pair against the bare allocator's 533 (666 before).
+///   the bare allocator, since the owner's gate (six runs, four on a busy VM): 0.61-0.77x on W2,
+///   1.07-1.14x on W1 (1.07 and 1.10 in the two less loaded runs; 1.16-1.25x before, when its
+///   large blocks took the mutex); counted, 585 instructions a W1 pair against the bare
+///   allocator's 533 (666 before).
 template <allocator Inner, class Mutex = std::mutex>
 class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using queries = detail::forwards_queries<sharded<Inner, Mutex>, Inner>;
