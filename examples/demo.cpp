@@ -66,7 +66,8 @@ workload synthetic_training_loop() {
       const std::size_t temp = allocate(temp_size);
       w.ops.push_back({false, temp, temp_size});
     }
-    for (auto it = activations.rbegin(); it != activations.rend(); ++it) w.ops.push_back({false, it->first, it->second});
+    for (auto it = activations.rbegin(); it != activations.rend(); ++it)
+      w.ops.push_back({false, it->first, it->second});
   }
   for (std::size_t i = 0; i < weights.size(); ++i) w.ops.push_back({false, weights[i], 16_MiB + i * 4_KiB});
   return w;
@@ -87,8 +88,8 @@ workload from_trace(const std::string& path) {
 workload choose_workload(int argc, char** argv) {
 #ifdef ALLOY_DEMO_HAS_ZLIB
   if (argc > 1) return from_trace(argv[1]);
-  const std::filesystem::path shipped = std::filesystem::path(ALLOY_TRACE_DIR) / "pytorch" /
-                                        "bcrafton__assignment2-systems__memory_snapshot.rmm.csv.gz";
+  const std::filesystem::path shipped =
+      std::filesystem::path(ALLOY_TRACE_DIR) / "pytorch" / "bcrafton__assignment2-systems__memory_snapshot.rmm.csv.gz";
   if (std::filesystem::exists(shipped)) return from_trace(shipped.string());
 #else
   (void)argc, (void)argv;
@@ -195,18 +196,21 @@ int run(const char* memory, const workload& w, Upstream upstream, Vmm vmm) {
   std::printf("  %-28s %14zu %14zu %14zu\n", "upstream calls", bare_calls, s.num_device_alloc + s.num_device_free,
               vc.num_device_alloc + vc.num_device_free);
   std::printf("  %-28s %14s %14s %14zu\n", "map + unmap calls", "-", "-", vc.num_maps + vc.num_unmaps);
-  std::printf("  %-28s %14.0f %14.0f %14.0f\n", "ns per operation", plain.ns_per_op, ours.ns_per_op, virtual_run.ns_per_op);
+  std::printf("  %-28s %14.0f %14.0f %14.0f\n", "ns per operation", plain.ns_per_op, ours.ns_per_op,
+              virtual_run.ns_per_op);
   std::printf("  %-28s %14zu %14zu %14zu\n", "failed requests", plain.failed, ours.failed, virtual_run.failed);
   std::printf("  %-28s %14s %14s %14s\n", "peak in use", alloy::detail::format_bytes(plain.peak_live).c_str(),
               alloy::detail::format_bytes(s.peak_bytes_in_use).c_str(),
               alloy::detail::format_bytes(virtual_run.peak_live).c_str());
-  std::printf("  %-28s %14s %14s %14s\n", "peak reserved (mapped)", alloy::detail::format_bytes(plain.peak_live).c_str(),
-              alloy::detail::format_bytes(s.peak_bytes_reserved).c_str(), alloy::detail::format_bytes(virt_peak).c_str());
+  std::printf(
+      "  %-28s %14s %14s %14s\n", "peak reserved (mapped)", alloy::detail::format_bytes(plain.peak_live).c_str(),
+      alloy::detail::format_bytes(s.peak_bytes_reserved).c_str(), alloy::detail::format_bytes(virt_peak).c_str());
   std::printf("  %-28s %14.3f %14.3f %14.3f\n\n", "peak reserved / peak in use", 1.0,
               ratio(s.peak_bytes_reserved, s.peak_bytes_in_use), ratio(virt_peak, virtual_run.peak_live));
-  std::printf("  virtual_allocator maps 2 MiB granules where it needs memory and, when the device runs short,\n"
-              "  unmaps free granules anywhere: the smallest device that serves a trace is near its peak in use\n"
-              "  (alloy-replay --min-capacity; bench/README.md). default_allocator is the faster of the two.\n\n");
+  std::printf(
+      "  virtual_allocator maps 2 MiB granules where it needs memory and, when the device runs short,\n"
+      "  unmaps free granules anywhere: the smallest device that serves a trace is near its peak in use\n"
+      "  (alloy-replay --min-capacity; bench/README.md). default_allocator is the faster of the two.\n\n");
   std::printf("%s\n", alloy::memory_summary(alloc).c_str());
   return ours.failed <= plain.failed && virtual_run.failed <= plain.failed ? 0 : 1;
 }
@@ -226,7 +230,8 @@ int main(int argc, char** argv) {
   const cudaError_t status = cudaGetDeviceCount(&devices);
   cudaGetLastError();
   if (status == cudaSuccess && devices > 0)
-    return run("CUDA device 0 (cudaMalloc; the driver's virtual memory)", w, alloy::cuda_malloc_upstream{}, alloy::cuda_vmm{});
+    return run("CUDA device 0 (cudaMalloc; the driver's virtual memory)", w, alloy::cuda_malloc_upstream{},
+               alloy::cuda_vmm{});
   const std::string why = std::string("host memory: no CUDA device here (") + cudaGetErrorName(status) + ")";
   return run(why.c_str(), w, alloy::host_upstream{}, alloy::host_vmm{});
 #else

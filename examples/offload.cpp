@@ -62,8 +62,9 @@ int main() {
               slept ? "done" : "failed", step ? "served" : "failed", woke ? "done" : "failed", intact ? "yes" : "no");
   std::printf("reclaimed %zu MiB in %zu single reclaims, %zu MiB copied to the host and back\n",
               s.bytes_reclaimed >> 20, s.num_single_reclaims, s.bytes_copied_back >> 20);
-  std::printf("stats<>: %zu MiB in use, %zu MiB reserved (peak %zu MiB), %zu MiB reclaimed\n", counted.bytes_in_use >> 20,
-              counted.bytes_reserved >> 20, counted.peak_bytes_reserved >> 20, counted.bytes_reclaimed >> 20);
+  std::printf("stats<>: %zu MiB in use, %zu MiB reserved (peak %zu MiB), %zu MiB reclaimed\n",
+              counted.bytes_in_use >> 20, counted.bytes_reserved >> 20, counted.peak_bytes_reserved >> 20,
+              counted.bytes_reclaimed >> 20);
   for (const alloy::block& b : layers) heap.deallocate(b);
   heap.deallocate(cache);
   return slept && step && woke && intact ? 0 : 1;

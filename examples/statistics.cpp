@@ -37,7 +37,8 @@ int main() {
   alloc.deallocate(blocks[1]);
   alloc.deallocate(blocks[3]);
   // What the example printed is also checked, so that the README stays true.
-  const bool exact = s.num_allocs == 4 && s.bytes_in_use == 200_KiB + 1_KiB && s.peak_bytes_in_use == 8_MiB + 201_KiB &&
-                     pytorch["allocated_bytes.large_pool.peak"] == static_cast<long long>(8_MiB + 200_KiB);  // > 64 KiB: large
+  const bool exact =
+      s.num_allocs == 4 && s.bytes_in_use == 200_KiB + 1_KiB && s.peak_bytes_in_use == 8_MiB + 201_KiB &&
+      pytorch["allocated_bytes.large_pool.peak"] == static_cast<long long>(8_MiB + 200_KiB);  // > 64 KiB: large
   return exact ? 0 : 1;
 }

@@ -313,8 +313,7 @@ struct w_sharded {
   // documented: no stream-ordered calls (a thread's cache has no stream) and no handles; a
   // planned growth is used inside (the upstream call without the shard's lock), not offered
   static constexpr unsigned not_passed = movable_group | bit(capability::stream_ordered) |
-                                         bit(capability::try_deallocate_on_stream) |
-                                         bit(capability::planned_growth);
+                                         bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth);
 };
 
 /// Capabilities where `W<toy<Mask>>` differs from what it should have (0 when it is right).
@@ -361,9 +360,9 @@ constexpr unsigned stream_ordered_mismatch() {
   using A = toy<m>;
   // documented: stream_ordered allocates through the part's keeping-cache call, which takes the
   // part's current tag, so a tag reaches it by `scoped_tag`, not per call
-  constexpr unsigned passed = m & ~(movable_group | bit(capability::allocate_keeping_cache) |
-                                    bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth) |
-                                    bit(capability::tagged_allocate));
+  constexpr unsigned passed =
+      m & ~(movable_group | bit(capability::allocate_keeping_cache) | bit(capability::try_deallocate_on_stream) |
+            bit(capability::planned_growth) | bit(capability::tagged_allocate));
   constexpr unsigned checked = (m & bit(capability::try_deallocate)) != 0
                                    ? bit(capability::try_deallocate) | bit(capability::try_deallocate_on_stream)
                                    : 0u;

@@ -19,8 +19,8 @@
 #include <alloy/find.hpp>
 #include <alloy/showcase.hpp>
 
-#include "support/conformance.hpp"
 #include "replay/rmm_trace.hpp"
+#include "support/conformance.hpp"
 
 using namespace alloy::literals;
 using alloy::testing::checking_upstream;

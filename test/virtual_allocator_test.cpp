@@ -111,10 +111,10 @@ BOOST_AUTO_TEST_CASE(bad_frees_are_refused_with_every_figure_unchanged) {
   const std::size_t in_use = a.bytes_in_use(), requested = a.requested_bytes(), reserved = a.reserved_bytes();
   int x = 0;
   const alloy::block bad[] = {{&x, 4},
-                              {static_cast<char*>(s.ptr) + 16, 100},   // interior, in a slab
-                              {s.ptr, 99},                             // wrong size
+                              {static_cast<char*>(s.ptr) + 16, 100},     // interior, in a slab
+                              {s.ptr, 99},                               // wrong size
                               {static_cast<char*>(l.ptr) + 256, 1_MiB},  // interior, in the arena
-                              {l.ptr, 2_MiB}};                         // wrong size, large
+                              {l.ptr, 2_MiB}};                           // wrong size, large
   for (const alloy::block& b : bad) {
     BOOST_TEST(!a.try_deallocate(b));
     BOOST_TEST(a.bytes_in_use() == in_use);
@@ -158,7 +158,7 @@ BOOST_AUTO_TEST_CASE(capacity_runs_out_then_serves_again) {
   BOOST_TEST(!a.allocate(2_MiB, 256));
   BOOST_TEST(a.counters().num_ooms == 2u);
   a.deallocate(live[1]);
-  a.deallocate(live[2]);  // kept mapped (below the threshold) ...
+  a.deallocate(live[2]);                            // kept mapped (below the threshold) ...
   const alloy::block big = a.allocate(4_MiB, 256);  // ... and a hole of two granules serves this
   BOOST_TEST_REQUIRE(static_cast<bool>(big));
   a.deallocate(big);

@@ -31,9 +31,9 @@
 #include <alloy/policy/size_class_pool.hpp>
 #include <alloy/showcase.hpp>
 
+#include "replay/rmm_trace.hpp"
 #include "support/counting_upstream.hpp"
 #include "support/pairs_workload.hpp"
-#include "replay/rmm_trace.hpp"
 
 namespace {
 
@@ -54,7 +54,8 @@ using seg_1m = alloy::segregator<1_MiB, alloy::size_class_pool<U>, alloy::best_f
 
 // A pool up to T (classes to 2T, first slabs 64 KiB doubling to 2 MiB) beside the arena.
 template <std::size_t T>
-using seg_grow = alloy::segregator<T, alloy::size_class_pool<U, alloy::power2_classes<4, 256, 2 * T>>, alloy::best_fit_arena<U>>;
+using seg_grow =
+    alloy::segregator<T, alloy::size_class_pool<U, alloy::power2_classes<4, 256, 2 * T>>, alloy::best_fit_arena<U>>;
 template <std::size_t T>
 seg_grow<T> make_seg_grow(U u) {
   return seg_grow<T>{alloy::size_class_pool<U, alloy::power2_classes<4, 256, 2 * T>>{u, {.initial_slab_size = 64_KiB}},
@@ -69,7 +70,8 @@ struct candidate {
 
 template <class A, class Make>
 candidate make_candidate(std::string name, Make make) {
-  return {std::move(name), [make](const alloy::bench::rmm_trace& t, space& s, std::size_t& failed, std::size_t& leftover) {
+  return {std::move(name),
+          [make](const alloy::bench::rmm_trace& t, space& s, std::size_t& failed, std::size_t& leftover) {
             A a = make(U{&s});
             std::vector<alloy::block> blocks(t.allocations);
             failed = 0;
@@ -100,9 +102,8 @@ candidate make_candidate(std::string name, Make make) {
 std::vector<candidate> candidates() {
   std::vector<candidate> c;
   c.push_back(make_candidate<arena_only>("arena", [](U u) { return arena_only{u}; }));
-  c.push_back(make_candidate<seg_1m>("seg1M_pool2M", [](U u) {
-    return seg_1m{alloy::size_class_pool<U>{u}, alloy::best_fit_arena<U>{u}};
-  }));
+  c.push_back(make_candidate<seg_1m>(
+      "seg1M_pool2M", [](U u) { return seg_1m{alloy::size_class_pool<U>{u}, alloy::best_fit_arena<U>{u}}; }));
   c.push_back(make_candidate<seg_grow<16_KiB>>("seg16K_grow", make_seg_grow<16_KiB>));
   c.push_back(make_candidate<seg_grow<256_KiB>>("seg256K_grow", make_seg_grow<256_KiB>));
   c.push_back(make_candidate<seg_grow<64_KiB>>("seg64K_grow2M", make_seg_grow<64_KiB>));
@@ -145,7 +146,8 @@ std::vector<std::filesystem::path> trace_files() {
 
 std::string short_name(const std::filesystem::path& p) {
   std::string n = p.filename().string();
-  for (const char* cut : {".rmm.csv.gz", ".rmm.csv", "_memory_snapshot", "__assignment2-systems__results", "__assignment2-systems_"}) {
+  for (const char* cut :
+       {".rmm.csv.gz", ".rmm.csv", "_memory_snapshot", "__assignment2-systems__results", "__assignment2-systems_"}) {
     const auto at = n.find(cut);
     if (at != std::string::npos) n.erase(at, std::strlen(cut));
   }
@@ -242,10 +244,13 @@ void w1_table() {
   w1_results out;
   w1_disjoint<1_MiB>(w, "thrust_disjoint_1MiB", out);
   w1_disjoint<4_MiB>(w, "thrust_disjoint_4MiB", out);
-  w1_alloy<alloy::default_allocator<U>>(w, "default_allocator", [](U u) { return alloy::default_allocator<U>{u}; }, out);
-  w1_alloy<alloy::caching_allocator<U>>(w, "caching_allocator", [](U u) { return alloy::caching_allocator<U>{u}; }, out);
+  w1_alloy<alloy::default_allocator<U>>(
+      w, "default_allocator", [](U u) { return alloy::default_allocator<U>{u}; }, out);
+  w1_alloy<alloy::caching_allocator<U>>(
+      w, "caching_allocator", [](U u) { return alloy::caching_allocator<U>{u}; }, out);
   w1_alloy<arena_only>(w, "arena", [](U u) { return arena_only{u}; }, out);
-  w1_alloy<seg_1m>(w, "seg1M_pool2M", [](U u) { return seg_1m{alloy::size_class_pool<U>{u}, alloy::best_fit_arena<U>{u}}; }, out);
+  w1_alloy<seg_1m>(
+      w, "seg1M_pool2M", [](U u) { return seg_1m{alloy::size_class_pool<U>{u}, alloy::best_fit_arena<U>{u}}; }, out);
   w1_alloy<seg_grow<16_KiB>>(w, "seg16K_grow", make_seg_grow<16_KiB>, out);
   w1_alloy<seg_grow<256_KiB>>(w, "seg256K_grow", make_seg_grow<256_KiB>, out);
   w1_alloy<seg_grow<64_KiB>>(w, "seg64K_grow2M", make_seg_grow<64_KiB>, out);

@@ -135,34 +135,40 @@ int main(int argc, char** argv) {
     rows[name].peak_live = trace.peak_live_bytes;
     const alloy::bench::rmm_trace* t = &trace;
     const std::string n = name;
-    benchmark::RegisterBenchmark(("minimalloc/" + name + "/best_fit_arena").c_str(), [t, n](benchmark::State& state) {
-      outcome o;
-      for (auto _ : state) o = replay_arena(*t);
-      report(state, o);
-      o.seconds = 0;
-      table()[n].arena = o;
-    })->Unit(benchmark::kMillisecond)->Iterations(3);
-    benchmark::RegisterBenchmark(("minimalloc/" + name + "/defragmenter").c_str(), [t, n](benchmark::State& state) {
-      outcome o;
-      for (auto _ : state) o = replay_defrag(*t);
-      report(state, o);
-      table()[n].defrag = o;
-    })->Unit(benchmark::kMillisecond)->Iterations(3);
+    benchmark::RegisterBenchmark(("minimalloc/" + name + "/best_fit_arena").c_str(),
+                                 [t, n](benchmark::State& state) {
+                                   outcome o;
+                                   for (auto _ : state) o = replay_arena(*t);
+                                   report(state, o);
+                                   o.seconds = 0;
+                                   table()[n].arena = o;
+                                 })
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(3);
+    benchmark::RegisterBenchmark(("minimalloc/" + name + "/defragmenter").c_str(),
+                                 [t, n](benchmark::State& state) {
+                                   outcome o;
+                                   for (auto _ : state) o = replay_defrag(*t);
+                                   report(state, o);
+                                   table()[n].defrag = o;
+                                 })
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(3);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
 
   std::printf("\nMiniMalloc instances, capacity 1 GiB (sizes x1024), online replay\n");
-  std::printf("%-9s %9s %9s | %-21s | %-21s %12s %12s %8s %7s\n", "instance", "requests", "peak live",
-              "best_fit_arena", "+ defragmenter", "MiB alloc", "MiB moved", "moved %", "defrags");
+  std::printf("%-9s %9s %9s | %-21s | %-21s %12s %12s %8s %7s\n", "instance", "requests", "peak live", "best_fit_arena",
+              "+ defragmenter", "MiB alloc", "MiB moved", "moved %", "defrags");
   std::printf("%-9s %9s %9s | %10s %10s | %10s %10s\n", "", "", "MiB", "served", "failed", "served", "failed");
   for (const auto& [name, r] : rows) {
     const double alloc_mib = static_cast<double>(r.defrag.bytes_allocated) / (1 << 20);
     const double moved_mib = static_cast<double>(r.defrag.bytes_moved) / (1 << 20);
     std::printf("%-9s %9zu %9.1f | %10zu %10zu | %10zu %10zu %12.1f %12.1f %7.1f%% %7zu\n", name.c_str(),
                 r.arena.requests, static_cast<double>(r.peak_live) / (1 << 20), r.arena.served, r.arena.failed,
-                r.defrag.served, r.defrag.failed, alloc_mib, moved_mib, alloc_mib > 0 ? 100.0 * moved_mib / alloc_mib : 0.0,
-                r.defrag.defragmentations);
+                r.defrag.served, r.defrag.failed, alloc_mib, moved_mib,
+                alloc_mib > 0 ? 100.0 * moved_mib / alloc_mib : 0.0, r.defrag.defragmentations);
   }
   return 0;
 }

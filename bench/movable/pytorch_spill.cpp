@@ -108,26 +108,35 @@ int main(int argc, char** argv) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string file = entry.path().filename().string();
     if (file.find(".rmm.csv") == std::string::npos) continue;
-    const std::string name = file.substr(0, file.find('_')) + file.substr(file.rfind("__") + 1, file.find(".rmm") - file.rfind("__") - 1);
+    const std::string name =
+        file.substr(0, file.find('_')) + file.substr(file.rfind("__") + 1, file.find(".rmm") - file.rfind("__") - 1);
     traces.emplace(name, alloy::bench::read_rmm_trace(entry.path().string()));
   }
   for (auto& [name, trace] : traces) {
     row& r = rows[name];
     r.peak_live = trace.peak_live_bytes;
     r.capacity = trace.peak_live_bytes / 10 * 6;
-    for (const auto& e : trace.events) r.too_big += e.action == alloy::bench::trace_action::allocate && e.size > r.capacity;
+    for (const auto& e : trace.events)
+      r.too_big += e.action == alloy::bench::trace_action::allocate && e.size > r.capacity;
     const alloy::bench::rmm_trace* t = &trace;
     row* out = &r;
-    benchmark::RegisterBenchmark(("pytorch/" + name + "/limited").c_str(), [t, out](benchmark::State& state) {
-      for (auto _ : state) out->raw = replay_raw(*t, out->capacity);
-      state.counters["failed"] = static_cast<double>(out->raw.failed);
-    })->Unit(benchmark::kMillisecond)->Iterations(1);
-    benchmark::RegisterBenchmark(("pytorch/" + name + "/spill_reclaimer").c_str(), [t, out](benchmark::State& state) {
-      for (auto _ : state) out->spill = replay_spill(*t, out->capacity);
-      state.counters["failed"] = static_cast<double>(out->spill.failed);
-      state.counters["MiB_spilled"] = static_cast<double>(out->spill.counters.bytes_reclaimed) / (1 << 20);
-      state.counters["MiB_restored"] = static_cast<double>(out->spill.counters.bytes_restored) / (1 << 20);
-    })->Unit(benchmark::kMillisecond)->Iterations(1);
+    benchmark::RegisterBenchmark(("pytorch/" + name + "/limited").c_str(),
+                                 [t, out](benchmark::State& state) {
+                                   for (auto _ : state) out->raw = replay_raw(*t, out->capacity);
+                                   state.counters["failed"] = static_cast<double>(out->raw.failed);
+                                 })
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(1);
+    benchmark::RegisterBenchmark(
+        ("pytorch/" + name + "/spill_reclaimer").c_str(),
+        [t, out](benchmark::State& state) {
+          for (auto _ : state) out->spill = replay_spill(*t, out->capacity);
+          state.counters["failed"] = static_cast<double>(out->spill.failed);
+          state.counters["MiB_spilled"] = static_cast<double>(out->spill.counters.bytes_reclaimed) / (1 << 20);
+          state.counters["MiB_restored"] = static_cast<double>(out->spill.counters.bytes_restored) / (1 << 20);
+        })
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(1);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
@@ -138,11 +147,12 @@ int main(int argc, char** argv) {
   std::printf("%-44s %8s %9s %9s | %8s %8s | %8s %8s\n", "", "", "", "", "served", "failed", "served", "failed");
   for (const auto& [name, r] : rows) {
     const alloy::movable_counters& c = r.spill.counters;
-    std::printf("%-44s %8zu %9.1f %9.1f | %8zu %8zu | %8zu %8zu %10.1f %10.1f %7zu %7zu %6zu\n", name.c_str(), r.raw.requests,
-                static_cast<double>(r.peak_live) / (1 << 20), static_cast<double>(r.capacity) / (1 << 20), r.raw.served,
-                r.raw.failed, r.spill.served, r.spill.failed + r.spill.lock_failures,
-                static_cast<double>(c.bytes_reclaimed) / (1 << 20), static_cast<double>(c.bytes_restored) / (1 << 20),
-                c.num_single_reclaims, c.num_full_reclaims, r.too_big);
+    std::printf("%-44s %8zu %9.1f %9.1f | %8zu %8zu | %8zu %8zu %10.1f %10.1f %7zu %7zu %6zu\n", name.c_str(),
+                r.raw.requests, static_cast<double>(r.peak_live) / (1 << 20),
+                static_cast<double>(r.capacity) / (1 << 20), r.raw.served, r.raw.failed, r.spill.served,
+                r.spill.failed + r.spill.lock_failures, static_cast<double>(c.bytes_reclaimed) / (1 << 20),
+                static_cast<double>(c.bytes_restored) / (1 << 20), c.num_single_reclaims, c.num_full_reclaims,
+                r.too_big);
   }
   std::printf("(> cap: requests larger than the whole capacity, which no policy can serve)\n");
   return 0;

@@ -111,8 +111,8 @@ void pmr_pool(benchmark::State& state) {
 
 void print_summary() {
   auto& r = results();
-  std::printf("\nW1 summary (median of %d repetitions, %zu pairs, alignment %zu, CPU ns; ratios in this run)\n", repetitions,
-              w1_params().pairs, alignment);
+  std::printf("\nW1 summary (median of %d repetitions, %zu pairs, alignment %zu, CPU ns; ratios in this run)\n",
+              repetitions, w1_params().pairs, alignment);
   std::printf("%-22s %8s %10s %14s %14s %16s\n", "allocator", "live", "ns/pair", "vs disjoint1M", "vs disjoint4M",
               "reserved/live");
   for (const auto& [name, by_live] : r) {

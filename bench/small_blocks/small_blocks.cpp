@@ -152,9 +152,10 @@ void print_summary(const bench_state& b) {
     const double ns = median(found->second.ns_per_pair);
     if (fastest.empty() || ns < fastest_ns) fastest = peer, fastest_ns = ns;
   }
-  std::printf("\nW2 summary: %zu live, sizes log-uniform 256 B-64 KiB, %zu pairs, alignment %zu; median of %d "
-              "repetitions; ratios in this run\n",
-              w2.live_blocks, w2.pairs, alignment, repetitions);
+  std::printf(
+      "\nW2 summary: %zu live, sizes log-uniform 256 B-64 KiB, %zu pairs, alignment %zu; median of %d "
+      "repetitions; ratios in this run\n",
+      w2.live_blocks, w2.pairs, alignment, repetitions);
   std::printf("fastest peer: %s\n", fastest.empty() ? "-" : fastest.c_str());
   std::printf("%-22s %10s %16s %16s %15s\n", "allocator", "ns/pair", "speed-up vs peer", "reserved/live",
               "upstream calls");

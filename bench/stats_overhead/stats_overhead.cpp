@@ -63,7 +63,7 @@ void overhead(benchmark::State& state, const char* name) {
   const workload w = make_workload(w1_params());
   for (auto _ : state) {
     std::vector<double> bare, stats, traced;
-    run<Bare>(w);  // warm up the page tables and caches
+    run<Bare>(w);                       // warm up the page tables and caches
     for (int r = 0; r < rounds; ++r) {  // interleaved: drift hits all three alike
       bare.push_back(run<Bare>(w));
       stats.push_back(run<with_stats>(w));

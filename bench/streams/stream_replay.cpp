@@ -42,7 +42,8 @@ struct outcome {
 
 /// Replays `trace` with `allocate(bytes, stream_index)` / `deallocate(block, stream_index)`.
 template <class Allocate, class Deallocate>
-std::size_t replay(const alloy::bench::rmm_trace& trace, std::size_t streams, Allocate&& allocate, Deallocate&& deallocate) {
+std::size_t replay(const alloy::bench::rmm_trace& trace, std::size_t streams, Allocate&& allocate,
+                   Deallocate&& deallocate) {
   std::vector<block> blocks(trace.allocations);
   std::size_t failed = 0;
   for (const auto& e : trace.events) {
@@ -103,7 +104,9 @@ int main(int argc, char** argv) {
     if (entry.path().extension() == ".gz" || entry.path().extension() == ".csv") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
   std::printf("peak reserved / peak live, allocation i on stream i mod N (80 GiB simulated device)\n\n");
-  std::printf("| trace | streams | alloy stream_ordered | per-stream arenas | per-stream / alloy | events | waits | host syncs | failed (alloy / per-stream) |\n");
+  std::printf(
+      "| trace | streams | alloy stream_ordered | per-stream arenas | per-stream / alloy | events | waits | host syncs "
+      "| failed (alloy / per-stream) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& file : files) {
     const alloy::bench::rmm_trace trace = alloy::bench::read_trace(file.string());

@@ -28,8 +28,8 @@ namespace alloy::bench {
 
 /// Pages from mmap; nullptr on failure. mmap takes no zero-length mapping, hence the 1.
 inline void* map_pages(std::size_t bytes) noexcept {
-  void* p = mmap(nullptr, bytes == 0 ? 1 : bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  void* p =
+      mmap(nullptr, bytes == 0 ? 1 : bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 inline void unmap_pages(void* p, std::size_t bytes) noexcept { munmap(p, bytes == 0 ? 1 : bytes); }

@@ -51,7 +51,8 @@ inline double dependent_load_ns(std::size_t bytes, std::size_t loads = 4'000'000
 /// The working-set sizes the sweep's context line reports, with the latency of each.
 inline std::vector<std::pair<std::size_t, double>> load_latency_profile() {
   std::vector<std::pair<std::size_t, double>> profile;
-  for (std::size_t kib : {64u, 512u, 2048u, 4096u, 8192u, 32768u}) profile.emplace_back(kib, dependent_load_ns(kib << 10));
+  for (std::size_t kib : {64u, 512u, 2048u, 4096u, 8192u, 32768u})
+    profile.emplace_back(kib, dependent_load_ns(kib << 10));
   return profile;
 }
 

@@ -36,7 +36,10 @@ struct workload_params {
 /// W1: 256 B .. 4 MiB, a million pairs; 1,000 live blocks, or the live-set sweep's other sizes.
 /// The seed depends on the live count, as it always has, so figures stay comparable across runs.
 inline workload_params w1_params(std::size_t live_blocks = 1'000) {
-  return {.live_blocks = live_blocks, .pairs = 1'000'000, .log2_smallest = 8, .log2_largest = 22,
+  return {.live_blocks = live_blocks,
+          .pairs = 1'000'000,
+          .log2_smallest = 8,
+          .log2_largest = 22,
           .seed = 20261122 + live_blocks};
 }
 

@@ -33,8 +33,7 @@ struct shared_space {
     if (p == nullptr) return nullptr;
     const std::size_t now = reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     std::size_t seen = peak.load(std::memory_order_relaxed);
-    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-    }
+    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
     calls.fetch_add(1, std::memory_order_relaxed);
     return p;
   }

@@ -85,13 +85,16 @@ enum class mode { own_live_set, producer_consumer };
 struct scenario {
   std::string name;
   mode how;
-  std::size_t largest_pooled;       // the std::pmr and thrust pools' largest pooled block
+  std::size_t largest_pooled;        // the std::pmr and thrust pools' largest pooled block
   std::vector<workload> per_thread;  // thread t's requests
 };
 
 workload_params params(double log2_largest, std::uint64_t seed) {
-  return {.live_blocks = 1'000, .pairs = log2_largest > 16 ? large_pairs : small_pairs, .log2_smallest = 8,
-          .log2_largest = log2_largest, .seed = seed};
+  return {.live_blocks = 1'000,
+          .pairs = log2_largest > 16 ? large_pairs : small_pairs,
+          .log2_smallest = 8,
+          .log2_largest = log2_largest,
+          .seed = seed};
 }
 
 std::vector<scenario> scenarios() {
@@ -317,8 +320,8 @@ struct malloc_env {
 
 struct contender {
   std::string name;
-  bool counts_space;     // draws from the counted source (malloc does not)
-  bool cross_thread;     // may free a block on another thread than the one that allocated it
+  bool counts_space;       // draws from the counted source (malloc does not)
+  bool cross_thread;       // may free a block on another thread than the one that allocated it
   bool synchronized_peer;  // one of the peers the targets compare against
   // Runs `threads` threads of `sc` through a fresh allocator; returns M pairs/s and fills
   // `peak_reserved`.
@@ -354,13 +357,13 @@ std::vector<contender> contenders() {
 // ---- results -------------------------------------------------------------------------------------
 
 struct figures {
-  std::map<int, std::vector<double>> rate;        // per thread count: M pairs/s of each repetition
-  std::map<int, std::vector<double>> reserved;    // per thread count: peak reserved / peak live
-  std::map<int, std::vector<double>> cpu_rate;    // per thread count: M pairs per CPU second
+  std::map<int, std::vector<double>> rate;      // per thread count: M pairs/s of each repetition
+  std::map<int, std::vector<double>> reserved;  // per thread count: peak reserved / peak live
+  std::map<int, std::vector<double>> cpu_rate;  // per thread count: M pairs per CPU second
 };
 using table = std::map<std::string, figures>;  // per allocator
 
-double med(const figures& f, const std::map<int, std::vector<double>> figures::*what, int threads) {
+double med(const figures& f, const std::map<int, std::vector<double>> figures::* what, int threads) {
   const auto found = (f.*what).find(threads);
   return found == (f.*what).end() ? 0.0 : median(found->second);
 }
@@ -384,11 +387,14 @@ std::pair<double, std::string> best_peer(const table& tab, const std::vector<con
 
 void print_table(const scenario& sc, const table& tab, const std::vector<contender>& cs, int reps) {
   std::printf("\n%s: %s; %zu pairs per thread, alignment %zu; median of %d\n", sc.name.c_str(),
-              sc.how == mode::producer_consumer ? "W2 sizes, every block freed by the next thread (512 in flight per ring)"
-                                                : "1,000 live blocks per thread",
+              sc.how == mode::producer_consumer
+                  ? "W2 sizes, every block freed by the next thread (512 in flight per ring)"
+                  : "1,000 live blocks per thread",
               sc.per_thread[0].pairs(), alignment, reps);
-  std::printf("M pairs/s (all threads)      1T      2T      4T      8T   2T/1T | 1T per CPU s | vs best sync peer: 1T    2T    4T    8T | "
-              "vs malloc 2T | reserved/live 1T    4T  4T/1T\n");
+  std::printf(
+      "M pairs/s (all threads)      1T      2T      4T      8T   2T/1T | 1T per CPU s | vs best sync peer: 1T    2T    "
+      "4T    8T | "
+      "vs malloc 2T | reserved/live 1T    4T  4T/1T\n");
   for (const contender& c : cs) {
     if (!tab.count(c.name)) continue;
     const figures& f = tab.at(c.name);
@@ -433,12 +439,13 @@ void print_targets(const std::vector<scenario>& scs, const std::map<std::string,
       const double scaling_cpu = (s2 / s_cpu1) / (l2 / l_cpu1);
       std::printf("  %s: 2T / 1T per CPU second %.2fx vs the limit's %.2fx = %.2f (>= 0.9: %s)\n", sc.name.c_str(),
                   s2 / s_cpu1, l2 / l_cpu1, scaling_cpu, verdict(scaling_cpu >= 0.9));
-      std::printf("  %s: at 2T %.2f M pairs/s vs best synchronized peer %s %.2f = %.2fx (>= 2: %s)\n", sc.name.c_str(), s2,
-                  peer2.second.c_str(), peer2.first, s2 / peer2.first, verdict(s2 / peer2.first >= 2));
+      std::printf("  %s: at 2T %.2f M pairs/s vs best synchronized peer %s %.2f = %.2fx (>= 2: %s)\n", sc.name.c_str(),
+                  s2, peer2.second.c_str(), peer2.first, s2 / peer2.first, verdict(s2 / peer2.first >= 2));
       const double c1 = med(s, &figures::cpu_rate, 1), lc1 = med(l, &figures::cpu_rate, 1);
-      std::printf("  %s: 1T time vs a bare default_allocator (the limit at 1T), thread CPU time = %.2fx (<= 1.1: %s); "
-                  "wall time %.2fx\n",
-                  sc.name.c_str(), lc1 / c1, verdict(lc1 / c1 <= 1.1), l1 / s1);
+      std::printf(
+          "  %s: 1T time vs a bare default_allocator (the limit at 1T), thread CPU time = %.2fx (<= 1.1: %s); "
+          "wall time %.2fx\n",
+          sc.name.c_str(), lc1 / c1, verdict(lc1 / c1 <= 1.1), l1 / s1);
       const double r1 = med(s, &figures::reserved, 1), r4 = med(s, &figures::reserved, 4);
       std::printf("  %s: peak reserved/peak live 4T %.3f vs 1T %.3f = %.2fx (<= 1.25: %s)\n", sc.name.c_str(), r4, r1,
                   r4 / r1, verdict(r4 / r1 <= 1.25));

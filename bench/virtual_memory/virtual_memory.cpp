@@ -75,13 +75,15 @@ class arena_alone {
 
 struct variant {
   std::string name;
-  std::function<replay::replay_result(const bench::rmm_trace&, simulated_vm_device&, const replay::replay_options&)> run;
+  std::function<replay::replay_result(const bench::rmm_trace&, simulated_vm_device&, const replay::replay_options&)>
+      run;
 };
 
 template <class Make>
 variant make_variant(std::string name, Make make) {
   return {name, [make, name](const bench::rmm_trace& t, simulated_vm_device& d, const replay::replay_options& o) {
-            return replay::replay(t, d, [&] { return replay::raw_target<decltype(make(d))>{make(d), o.alignment}; }, o, name);
+            return replay::replay(
+                t, d, [&] { return replay::raw_target<decltype(make(d))>{make(d), o.alignment}; }, o, name);
           }};
 }
 
@@ -106,7 +108,8 @@ int candidates(std::vector<std::string> paths) {
   for (const auto& p : paths) traces.push_back(bench::read_trace(p));
   std::vector<variant> vs;
   auto add_layouts = [&](std::size_t rt) {
-    const arena_t::options ao{.release_threshold = rt, .release_threshold_divisor = 0, .keep_up_to_peak = false};  // the threshold alone
+    const arena_t::options ao{
+        .release_threshold = rt, .release_threshold_divisor = 0, .keep_up_to_peak = false};  // the threshold alone
     const std::string r = ", threshold " + mib(rt);
     vs.push_back(make_variant("arena alone" + r, [ao](simulated_vm_device& d) { return arena_alone{vm{d}, ao}; }));
     vs.push_back(make_variant("pool<=16K, slabs 64K-256K" + r, [ao](simulated_vm_device& d) {
@@ -115,13 +118,15 @@ int candidates(std::vector<std::string> paths) {
     vs.push_back(make_variant("pool<=64K, slabs 64K-256K" + r, [ao](simulated_vm_device& d) {
       return candidate<64_KiB>{vm{d}, ao, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
     }));
-    vs.push_back(make_variant("pool<=64K, slabs 2M" + r,
-                              [ao](simulated_vm_device& d) { return candidate<64_KiB>{vm{d}, ao, {.slab_size = 2_MiB}}; }));
+    vs.push_back(make_variant("pool<=64K, slabs 2M" + r, [ao](simulated_vm_device& d) {
+      return candidate<64_KiB>{vm{d}, ao, {.slab_size = 2_MiB}};
+    }));
     vs.push_back(make_variant("pool<=256K, slabs 256K-2M" + r, [ao](simulated_vm_device& d) {
       return candidate<256_KiB>{vm{d}, ao, {.slab_size = 2_MiB, .initial_slab_size = 256_KiB}};
     }));
-    vs.push_back(make_variant("pool<=1M, slabs 2M" + r,
-                              [ao](simulated_vm_device& d) { return candidate<1_MiB>{vm{d}, ao, {.slab_size = 2_MiB}}; }));
+    vs.push_back(make_variant("pool<=1M, slabs 2M" + r, [ao](simulated_vm_device& d) {
+      return candidate<1_MiB>{vm{d}, ao, {.slab_size = 2_MiB}};
+    }));
   };
   add_layouts(0);
   add_layouts(64_MiB);
@@ -134,12 +139,15 @@ int candidates(std::vector<std::string> paths) {
   // The arena's defaults: no threshold, 1/32 of the granules live chunks touch, up to the peak in use.
   vs.push_back(make_variant("arena alone, default release (1/32, up to the peak)",
                             [](simulated_vm_device& d) { return arena_alone{vm{d}, arena_t::options{}}; }));
-  vs.push_back(make_variant("pool<=64K, slabs 64K-256K, default release (1/32, up to the peak)", [](simulated_vm_device& d) {
-    return candidate<64_KiB>{vm{d}, arena_t::options{}, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
-  }));
+  vs.push_back(
+      make_variant("pool<=64K, slabs 64K-256K, default release (1/32, up to the peak)", [](simulated_vm_device& d) {
+        return candidate<64_KiB>{vm{d}, arena_t::options{}, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
+      }));
   std::printf("%zu traces, 2 MiB granules, alignment 256; min capacity to 0.5 %%\n\n", traces.size());
-  std::printf("| candidate | min capacity ÷ live, geo. mean | worst PyTorch | worst MiniMalloc | peak mapped ÷ live, no limit | "
-              "map calls / 1k ops | ns/op |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| candidate | min capacity ÷ live, geo. mean | worst PyTorch | worst MiniMalloc | peak mapped ÷ live, no limit "
+      "| "
+      "map calls / 1k ops | ns/op |\n|---|---:|---:|---:|---:|---:|---:|\n");
   for (const variant& v : vs) {
     double log_min = 0, log_unlimited = 0, log_ns = 0, maps = 0, worst_pytorch = 0, worst_minimalloc = 0;
     for (std::size_t i = 0; i < traces.size(); ++i) {
@@ -157,19 +165,21 @@ int candidates(std::vector<std::string> paths) {
       worst = std::max(worst, m.over_live);
     }
     const double n = static_cast<double>(traces.size());
-    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f |\n", v.name.c_str(), std::exp(log_min / n), worst_pytorch,
-                worst_minimalloc, std::exp(log_unlimited / n), maps / n, std::exp(log_ns / n));
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f |\n", v.name.c_str(), std::exp(log_min / n),
+                worst_pytorch, worst_minimalloc, std::exp(log_unlimited / n), maps / n, std::exp(log_ns / n));
   }
   return 0;
 }
 
 int w1(int seeds) {
   using clock = bench::thread_cpu_clock;
-  std::printf("W1: 1,000 live, 256 B-4 MiB log-uniform, 1,000,000 pairs, alignment 256; ns/pair = this thread's CPU time, "
-              "median of 3\n\n");
-  std::printf("| seed | default_allocator ns | reserved ÷ live | virtual_arena ns | map calls / pair | mapped ÷ live | "
-              "virtual_allocator ns | map calls / pair | mapped ÷ live | virtual_allocator ÷ default |\n"
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "W1: 1,000 live, 256 B-4 MiB log-uniform, 1,000,000 pairs, alignment 256; ns/pair = this thread's CPU time, "
+      "median of 3\n\n");
+  std::printf(
+      "| seed | default_allocator ns | reserved ÷ live | virtual_arena ns | map calls / pair | mapped ÷ live | "
+      "virtual_allocator ns | map calls / pair | mapped ÷ live | virtual_allocator ÷ default |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<double> ratios;
   for (int s = 0; s < seeds; ++s) {
     bench::workload_params p = bench::w1_params();

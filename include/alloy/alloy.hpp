@@ -7,23 +7,23 @@
 #include <alloy/config.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
+#include <alloy/host_stream.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/movable.hpp>
 #include <alloy/ref.hpp>
 #include <alloy/statistics.hpp>
 #include <alloy/stream.hpp>
-#include <alloy/host_stream.hpp>
 
 #include <alloy/upstream/host_upstream.hpp>
 #include <alloy/upstream/null_upstream.hpp>
 #include <alloy/vmm/host_vmm.hpp>
 #include <alloy/vmm/virtual_memory.hpp>
 #if ALLOY_HAS_CUDA
+#  include <alloy/cuda_info.hpp>
 #  include <alloy/upstream/cuda_async_upstream.hpp>
 #  include <alloy/upstream/cuda_malloc_upstream.hpp>
 #  include <alloy/upstream/managed_upstream.hpp>
 #  include <alloy/upstream/pinned_host_upstream.hpp>
-#  include <alloy/cuda_info.hpp>
 #  include <alloy/vmm/cuda_vmm.hpp>
 #endif
 

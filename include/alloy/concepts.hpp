@@ -97,9 +97,7 @@ concept cache_keeping_allocator = allocator<A> && requires(A& a, std::size_t byt
 /// `host_upstream`, the CUDA runtime upstreams). Only over such an upstream may a policy offer
 /// `growth_planning_allocator`, whose upstream call runs outside the caller's lock.
 template <class U>
-concept thread_safe_upstream = requires {
-  requires static_cast<bool>(U::thread_safe);
-};
+concept thread_safe_upstream = requires { requires static_cast<bool>(U::thread_safe); };
 
 /// One upstream call a policy wants made for it (a new segment or slab), planned under a lock and
 /// made outside it (`growth_planning_allocator`). Filled by the policy; `fetch()` and
@@ -123,9 +121,12 @@ struct growth_plan {
   /// A plan for `up.allocate(bytes, alignment)`.
   template <class Upstream>
   static growth_plan of(Upstream& up, std::size_t bytes, std::size_t alignment) noexcept {
-    return {bytes, alignment, &up,
+    return {bytes,
+            alignment,
+            &up,
             [](void* u, std::size_t n, std::size_t a) noexcept { return static_cast<Upstream*>(u)->allocate(n, a); },
-            [](void* u, block b) noexcept { static_cast<Upstream*>(u)->deallocate(b); }, block{}};
+            [](void* u, block b) noexcept { static_cast<Upstream*>(u)->deallocate(b); },
+            block{}};
   }
 };
 
@@ -187,9 +188,7 @@ concept detaching_release_allocator = allocator<A> && requires(A& a, detached_se
 
 /// `record_use(block, stream)`: the block is used on `stream` too (see `alloy::record_use`).
 template <class A, class Stream>
-concept use_recording_allocator = allocator<A> && requires(A& a, block b, Stream stream) {
-  a.record_use(b, stream);
-};
+concept use_recording_allocator = allocator<A> && requires(A& a, block b, Stream stream) { a.record_use(b, stream); };
 
 /// `reserved_bytes()`: bytes currently taken from the upstream, in O(1).
 template <class A>
@@ -249,9 +248,8 @@ struct block_info {
 /// Introspection: `for_each_block(f)` calls `f(const block_info&)` for every piece of every
 /// segment, segments in address order and pieces in address order within a segment.
 template <class A>
-concept introspectable_allocator = allocator<A> && requires(const A& a, void (*visit)(const block_info&)) {
-  a.for_each_block(visit);
-};
+concept introspectable_allocator =
+    allocator<A> && requires(const A& a, void (*visit)(const block_info&)) { a.for_each_block(visit); };
 
 /// A movable block's name (DESIGN §4). Zero is never a valid handle.
 struct handle {

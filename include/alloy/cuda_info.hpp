@@ -48,7 +48,8 @@ inline int device_count(cudaError_t* no_device_status = nullptr) {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();
-    if (!means_no_device(status)) ::alloy::detail::throw_cuda_error(status, "cudaGetDeviceCount(&count)", __FILE__, __LINE__);
+    if (!means_no_device(status))
+      ::alloy::detail::throw_cuda_error(status, "cudaGetDeviceCount(&count)", __FILE__, __LINE__);
     if (no_device_status != nullptr) *no_device_status = status;
     return 0;
   }

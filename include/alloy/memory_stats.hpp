@@ -26,8 +26,8 @@
 #include <utility>
 
 #include <alloy/concepts.hpp>
-#include <alloy/error.hpp>
 #include <alloy/detail/walk.hpp>
+#include <alloy/error.hpp>
 #include <alloy/policy/stats.hpp>
 
 namespace alloy {
@@ -57,9 +57,10 @@ decltype(auto) with_stats(A& a, F&& f) {
 }
 
 /// The PyTorch names of the statistics arrays, in PyTorch's order.
-inline constexpr const char* stat_names[] = {"allocation",     "segment",           "active",
-                                             "inactive_split", "allocated_bytes",   "reserved_bytes",
-                                             "active_bytes",   "inactive_split_bytes", "requested_bytes"};
+inline constexpr const char* stat_names[] = {
+    "allocation",      "segment",        "active",       "inactive_split",
+    "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+    "requested_bytes"};
 inline constexpr const char* pool_names[] = {"all", "small_pool", "large_pool"};
 
 inline void put_stat(std::map<std::string, std::int64_t>& out, const std::string& prefix, const stat& s) {
@@ -77,7 +78,7 @@ inline stat pool_stat(const stat_array& a, std::size_t p, bool pools) noexcept {
 
 /// The statistics arrays in PyTorch's order (`stat_names`).
 inline std::array<const stat_array*, 9> stat_arrays(const stats_reading& r) noexcept {
-  return {&r.allocation, &r.segment, &r.allocation, &r.inactive_split, &r.bytes,
+  return {&r.allocation, &r.segment, &r.allocation,           &r.inactive_split, &r.bytes,
           &r.reserved,   &r.bytes,   &r.inactive_split_bytes, &r.bytes};
 }
 
@@ -126,9 +127,7 @@ std::map<std::string, std::int64_t> memory_stats_of(S& s) {
 template <class A>
   requires detail::contains_stats<A>
 std::map<std::string, std::int64_t> memory_stats(A& a) {
-  return detail::with_stats(a, [](auto& s) {
-    return detail::memory_stats_of(s);
-  });
+  return detail::with_stats(a, [](auto& s) { return detail::memory_stats_of(s); });
 }
 
 /// `statistics()` of the first `stats<>` part of `a` (locked when a `synchronized<>` is on the way).
@@ -223,16 +222,18 @@ inline std::string make_memory_summary(const stats_reading& r, const virtual_mem
   auto row = [&](const char* label, const std::string& c, const std::string& p, const std::string& a,
                  const std::string& f) {
     char line[200];
-    std::snprintf(line, sizeof line, "| %-26s| %10s | %10s | %10s | %10s |\n", label, c.c_str(), p.c_str(),
-                  a.c_str(), f.c_str());
+    std::snprintf(line, sizeof line, "| %-26s| %10s | %10s | %10s | %10s |\n", label, c.c_str(), p.c_str(), a.c_str(),
+                  f.c_str());
     out += line;
   };
   auto metric = [&](const char* label, const stat_array& a, bool bytes) {
     for (std::size_t p = 0; p < (pools ? 3 : 1); ++p) {
       const stat st = pool_stat(a, p, pools);
       auto text = [&](std::int64_t v) { return bytes ? summary_bytes(v) : summary_count(v); };
-      row(p == 0 ? label : p == 1 ? "      from small pool" : "      from large pool", text(st.current), text(st.peak),
-          text(st.allocated), text(st.freed));
+      row(p == 0   ? label
+          : p == 1 ? "      from small pool"
+                   : "      from large pool",
+          text(st.current), text(st.peak), text(st.allocated), text(st.freed));
     }
     out += rule_single;
   };
@@ -265,8 +266,9 @@ inline std::string make_memory_summary(const stats_reading& r, const virtual_mem
       "Reservable limit: " + (s.bytes_reservable_limit ? format_bytes(s.bytes_reservable_limit) : std::string("none")));
   two("Largest free block: " + format_bytes(s.largest_free_block), std::string("Fragmentation: ") + frag);
   two("Largest allocation: " + format_bytes(s.largest_alloc_size),
-      "Max split size: " + (max_split_key(r.max_split) < 0 ? std::string("none")
-                                                           : format_bytes(static_cast<std::size_t>(max_split_key(r.max_split)))));
+      "Max split size: " + (max_split_key(r.max_split) < 0
+                                ? std::string("none")
+                                : format_bytes(static_cast<std::size_t>(max_split_key(r.max_split)))));
   if (vm.any) {
     two("Map calls: " + std::to_string(vm.maps), "Unmap calls: " + std::to_string(vm.unmaps));
     two("Mapped memory: " + format_bytes(s.bytes_reserved), "Unmapped addresses: " + format_bytes(vm.unmapped_bytes));

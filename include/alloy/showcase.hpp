@@ -21,8 +21,8 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/forwarding.hpp>
 #include <alloy/detail/align.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/quantizer.hpp>
@@ -338,7 +338,9 @@ class virtual_allocator {
       }
       const std::byte* at = start;  // the slab's blocks, gaps between them free
       const auto free_up_to = [&](const std::byte* end) {
-        if (end > at) visit(block_info{piece.segment, piece.segment_size, at, static_cast<std::size_t>(end - at), 0, block_state::free});
+        if (end > at)
+          visit(block_info{piece.segment, piece.segment_size, at, static_cast<std::size_t>(end - at), 0,
+                           block_state::free});
       };
       while (next != pool.end() && static_cast<const std::byte*>(next->ptr) < start + piece.size) {
         block_info info = *next++;
@@ -372,7 +374,8 @@ class virtual_allocator {
   heap_type heap_;
   std::size_t ooms_ = 0;
   tag current_tag_{};
-  bool tagged_small_ = false;  ///< a tagged block of at most `threshold` bytes came from the arena (frees check the pool)
+  bool tagged_small_ =
+      false;  ///< a tagged block of at most `threshold` bytes came from the arena (frees check the pool)
 };
 
 }  // namespace alloy

@@ -51,7 +51,8 @@ struct memory_snapshot {
     for (const segment& s : segments) {
       n += s.size;
       for (const piece& p : s.blocks)
-        if (p.state == block_state::unmapped || p.state == block_state::offloaded) n -= p.size;  // no memory: not reserved
+        if (p.state == block_state::unmapped || p.state == block_state::offloaded)
+          n -= p.size;  // no memory: not reserved
     }
     return n;
   }
@@ -65,7 +66,8 @@ struct memory_snapshot {
     std::size_t n = 0;
     for (const segment& s : segments)
       for (const piece& p : s.blocks)
-        if (p.state != block_state::free && p.state != block_state::unmapped && p.state != block_state::offloaded) n += p.size;
+        if (p.state != block_state::free && p.state != block_state::unmapped && p.state != block_state::offloaded)
+          n += p.size;
     return n;
   }
   std::size_t requested_bytes() const noexcept {
@@ -182,11 +184,13 @@ inline std::string memory_snapshot::to_json() const {
   std::string out = "{\n  \"totals\": {";
   char frag[32];
   std::snprintf(frag, sizeof frag, "%.6f", fragmentation());
-  out += "\"segments\": " + std::to_string(segments.size()) + ", \"reserved_bytes\": " +
-         std::to_string(reserved_bytes()) + ", \"used_bytes\": " + std::to_string(used_bytes()) +
-         ", \"requested_bytes\": " + std::to_string(requested_bytes()) + ", \"free_bytes\": " +
-         std::to_string(free_bytes()) + ", \"largest_free_block\": " + std::to_string(largest_free_block()) +
-         ", \"fragmentation\": " + frag + "},\n  \"segments\": [";
+  out += "\"segments\": " + std::to_string(segments.size()) +
+         ", \"reserved_bytes\": " + std::to_string(reserved_bytes()) +
+         ", \"used_bytes\": " + std::to_string(used_bytes()) +
+         ", \"requested_bytes\": " + std::to_string(requested_bytes()) +
+         ", \"free_bytes\": " + std::to_string(free_bytes()) +
+         ", \"largest_free_block\": " + std::to_string(largest_free_block()) + ", \"fragmentation\": " + frag +
+         "},\n  \"segments\": [";
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const segment& s = segments[i];
     out += i == 0 ? "\n" : ",\n";
@@ -217,7 +221,7 @@ inline std::string memory_snapshot::to_svg() const {
       case block_state::allocated: return {"#2f6db5", "#9fbfe6"};
       case block_state::active: return {"#23985a", "#9fdcb9"};
       case block_state::inactive: return {"#d9912a", "#f0cc95"};
-      case block_state::unmapped: return {"#ffffff", "#ffffff"};  // addresses only: no memory
+      case block_state::unmapped: return {"#ffffff", "#ffffff"};   // addresses only: no memory
       case block_state::offloaded: return {"#b9a6d9", "#e2d9f0"};  // live, on the host or dropped
       case block_state::free: break;
     }
@@ -266,10 +270,9 @@ inline std::string memory_snapshot::to_svg() const {
     auto holds_block = [](const piece& p) { return p.state != block_state::free && p.state != block_state::unmapped; };
     const bool used = std::any_of(s.blocks.begin(), s.blocks.end(), holds_block);
     const double free_share = s.size ? 100.0 * static_cast<double>(s.free_bytes()) / static_cast<double>(s.size) : 0;
-    const auto in_use = static_cast<std::size_t>(std::count_if(
-        s.blocks.begin(), s.blocks.end(), holds_block));
-    std::snprintf(buf, sizeof buf, "<text x=\"10\" y=\"%.1f\">%s%s%s%s: %zu in use, %.0f%% free</text>\n",
-                  y + 12.5, s.pool.empty() ? "" : "[", s.pool.c_str(), s.pool.empty() ? "" : "] ",
+    const auto in_use = static_cast<std::size_t>(std::count_if(s.blocks.begin(), s.blocks.end(), holds_block));
+    std::snprintf(buf, sizeof buf, "<text x=\"10\" y=\"%.1f\">%s%s%s%s: %zu in use, %.0f%% free</text>\n", y + 12.5,
+                  s.pool.empty() ? "" : "[", s.pool.c_str(), s.pool.empty() ? "" : "] ",
                   detail::format_bytes(s.size).c_str(), in_use, free_share);
     out += buf;
     std::snprintf(buf, sizeof buf,
@@ -287,10 +290,11 @@ inline std::string memory_snapshot::to_svg() const {
       const std::string tip = detail::hex_address(p.address) + ": " + to_string(p.state) + ", " +
                               detail::format_bytes(p.size) +
                               (!holds_block(p) ? "" : " (requested " + detail::format_bytes(p.requested) + ")");
-      std::snprintf(buf, sizeof buf,
-                    "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"%s><title>%s</title></rect>\n",
-                    x, y, w, bar_height, c.fill, w > 3 ? " stroke=\"white\" stroke-width=\"0.6\"" : "",
-                    detail::svg_escape(tip).c_str());
+      std::snprintf(
+          buf, sizeof buf,
+          "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"%s><title>%s</title></rect>\n", x, y,
+          w, bar_height, c.fill, w > 3 ? " stroke=\"white\" stroke-width=\"0.6\"" : "",
+          detail::svg_escape(tip).c_str());
       out += buf;
       if (holds_block(p) && p.requested < p.size && w > 2) {
         const double rx = x + static_cast<double>(p.requested) * scale;

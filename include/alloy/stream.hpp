@@ -32,7 +32,8 @@ struct stream_traits;
 
 /// A stream type alloy can order memory on (see `stream_traits`).
 template <class S>
-concept stream = std::equality_comparable<S> && std::copyable<S> &&
+concept stream =
+    std::equality_comparable<S> && std::copyable<S> &&
     requires(S s, typename stream_traits<S>::event_type& e, const typename stream_traits<S>::event_type& ce) {
       { stream_traits<S>::create(e) } noexcept -> std::same_as<bool>;
       { stream_traits<S>::destroy(e) } noexcept;
@@ -51,9 +52,7 @@ template <>
 struct stream_traits<cudaStream_t> {
   using event_type = cudaEvent_t;
 
-  static bool create(cudaEvent_t& e) noexcept {
-    return ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
+  static bool create(cudaEvent_t& e) noexcept { return ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
   static void destroy(cudaEvent_t& e) noexcept {
     if (e != nullptr) ok(cudaEventDestroy(e));
     e = nullptr;

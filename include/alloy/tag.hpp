@@ -30,12 +30,12 @@ enum class tag_state : std::uint8_t {
 /// What `offload`, `discard` and `restore` did. Anything but `done` changed nothing.
 enum class offload_status : std::uint8_t {
   done,
-  not_resident,      ///< offload/discard of a tag already offloaded or discarded
-  already_resident,  ///< restore of a tag that is resident
-  host_out_of_memory,  ///< the host copy (or host metadata) could not be allocated: the tag stays resident, intact
+  not_resident,          ///< offload/discard of a tag already offloaded or discarded
+  already_resident,      ///< restore of a tag that is resident
+  host_out_of_memory,    ///< the host copy (or host metadata) could not be allocated: the tag stays resident, intact
   device_out_of_memory,  ///< restore: not enough physical memory (nothing half-mapped; retry later)
-  map_failed,        ///< restore: a backend map failed (everything undone; retry later)
-  copy_failed,       ///< the copy engine failed (offload: tag stays resident; restore: nothing mapped, host copy kept)
+  map_failed,            ///< restore: a backend map failed (everything undone; retry later)
+  copy_failed,  ///< the copy engine failed (offload: tag stays resident; restore: nothing mapped, host copy kept)
 };
 
 inline const char* to_string(tag_state s) noexcept {
@@ -107,7 +107,9 @@ concept tag_holding = requires(A& a, const A& c, tag t) {
 template <tag_holding Alloc>
 class scoped_tag {
  public:
-  scoped_tag(Alloc& alloc, tag t) noexcept : alloc_(alloc), previous_(alloc.current_tag()) { alloc_.set_current_tag(t); }
+  scoped_tag(Alloc& alloc, tag t) noexcept : alloc_(alloc), previous_(alloc.current_tag()) {
+    alloc_.set_current_tag(t);
+  }
   ~scoped_tag() { alloc_.set_current_tag(previous_); }
   scoped_tag(const scoped_tag&) = delete;
   scoped_tag& operator=(const scoped_tag&) = delete;

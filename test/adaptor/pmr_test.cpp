@@ -95,7 +95,7 @@ BOOST_AUTO_TEST_CASE(an_unsupported_alignment_says_so_and_gives_the_maximum) {
     BOOST_TEST(what.find("at most 524288") != std::string::npos, what);
   }
   BOOST_CHECK_THROW((void)resource.allocate(2_MiB, 256), alloy::out_of_memory);  // too large: not the alignment
-  void* p = resource.allocate(64, 1_MiB);  // the maximum itself is served
+  void* p = resource.allocate(64, 1_MiB);                                        // the maximum itself is served
   BOOST_TEST(alloy::detail::is_aligned(p, 1_MiB));
   resource.deallocate(p, 64, 1_MiB);
   BOOST_TEST(pool.bytes_in_use() == 0u);

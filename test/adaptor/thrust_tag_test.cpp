@@ -64,7 +64,8 @@ BOOST_AUTO_TEST_CASE(a_thrust_vector_is_tagged_from_outside_through_the_decorato
     BOOST_TEST(heap.with_lock([](auto& s) { return s.statistics().num_allocs; }) > allocs_before);
     BOOST_TEST(heap.discard(alloy::tag{5}) == alloy::offload_status::done);
     const std::size_t refused = inner.offload_stats().num_refused_allocations;
-    BOOST_CHECK_THROW((thrust::device_vector<std::uint64_t, allocator_t>(4, 0, allocator_t{heap})), alloy::out_of_memory);
+    BOOST_CHECK_THROW((thrust::device_vector<std::uint64_t, allocator_t>(4, 0, allocator_t{heap})),
+                      alloy::out_of_memory);
     BOOST_TEST(inner.offload_stats().num_refused_allocations == refused + 1);
     BOOST_TEST(heap.restore(alloy::tag{5}) == alloy::offload_status::done);
   }

@@ -198,7 +198,8 @@ BOOST_AUTO_TEST_CASE(thrust_mr_containers_and_pools_over_thrust_resource) {
     BOOST_TEST(thrust::reduce(v.begin(), v.end()) == 50'000);
 
     // A Thrust pool drawing its chunks from alloy.
-    thrust::mr::disjoint_unsynchronized_pool_resource<alloy::thrust_resource<host_alloc>, thrust::mr::new_delete_resource>
+    thrust::mr::disjoint_unsynchronized_pool_resource<alloy::thrust_resource<host_alloc>,
+                                                      thrust::mr::new_delete_resource>
         pool(&resource, thrust::mr::get_global_resource<thrust::mr::new_delete_resource>());
     void* p = pool.allocate(1000, 256);
     BOOST_TEST(alloc.bytes_in_use() > 50'000 * sizeof(int));

@@ -50,8 +50,8 @@ struct alloy::stream_traits<inline_stream> {
 
 namespace {
 
-#define ALLOY_FUZZ_CHECK(condition) \
-  do {                              \
+#define ALLOY_FUZZ_CHECK(condition)     \
+  do {                                  \
     if (!(condition)) __builtin_trap(); \
   } while (0)
 
@@ -123,7 +123,7 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
   constexpr bool streams = alloy::stream_ordered_allocator<A, inline_stream>;
   std::vector<live_block> live;
   std::map<std::uintptr_t, std::uintptr_t> ranges;  // start -> end of every live non-empty block
-  std::vector<block> freed;  // recently freed blocks, for double frees (most recent last)
+  std::vector<block> freed;                         // recently freed blocks, for double frees (most recent last)
   model_counts model;
   checking_upstream elsewhere;  // another allocator, whose block is foreign to `alloc`
   const block foreign = elsewhere.allocate(4096, 256);
@@ -193,7 +193,8 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
               if (freed.empty()) break;
               const block old = freed[(arg >> 2) % freed.size()];
               bool reused_same = false;
-              for (const live_block& l : live) reused_same = reused_same || (l.b.ptr == old.ptr && l.b.size == old.size);
+              for (const live_block& l : live)
+                reused_same = reused_same || (l.b.ptr == old.ptr && l.b.size == old.size);
               if (!reused_same) bad = old;  // (a live block at that address with another size: a wrong size)
               break;
             }
@@ -250,7 +251,9 @@ void run(A&& alloc, const std::uint8_t* data, std::size_t size, Check&& check) {
 }
 
 constexpr auto no_check = [](auto&) {};
-constexpr auto arena_check = [](auto& a) { ALLOY_FUZZ_CHECK(alloy::find<alloy::best_fit_arena>(a).check_invariants()); };
+constexpr auto arena_check = [](auto& a) {
+  ALLOY_FUZZ_CHECK(alloy::find<alloy::best_fit_arena>(a).check_invariants());
+};
 
 }  // namespace
 
@@ -265,23 +268,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::uint8_t* ops = data + 1;
     const std::size_t n = size - 1;
     switch (data[0] % 6) {
-      case 0:
-        run(arena{up, {.growth_size = 64_KiB, .max_growth_size = 1_MiB}}, ops, n, arena_check);
-        break;
+      case 0: run(arena{up, {.growth_size = 64_KiB, .max_growth_size = 1_MiB}}, ops, n, arena_check); break;
       case 1:
         run(arena{up, {.initial_size = 4_MiB, .maximum_size = 4_MiB, .max_split_size = 256_KiB}}, ops, n, arena_check);
         break;
-      case 2:
-        run(pool{up}, ops, n, no_check);
-        break;
-      case 3:
-        run(alloy::stats<heap>{heap{pool{up}, arena{up}}}, ops, n, arena_check);
-        break;
+      case 2: run(pool{up}, ops, n, no_check); break;
+      case 3: run(alloy::stats<heap>{heap{pool{up}, arena{up}}}, ops, n, arena_check); break;
       case 4:
         run(alloy::stream_ordered<arena, inline_stream>{arena{up, {.maximum_size = 8_MiB}}}, ops, n, arena_check);
         break;
       default:
-        run(alloy::limited<alloy::stream_ordered<heap, inline_stream>>{
+        run(
+            alloy::limited<alloy::stream_ordered<heap, inline_stream>>{
                 alloy::stream_ordered<heap, inline_stream>{heap{pool{up}, arena{up}}}, {.bytes_limit = 6_MiB}},
             ops, n, arena_check);
         break;

@@ -49,7 +49,10 @@ BOOST_AUTO_TEST_SUITE(odr)
 BOOST_AUTO_TEST_CASE(stats_over_an_arena_agrees_across_units) {
   odr_check::arena_t a;
   std::size_t here = 0;
-  cross_unit_workload(a, 1 << 16, [&](alloy::block b) { a.deallocate(b); ++here; });
+  cross_unit_workload(a, 1 << 16, [&](alloy::block b) {
+    a.deallocate(b);
+    ++here;
+  });
   const alloy::statistics s = a.statistics();
   BOOST_TEST(s.num_allocs == odr_check::num_allocs_in_second(a));
   BOOST_TEST(s.bytes_in_use == 0u);

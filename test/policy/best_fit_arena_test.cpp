@@ -22,12 +22,12 @@
 #include <alloy/upstream/host_upstream.hpp>
 #include <alloy/upstream/null_upstream.hpp>
 
-#include "support/conformance.hpp"
 #include "replay/rmm_trace.hpp"
+#include "support/conformance.hpp"
 
 using namespace alloy::literals;
-using alloy::block;
 using alloy::best_fit_arena;
+using alloy::block;
 using alloy::testing::checking_upstream;
 using alloy::testing::failing_upstream;
 
@@ -180,8 +180,7 @@ struct misuse_log {
   static void record(alloy::arena_misuse kind, block b, void* context) noexcept {
     try {
       static_cast<misuse_log*>(context)->seen.emplace_back(kind, b);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 };
 
@@ -190,7 +189,8 @@ void stamp(block b, std::uint64_t id) {
   auto* bytes = static_cast<unsigned char*>(b.ptr);
   const std::size_t n = b.size;
   auto put = [&](std::size_t at, std::size_t len) {
-    for (std::size_t i = 0; i < len; ++i) bytes[at + i] = static_cast<unsigned char>(alloy::testing::pattern_word(id, at + i));
+    for (std::size_t i = 0; i < len; ++i)
+      bytes[at + i] = static_cast<unsigned char>(alloy::testing::pattern_word(id, at + i));
   };
   if (n <= 256) {
     put(0, n);
@@ -219,8 +219,8 @@ std::vector<std::filesystem::path> shipped_traces() {
   const std::filesystem::path root = ALLOY_TRACE_DIR;
   std::error_code ec;
   for (const char* sub : {"pytorch", "minimalloc"}) {
-    for (auto it = std::filesystem::directory_iterator(root / sub, ec); !ec && it != std::filesystem::directory_iterator();
-         it.increment(ec)) {
+    for (auto it = std::filesystem::directory_iterator(root / sub, ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.ends_with(".rmm.csv.gz") || name.ends_with(".events.rmm.csv")) files.push_back(it->path());
     }
@@ -426,8 +426,8 @@ BOOST_AUTO_TEST_CASE(minimalloc_traces_in_a_fixed_1_GiB_capacity) {
       BOOST_TEST(arena.misuses().total() == 0u);
     }
     BOOST_TEST(records->live.empty());
-    BOOST_TEST_MESSAGE(path.filename().string() << " in 1 GiB: " << failed << " of " << trace.allocations
-                                                << " requests failed");
+    BOOST_TEST_MESSAGE(path.filename().string()
+                       << " in 1 GiB: " << failed << " of " << trace.allocations << " requests failed");
     ++replayed;
   }
   if (replayed == 0) BOOST_TEST_MESSAGE("SKIPPED: no minimalloc traces under " << ALLOY_TRACE_DIR);
@@ -550,8 +550,7 @@ struct only_256_aligned_upstream {
 // A rounding above what the upstream promises (CUDA: 256 B) still gives rounding-aligned
 // segments: the arena asks for what the upstream can do and aligns inside a slightly longer one.
 BOOST_AUTO_TEST_CASE(rounding_above_the_upstream_alignment) {
-  best_fit_arena<only_256_aligned_upstream> arena{only_256_aligned_upstream{},
-                                                  {.initial_size = 0, .rounding = 4096}};
+  best_fit_arena<only_256_aligned_upstream> arena{only_256_aligned_upstream{}, {.initial_size = 0, .rounding = 4096}};
   std::vector<block> blocks;
   for (const std::size_t size : std::vector<std::size_t>{1000, 5000, 3_MiB, 100}) {
     const block x = arena.allocate(size, 4096);
@@ -710,9 +709,9 @@ BOOST_AUTO_TEST_CASE(misuse_is_detected_ignored_and_reported) {
   arena.deallocate(b);
   arena.deallocate(b);  // double free
   int on_stack = 0;
-  arena.deallocate(block{&on_stack, sizeof on_stack});                 // foreign
-  arena.deallocate(block{static_cast<char*>(a.ptr) + 256, 10});        // interior pointer
-  arena.deallocate(block{a.ptr, 999});                                 // wrong size
+  arena.deallocate(block{&on_stack, sizeof on_stack});           // foreign
+  arena.deallocate(block{static_cast<char*>(a.ptr) + 256, 10});  // interior pointer
+  arena.deallocate(block{a.ptr, 999});                           // wrong size
   BOOST_TEST(arena.misuses().double_frees == 1u);
   BOOST_TEST(arena.misuses().foreign_pointers == 2u);
   BOOST_TEST(arena.misuses().wrong_sizes == 1u);
@@ -747,7 +746,8 @@ BOOST_AUTO_TEST_CASE(max_split_size_keeps_big_chunks_whole) {
   BOOST_TEST(arena.requested_bytes() == 1_MiB + 5_MiB + 8_MiB);
   bool reported = false;
   arena.for_each_block([&](const alloy::block_info& i) {
-    if (i.ptr == whole.ptr) reported = i.size == 11_MiB && i.requested == 8_MiB && i.state == alloy::block_state::allocated;
+    if (i.ptr == whole.ptr)
+      reported = i.size == 11_MiB && i.requested == 8_MiB && i.state == alloy::block_state::allocated;
   });
   BOOST_TEST(reported);
   arena.deallocate(whole);
@@ -779,8 +779,7 @@ BOOST_AUTO_TEST_CASE(introspection_and_release) {
   std::vector<alloy::block_info> infos;
   arena.for_each_block([&](const alloy::block_info& i) { infos.push_back(i); });
   BOOST_REQUIRE(infos.size() >= 4u);
-  BOOST_TEST(std::is_sorted(infos.begin(), infos.end(),
-                            [](const auto& l, const auto& r) { return l.ptr < r.ptr; }));
+  BOOST_TEST(std::is_sorted(infos.begin(), infos.end(), [](const auto& l, const auto& r) { return l.ptr < r.ptr; }));
   std::size_t allocated = 0;
   for (const auto& i : infos) {
     if (i.state == alloy::block_state::allocated) {

@@ -155,7 +155,8 @@ BOOST_AUTO_TEST_CASE(chooses_the_window_that_copies_least) {
   const alloy::block r = a.allocate(768, 256);
   BOOST_REQUIRE(r);
   const auto c = a.movable_statistics();
-  BOOST_TEST_MESSAGE("moves " << c.num_moves << " bytes " << c.bytes_defragged << " defrags " << c.num_defragmentations);
+  BOOST_TEST_MESSAGE("moves " << c.num_moves << " bytes " << c.bytes_defragged << " defrags "
+                              << c.num_defragmentations);
   BOOST_TEST(c.num_moves == 1u);
   BOOST_TEST(c.bytes_defragged == 200u, "the cheapest window holds only D (200 B)");
   BOOST_TEST(a.address_of(A) == where_A);
@@ -208,7 +209,8 @@ BOOST_AUTO_TEST_CASE(slides_when_no_window_can_be_relocated) {
   BOOST_TEST(c.num_defragmentations == 1u);
   BOOST_TEST(c.num_moves == 2u);
   BOOST_TEST(c.bytes_defragged == 768u + 768u);
-  BOOST_TEST(r.ptr == static_cast<const char*>(a.address_of(hs[0])) + 768, "the hole opens right after the first block");
+  BOOST_TEST(r.ptr == static_cast<const char*>(a.address_of(hs[0])) + 768,
+             "the hole opens right after the first block");
   for (std::size_t i : {0u, 2u, 4u, 6u}) BOOST_TEST(intact(a, hs[i], i));
   a.deallocate(r);
   for (std::size_t i : {0u, 2u, 4u, 6u}) a.deallocate(hs[i]);
@@ -338,7 +340,8 @@ void movable_only_workload(Make make) {
         const std::size_t footprint = a.arena().chunk_size(bytes);
         const bool fits = footprint <= a.arena().free_bytes();
         const handle h = a.allocate_movable(bytes);
-        BOOST_TEST(static_cast<bool>(h) == fits, "request of " << bytes << " with " << a.arena().free_bytes() << " free");
+        BOOST_TEST(static_cast<bool>(h) == fits,
+                   "request of " << bytes << " with " << a.arena().free_bytes() << " free");
         if (!h) {
           ++refused;
           continue;

@@ -67,9 +67,8 @@ struct synchronized_limited_fallback {
 
 }  // namespace recipes
 
-using all_recipes =
-    std::tuple<recipes::synchronized, recipes::limited, recipes::fallback, recipes::quantizer,
-               recipes::synchronized_limited_fallback>;
+using all_recipes = std::tuple<recipes::synchronized, recipes::limited, recipes::fallback, recipes::quantizer,
+                               recipes::synchronized_limited_fallback>;
 
 BOOST_AUTO_TEST_SUITE(decorators)
 

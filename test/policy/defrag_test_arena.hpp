@@ -29,7 +29,8 @@ class defrag_test_arena {
   static constexpr std::size_t rounding = 256;
 
   defrag_test_arena() = default;
-  explicit defrag_test_arena(std::vector<std::size_t> segment_sizes, checking_upstream up = {}) : upstream_(std::move(up)) {
+  explicit defrag_test_arena(std::vector<std::size_t> segment_sizes, checking_upstream up = {})
+      : upstream_(std::move(up)) {
     for (std::size_t size : segment_sizes) {
       const block b = upstream_.allocate(size, 4096);
       if (!b) continue;
@@ -38,7 +39,9 @@ class defrag_test_arena {
     }
   }
   defrag_test_arena(defrag_test_arena&& other) noexcept
-      : upstream_(other.upstream_), segments_(std::move(other.segments_)), chunks_(std::move(other.chunks_)),
+      : upstream_(other.upstream_),
+        segments_(std::move(other.segments_)),
+        chunks_(std::move(other.chunks_)),
         errors_(std::move(other.errors_)) {
     other.segments_.clear();
     other.chunks_.clear();
@@ -50,7 +53,9 @@ class defrag_test_arena {
     }
   }
 
-  std::size_t chunk_size(std::size_t bytes) const noexcept { return detail::round_up(bytes == 0 ? 1 : bytes, rounding); }
+  std::size_t chunk_size(std::size_t bytes) const noexcept {
+    return detail::round_up(bytes == 0 ? 1 : bytes, rounding);
+  }
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (!detail::is_power_of_two(alignment) || alignment > 4096) return {};
@@ -99,7 +104,8 @@ class defrag_test_arena {
     }
     if (it != chunks_.begin()) {
       const auto prev = std::prev(it);
-      if (prev->second.free && prev->second.segment == it->second.segment && prev->first + prev->second.size == it->first) {
+      if (prev->second.free && prev->second.segment == it->second.segment &&
+          prev->first + prev->second.size == it->first) {
         prev->second.size += it->second.size;
         chunks_.erase(it);
       }

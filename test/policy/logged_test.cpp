@@ -58,7 +58,8 @@ std::vector<operation> parse_log(const std::string& text) {
     BOOST_TEST_REQUIRE(t.size() == 15u, line);
     BOOST_TEST((t[2] == ':' && t[5] == ':' && t[8] == '.'), line);
     BOOST_TEST((is_digits(t.substr(0, 2), "0123456789") && is_digits(t.substr(3, 2), "0123456789") &&
-                is_digits(t.substr(6, 2), "0123456789") && is_digits(t.substr(9), "0123456789")), line);
+                is_digits(t.substr(6, 2), "0123456789") && is_digits(t.substr(9), "0123456789")),
+               line);
     BOOST_TEST(std::stoi(t.substr(0, 2)) < 24);
     BOOST_TEST(std::stoi(t.substr(3, 2)) < 60);
     BOOST_TEST((col[2] == "allocate" || col[2] == "free" || col[2] == "allocate failure"), line);
@@ -137,7 +138,8 @@ BOOST_AUTO_TEST_CASE(stream_in_hex_and_nil_pointer) {
 }
 
 BOOST_AUTO_TEST_CASE(log_to_a_file) {
-  const auto path = std::filesystem::temp_directory_path() / ("alloy_logged_test_" + std::to_string(::getpid()) + ".csv");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("alloy_logged_test_" + std::to_string(::getpid()) + ".csv");
   {
     alloy::logged<alloy::host_upstream> a{alloy::host_upstream{}, path.string(), {.flush_every_line = true}};
     const alloy::block b = a.allocate(123, 8);
@@ -153,8 +155,9 @@ BOOST_AUTO_TEST_CASE(log_to_a_file) {
   BOOST_TEST(ops[0].pointer == ops[1].pointer);
   BOOST_TEST(ops[1].size == 123u);
   std::filesystem::remove(path);
-  BOOST_CHECK_THROW((alloy::logged<alloy::host_upstream>{alloy::host_upstream{}, std::string("/nonexistent/dir/x.csv")}),
-                    alloy::logic_error);
+  BOOST_CHECK_THROW(
+      (alloy::logged<alloy::host_upstream>{alloy::host_upstream{}, std::string("/nonexistent/dir/x.csv")}),
+      alloy::logic_error);
 }
 
 BOOST_AUTO_TEST_CASE(capabilities_pass_through) {

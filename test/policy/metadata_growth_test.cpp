@@ -21,8 +21,9 @@ std::atomic<std::size_t> news{0};
 void* counted_new(std::size_t bytes, std::size_t alignment) {
   ++news;
   const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;  // aligned_alloc's rule
-  if (void* p = alignment <= alignof(std::max_align_t) ? std::malloc(bytes == 0 ? 1 : bytes)
-                                                        : std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded))
+  if (void* p = alignment <= alignof(std::max_align_t)
+                    ? std::malloc(bytes == 0 ? 1 : bytes)
+                    : std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded))
     return p;
   throw std::bad_alloc();
 }
@@ -55,8 +56,8 @@ BOOST_AUTO_TEST_SUITE(metadata_growth)
 // for "one more segment" used to reallocate the segment table every time.
 BOOST_AUTO_TEST_CASE(arena_segments_grow_geometrically) {
   constexpr std::size_t segments = 10'000;
-  alloy::best_fit_arena<alloy::host_upstream> arena{
-      alloy::host_upstream{}, {.growth = alloy::best_fit_growth::fixed, .growth_size = 4096}};
+  alloy::best_fit_arena<alloy::host_upstream> arena{alloy::host_upstream{},
+                                                    {.growth = alloy::best_fit_growth::fixed, .growth_size = 4096}};
   std::vector<alloy::block> held;
   held.reserve(segments);
   const std::size_t made = allocations_during([&] {

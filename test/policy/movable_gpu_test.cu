@@ -112,7 +112,8 @@ BOOST_AUTO_TEST_CASE(reclaimer_spills_device_memory_to_pinned_host, ALLOY_GPU_TE
 // consolidation whose slides overlap (copied in steps on the device).
 BOOST_AUTO_TEST_CASE(defragmenter_moves_device_memory, ALLOY_GPU_TEST) {
   using arena = alloy::best_fit_arena<alloy::cuda_malloc_upstream>;
-  alloy::compacting_defragmenter<arena> a{arena{alloy::cuda_malloc_upstream{}, {.initial_size = 64_MiB, .maximum_size = 64_MiB}}};
+  alloy::compacting_defragmenter<arena> a{
+      arena{alloy::cuda_malloc_upstream{}, {.initial_size = 64_MiB, .maximum_size = 64_MiB}}};
   std::vector<handle> hs;
   for (std::uint32_t i = 0; i < 16; ++i) {
     hs.push_back(a.allocate_movable(4_MiB));

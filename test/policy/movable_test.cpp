@@ -87,7 +87,9 @@ BOOST_AUTO_TEST_CASE(concepts) {
   static_assert(alloy::owning_allocator<reclaimer>);
 }
 
-BOOST_AUTO_TEST_CASE(reclaimer_conformance_as_raw_allocator) { alloy::testing::conformance_suite<recipes::reclaimer>(); }
+BOOST_AUTO_TEST_CASE(reclaimer_conformance_as_raw_allocator) {
+  alloy::testing::conformance_suite<recipes::reclaimer>();
+}
 
 BOOST_AUTO_TEST_CASE(handles_are_distinct_and_stale_handles_are_refused) {
   auto a = make_reclaimer(1_MiB);
@@ -375,8 +377,8 @@ BOOST_AUTO_TEST_CASE(synchronized_forwards_the_handle_calls) {
 }
 
 BOOST_AUTO_TEST_CASE(raw_requests_can_be_kept_from_reclaiming) {
-  reclaimer a{tight_device{checking_upstream{}, {.bytes_limit = 1000}}, checking_upstream{},
-              {.reclaim_for_raw = false}};
+  reclaimer a{
+      tight_device{checking_upstream{}, {.bytes_limit = 1000}}, checking_upstream{}, {.reclaim_for_raw = false}};
   const handle h = a.allocate_movable(800);
   BOOST_TEST(!a.allocate(500, 8));
   BOOST_TEST(a.is_resident(h));
@@ -429,7 +431,7 @@ BOOST_AUTO_TEST_CASE(destructor_frees_resident_and_spilled_blocks) {
     host = a.host().records();
     a.allocate_movable(500);
     const handle h = a.allocate_movable(400);
-    a.lock(h);  // left locked on purpose
+    a.lock(h);                // left locked on purpose
     a.allocate_movable(300);  // spills the 500
     BOOST_TEST(host->live_count() == 1u);
   }
@@ -657,8 +659,8 @@ void random_workload(Make make) {
       BOOST_TEST(c.num_single_reclaims > 0u);
       BOOST_TEST(c.num_full_reclaims > 0u);
       BOOST_TEST_MESSAGE("seed " << seed << ": spills " << c.num_spills << ", single " << c.num_single_reclaims
-                                 << ", full " << c.num_full_reclaims << ", failures " << failures
-                                 << ", lock failures " << lock_failures);
+                                 << ", full " << c.num_full_reclaims << ", failures " << failures << ", lock failures "
+                                 << lock_failures);
       // Raw blocks first, then every lock undone: each block can then be brought back.
       for (auto& [b, id] : raws) {
         BOOST_TEST(has_pattern(b, id));

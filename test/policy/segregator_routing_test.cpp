@@ -39,7 +39,8 @@ bool intact(const live_block& l) {
 /// Whether the pool serves (bytes, alignment) by its contract (size_class_pool's class comment).
 bool pool_serves(std::size_t bytes, std::size_t alignment) {
   if (alignment <= pool::natural_alignment) return bytes <= pool::max_size();
-  return alignment <= pool::max_size() && std::max<std::size_t>(bytes, 1) + alignment - pool::natural_alignment <= pool::max_size();
+  return alignment <= pool::max_size() &&
+         std::max<std::size_t>(bytes, 1) + alignment - pool::natural_alignment <= pool::max_size();
 }
 
 }  // namespace

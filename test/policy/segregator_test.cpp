@@ -73,8 +73,8 @@ struct nested {
   template <class U>
   using small_pool = alloy::size_class_pool<U, alloy::power2_classes<4, 256, 16_KiB>>;
   template <class U>
-  using type = alloy::segregator<4_KiB, small_pool<U>,
-                                 alloy::segregator<1_MiB, alloy::size_class_pool<U>, alloy::limited<U>>>;
+  using type =
+      alloy::segregator<4_KiB, small_pool<U>, alloy::segregator<1_MiB, alloy::size_class_pool<U>, alloy::limited<U>>>;
   template <class U>
   static type<U> make(U up) {
     using large = alloy::segregator<1_MiB, alloy::size_class_pool<U>, alloy::limited<U>>;
@@ -155,9 +155,8 @@ BOOST_AUTO_TEST_CASE(capabilities_only_when_both_sides_have_them) {
   using pool_t = alloy::size_class_pool<checking_upstream>;
   using arena_t = alloy::best_fit_arena<checking_upstream>;
   using full = alloy::segregator<1_MiB, pool_t, arena_t>;
-  static_assert(alloy::owning_allocator<full> && alloy::releasing_allocator<full> &&
-                alloy::reserving_allocator<full> && alloy::counting_allocator<full> &&
-                alloy::introspectable_allocator<full>);
+  static_assert(alloy::owning_allocator<full> && alloy::releasing_allocator<full> && alloy::reserving_allocator<full> &&
+                alloy::counting_allocator<full> && alloy::introspectable_allocator<full>);
   static_assert(!alloy::stream_ordered_allocator<full, int>);
   using half = alloy::segregator<1_MiB, pool_t, checking_upstream>;
   static_assert(alloy::owning_allocator<half>);

@@ -121,12 +121,12 @@ bool intact(const item& it) noexcept {
 // ---- the multi-threaded workload -----------------------------------------------------------------
 
 struct thread_totals {
-  std::size_t allocations = 0;     // successful
-  std::size_t failures = 0;        // empty blocks
-  std::size_t handed_over = 0;     // blocks put in the queue
-  std::size_t freed_foreign = 0;   // blocks taken from the queue and freed
-  std::size_t largest = 0;         // largest successful request
-  std::size_t bad_patterns = 0;    // blocks whose pattern was damaged when freed
+  std::size_t allocations = 0;    // successful
+  std::size_t failures = 0;       // empty blocks
+  std::size_t handed_over = 0;    // blocks put in the queue
+  std::size_t freed_foreign = 0;  // blocks taken from the queue and freed
+  std::size_t largest = 0;        // largest successful request
+  std::size_t bad_patterns = 0;   // blocks whose pattern was damaged when freed
   std::size_t misaligned = 0;
 };
 
@@ -247,7 +247,7 @@ BOOST_AUTO_TEST_CASE(conformance_without_thread_cache, *boost::unit_test::precon
     checking_upstream up;
     records = up.records();
     alloy::sharded<dflt<checking_upstream>> a{[&](std::size_t) { return dflt<checking_upstream>{up}; },
-                                             {.shards = 3, .thread_cache = 0}};
+                                              {.shards = 3, .thread_cache = 0}};
     alloy::testing::check_conformance(a);
     BOOST_TEST(a.refused_frees() == 0u);
   }
@@ -420,7 +420,7 @@ BOOST_AUTO_TEST_CASE(owner_works_without_the_mutex_until_another_thread_needs_it
     handover_queue queue;
     std::atomic<bool> owner_done{false};
     std::latch alone_done(1);
-    std::size_t allocations = 0, bad_patterns = 0, locks_alone = 0;  // the owner's
+    std::size_t allocations = 0, bad_patterns = 0, locks_alone = 0;           // the owner's
     std::size_t freed_by_other = 0, bad_patterns_other = 0, locks_after = 0;  // the other thread's
     std::mt19937_64 rng(20261124);
     std::vector<item> live;
@@ -611,15 +611,33 @@ class locked_vmm_ref {
   static constexpr bool device_accessible = V::device_accessible;
   locked_vmm_ref(V& target, std::mutex& m) noexcept : target_(&target), mutex_(&m) {}
 
-  std::size_t granularity() const noexcept { return locked([&] { return target_->granularity(); }); }
-  alloy::address_range reserve(std::size_t bytes) noexcept { return locked([&] { return target_->reserve(bytes); }); }
-  void unreserve(alloy::address_range range) noexcept { locked([&] { target_->unreserve(range); }); }
-  alloy::physical_memory create(std::size_t bytes) noexcept { return locked([&] { return target_->create(bytes); }); }
-  void release(alloy::physical_memory piece) noexcept { locked([&] { target_->release(piece); }); }
-  bool map(void* at, alloy::physical_memory piece) noexcept { return locked([&] { return target_->map(at, piece); }); }
-  void unmap(void* at, std::size_t bytes) noexcept { locked([&] { target_->unmap(at, bytes); }); }
-  std::size_t capacity() const noexcept { return locked([&] { return target_->capacity(); }); }
-  std::size_t physical_bytes() const noexcept { return locked([&] { return target_->physical_bytes(); }); }
+  std::size_t granularity() const noexcept {
+    return locked([&] { return target_->granularity(); });
+  }
+  alloy::address_range reserve(std::size_t bytes) noexcept {
+    return locked([&] { return target_->reserve(bytes); });
+  }
+  void unreserve(alloy::address_range range) noexcept {
+    locked([&] { target_->unreserve(range); });
+  }
+  alloy::physical_memory create(std::size_t bytes) noexcept {
+    return locked([&] { return target_->create(bytes); });
+  }
+  void release(alloy::physical_memory piece) noexcept {
+    locked([&] { target_->release(piece); });
+  }
+  bool map(void* at, alloy::physical_memory piece) noexcept {
+    return locked([&] { return target_->map(at, piece); });
+  }
+  void unmap(void* at, std::size_t bytes) noexcept {
+    locked([&] { target_->unmap(at, bytes); });
+  }
+  std::size_t capacity() const noexcept {
+    return locked([&] { return target_->capacity(); });
+  }
+  std::size_t physical_bytes() const noexcept {
+    return locked([&] { return target_->physical_bytes(); });
+  }
 
  private:
   template <class F>
@@ -647,12 +665,11 @@ BOOST_AUTO_TEST_CASE(shards_share_one_physical_pool) {
     BOOST_TEST_CONTEXT("release_threshold " << threshold) {
       alloy::host_vmm backend{{.capacity = 64_MiB}};
       std::mutex backend_lock;
-      alloy::sharded<shared_arena> a{
-          [&](std::size_t) {
-            return shared_arena{locked_vmm_ref<alloy::host_vmm>{backend, backend_lock},
-                                {.release_threshold = threshold, .keep_up_to_peak = false}};
-          },
-          {.shards = 2, .thread_cache = 0}};
+      alloy::sharded<shared_arena> a{[&](std::size_t) {
+                                       return shared_arena{locked_vmm_ref<alloy::host_vmm>{backend, backend_lock},
+                                                           {.release_threshold = threshold, .keep_up_to_peak = false}};
+                                     },
+                                     {.shards = 2, .thread_cache = 0}};
       auto take = [&](std::size_t pieces, std::vector<item>& out, std::uint64_t first_id) {
         for (std::size_t i = 0; i < pieces; ++i) {
           const alloy::block b = a.allocate(8_MiB, 256);

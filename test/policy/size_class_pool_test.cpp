@@ -132,7 +132,9 @@ BOOST_AUTO_TEST_CASE(other_layouts_exact) {
 
 // ---- conformance -------------------------------------------------------------------------------
 
-BOOST_AUTO_TEST_CASE(conformance_default_classes) { alloy::testing::conformance_suite_checked<recipes::pool_default>(); }
+BOOST_AUTO_TEST_CASE(conformance_default_classes) {
+  alloy::testing::conformance_suite_checked<recipes::pool_default>();
+}
 
 BOOST_AUTO_TEST_CASE(conformance_wide_classes) { alloy::testing::conformance_suite<recipes::pool_wide>(); }
 

@@ -20,10 +20,10 @@
 #include <alloy/alloy.hpp>
 #include <alloy/detail/edge.hpp>
 #include <alloy/memory_stats.hpp>
-#include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
-#include <alloy/showcase.hpp>
+#include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/stats.hpp>
+#include <alloy/showcase.hpp>
 #include <alloy/snapshot.hpp>
 
 #include "policy/stats_toys.hpp"
@@ -72,8 +72,8 @@ void set_stat(stat_map& m, const std::string& prefix, std::int64_t current, std:
 }
 
 /// Sets `stat.{all,large_pool}` (one pool, no segregator).
-void set_one_pool(stat_map& m, const std::string& stat, std::int64_t current, std::int64_t peak,
-                  std::int64_t allocated, std::int64_t freed) {
+void set_one_pool(stat_map& m, const std::string& stat, std::int64_t current, std::int64_t peak, std::int64_t allocated,
+                  std::int64_t freed) {
   set_stat(m, stat + ".all", current, peak, allocated, freed);
   set_stat(m, stat + ".large_pool", current, peak, allocated, freed);
 }
@@ -121,15 +121,15 @@ BOOST_AUTO_TEST_CASE(fresh_allocator_is_all_zero) {
 // One pool (no segregator), an arena with 1 MiB segments and 256-byte rounding. Every field and
 // every key, hand-computed.
 BOOST_AUTO_TEST_CASE(scripted_sequence_one_pool) {
-  alloy::stats<alloy::limited<arena_t>> a{alloy::limited<arena_t>{arena_t{checking_upstream{}, {.capacity = 4_MiB}},
-                                                                  {.bytes_limit = 3_MiB + 512_KiB}}};
+  alloy::stats<alloy::limited<arena_t>> a{
+      alloy::limited<arena_t>{arena_t{checking_upstream{}, {.capacity = 4_MiB}}, {.bytes_limit = 3_MiB + 512_KiB}}};
   const alloy::block x = a.allocate(1000, 8);      // segment 1 (1 MiB): piece [0, 1024)
   const alloy::block y = a.allocate(300_KiB, 64);  // segment 1: [1024, 1024 + 300 KiB)
   const alloy::block z = a.allocate(2_MiB, 256);   // segment 2 (2 MiB), all of it
   BOOST_REQUIRE((x && y && z));
   a.deallocate(x);
   BOOST_TEST(!a.allocate(2_MiB, 8), "past the limit of limited<>");  // refused by limited<>
-  const alloy::block w = a.allocate(200_KiB + 1, 8);                  // segment 1, after y
+  const alloy::block w = a.allocate(200_KiB + 1, 8);                 // segment 1, after y
   BOOST_REQUIRE(w);
   const std::int64_t seg1 = 1_MiB, seg2 = 2_MiB;
   const std::int64_t w_size = 200_KiB + 1;
@@ -228,10 +228,10 @@ BOOST_AUTO_TEST_CASE(scripted_sequence_two_pools) {
   alloy::stats<seg_t> a{seg_t{arena_t{checking_upstream{}, {.segment_size = 256_KiB}},
                               arena_t{checking_upstream{}, {.segment_size = 4_MiB, .max_split = 8_MiB}}}};
   static_assert(alloy::stats<seg_t>::has_pools);
-  const alloy::block s1 = a.allocate(100, 16);       // small: 256 in segment S1
-  const alloy::block s2 = a.allocate(64_KiB, 16);    // small: 64 KiB in S1
+  const alloy::block s1 = a.allocate(100, 16);         // small: 256 in segment S1
+  const alloy::block s2 = a.allocate(64_KiB, 16);      // small: 64 KiB in S1
   const alloy::block l1 = a.allocate(64_KiB + 1, 16);  // large: 64 KiB + 256 in L1
-  const alloy::block l2 = a.allocate(10_MiB, 256);   // large: own 10 MiB segment L2, oversize
+  const alloy::block l2 = a.allocate(10_MiB, 256);     // large: own 10 MiB segment L2, oversize
   BOOST_REQUIRE((s1 && s2 && l1 && l2));
   a.deallocate(s1);
   a.deallocate(l2);
@@ -356,7 +356,8 @@ BOOST_AUTO_TEST_CASE(movable_blocks_and_lms_fields) {
   // introspectable device does not compile at the time of writing.)
   using device_t = alloy::limited<checking_upstream>;
   using reclaimer_t = alloy::host_spill_reclaimer<device_t, alloy::host_upstream>;
-  alloy::stats<reclaimer_t> a{reclaimer_t{device_t{checking_upstream{}, {.bytes_limit = 1_MiB}}, alloy::host_upstream{}}};
+  alloy::stats<reclaimer_t> a{
+      reclaimer_t{device_t{checking_upstream{}, {.bytes_limit = 1_MiB}}, alloy::host_upstream{}}};
   const alloy::handle h1 = a.allocate_movable(400_KiB);
   const alloy::handle h2 = a.allocate_movable(300_KiB);
   BOOST_REQUIRE((h1 && h2));
@@ -565,8 +566,9 @@ BOOST_AUTO_TEST_CASE(trace_report_groups_thousands) {
   t.report_and_reset();
   a.deallocate(big);
   t.report();
-  BOOST_TEST(out.str() == "\xE2\x96\xB3Used Peaked MB:  1,234      0\n"
-                          "\xE2\x96\xB3Used Peaked MB: -1,234      0\n");
+  BOOST_TEST(out.str() ==
+             "\xE2\x96\xB3Used Peaked MB:  1,234      0\n"
+             "\xE2\x96\xB3Used Peaked MB: -1,234      0\n");
 }
 
 // Nested and overlapping traces, started, reset, stopped and destroyed at random, against a

@@ -39,8 +39,12 @@ class toy_arena {
   toy_arena() = default;
   explicit toy_arena(Upstream up, options opts = {}) : upstream_(std::move(up)), options_(opts) {}
   toy_arena(toy_arena&& other) noexcept
-      : upstream_(std::move(other.upstream_)), options_(other.options_), segments_(std::move(other.segments_)),
-        reserved_(other.reserved_), counters_(other.counters_), stream_calls_(other.stream_calls_) {
+      : upstream_(std::move(other.upstream_)),
+        options_(other.options_),
+        segments_(std::move(other.segments_)),
+        reserved_(other.reserved_),
+        counters_(other.counters_),
+        stream_calls_(other.stream_calls_) {
     other.segments_.clear();
     other.reserved_ = 0;
   }

@@ -27,8 +27,7 @@ static_assert(alloy::stream_ordered_allocator<ordered_device, cudaStream_t>);
 // Spins for a while before writing, so the host runs far ahead of stream A.
 __global__ void slow_fill(std::uint32_t* data, std::size_t n, std::uint32_t value, long long spin) {
   const long long start = clock64();
-  while (clock64() - start < spin) {
-  }
+  while (clock64() - start < spin) {}
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) data[i] = value;
 }
 

@@ -149,7 +149,8 @@ BOOST_AUTO_TEST_CASE(reuse_on_another_stream_waits_on_the_device_side) {
   host_stream a, b;
   checking_upstream up;
   {
-    ordered_arena<checking_upstream> alloc{arena_over<checking_upstream>{up, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
+    ordered_arena<checking_upstream> alloc{
+        arena_over<checking_upstream>{up, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
     const block warm = alloc.allocate(256, 256, &b);  // two streams from here on
     alloc.deallocate(warm, &b);
 
@@ -203,7 +204,8 @@ BOOST_AUTO_TEST_CASE(reuse_on_the_same_stream_needs_no_wait) {
 // A after B hands it back (A never touched it, but C did).
 BOOST_AUTO_TEST_CASE(record_use_holds_reuse_until_every_stream_is_done) {
   host_stream a, b, c;
-  ordered_arena<checking_upstream> alloc{arena_over<checking_upstream>{checking_upstream{}, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
+  ordered_arena<checking_upstream> alloc{
+      arena_over<checking_upstream>{checking_upstream{}, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
   const block x = alloc.allocate(32_KiB, 256, &a);
   alloy::record_use(alloc, x, &c);
   gate c_done;
@@ -272,7 +274,7 @@ BOOST_AUTO_TEST_CASE(upstream_failure_waits_before_memory_goes_back) {
   alloy::stream_ordered<arena_t, host_stream*> alloc{
       arena_t{up, {.maximum_size = 1_MiB, .growth = alloy::best_fit_growth::fixed, .growth_size = 512_KiB}}};
   alloc.deallocate(alloc.allocate(256, 256, &b), &b);  // tracking on
-  const block x = alloc.allocate(400_KiB, 256, &a);     // fills the first 512 KiB segment
+  const block x = alloc.allocate(400_KiB, 256, &a);    // fills the first 512 KiB segment
   gate g;
   a.enqueue(g.waiter());
   a.enqueue([x, writer_done] {
@@ -300,8 +302,8 @@ BOOST_AUTO_TEST_CASE(memory_stats_counts_waits_for_all_streams) {
   using arena_t = arena_over<checking_upstream>;
   using A = alloy::stats<alloy::stream_ordered<arena_t, host_stream*>>;
   host_stream a, b;
-  A alloc{alloy::stream_ordered<arena_t, host_stream*>{
-      arena_t{checking_upstream{}, {.maximum_size = 1_MiB, .growth = alloy::best_fit_growth::fixed, .growth_size = 512_KiB}}}};
+  A alloc{alloy::stream_ordered<arena_t, host_stream*>{arena_t{
+      checking_upstream{}, {.maximum_size = 1_MiB, .growth = alloy::best_fit_growth::fixed, .growth_size = 512_KiB}}}};
   const auto syncs = [&] { return alloy::memory_stats(alloc).at("num_sync_all_streams"); };
   const auto& policy = alloc.inner();
   BOOST_TEST(syncs() == 0);
@@ -412,7 +414,8 @@ BOOST_AUTO_TEST_CASE(randomized_four_streams_keep_content_right) {
   checking_upstream up;
   {
     constexpr std::size_t capacity = 1_MiB;
-    ordered_arena<checking_upstream> alloc{arena_over<checking_upstream>{up, {.initial_size = capacity, .maximum_size = capacity}}};
+    ordered_arena<checking_upstream> alloc{
+        arena_over<checking_upstream>{up, {.initial_size = capacity, .maximum_size = capacity}}};
     std::uintptr_t base = 0;
     alloc.for_each_block([&](const alloy::block_info& info) { base = reinterpret_cast<std::uintptr_t>(info.segment); });
     BOOST_REQUIRE(base != 0);
@@ -461,7 +464,8 @@ BOOST_AUTO_TEST_CASE(pytorch_traces_on_two_and_four_streams) {
       simulated_device device(80_GiB);
       std::vector<std::unique_ptr<host_stream>> s;
       for (std::size_t i = 0; i < streams; ++i) s.push_back(std::make_unique<host_stream>());
-      alloy::stream_ordered<arena_over<device_upstream>, host_stream*> alloc{arena_over<device_upstream>{device_upstream{device}}};
+      alloy::stream_ordered<arena_over<device_upstream>, host_stream*> alloc{
+          arena_over<device_upstream>{device_upstream{device}}};
       std::vector<block> blocks(trace.allocations);
       std::vector<bool> served(trace.allocations, false);
       for (const auto& e : trace.events) {

@@ -24,13 +24,13 @@
 #include <vector>
 
 #include <alloy/adaptor/pmr.hpp>
+#include <alloy/host_stream.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/memory_stats.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/quantizer.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/sharded.hpp>
-#include <alloy/host_stream.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
@@ -107,7 +107,7 @@ struct probes {
   /// Parts each offload reaches (shards): each counts a reclaim, and each asked refuses an
   /// allocation with an offloaded tag (`sharded` asks every shard in turn).
   std::size_t parts = 1;
-  std::uint16_t first_offloadable = 0;   ///< tags below are never offloaded
+  std::uint16_t first_offloadable = 0;  ///< tags below are never offloaded
 };
 template <class Stats, class Mapped, class Exec>
 probes<Stats, Mapped, Exec> make_probes(Stats s, Mapped m, Exec e, std::size_t parts = 1,
@@ -221,8 +221,8 @@ void random_cycles(A& alloc, const host_vmm& backend, P p, std::uint64_t seed, i
   }
   BOOST_TEST(checked > 100u);
   BOOST_TEST_MESSAGE("seed " << seed << ": " << allocs << " allocations, " << offloads << " offloads/discards, "
-                              << restores << " restores, " << checked << " blocks checked after restores, "
-                              << refused << " allocations refused for an offloaded tag");
+                             << restores << " restores, " << checked << " blocks checked after restores, " << refused
+                             << " allocations refused for an offloaded tag");
   std::vector<tag_state> at_end;
   for (std::uint16_t t = 0; t < tags; ++t) at_end.push_back(alloc.state(tag{t}));
   for (std::uint16_t t = 0; t < tags; ++t) (void)alloc.restore(tag{t});
@@ -245,7 +245,7 @@ BOOST_AUTO_TEST_CASE(random_cycles_through_synchronized_stats_arena) {
     const auto& arena = alloc.inner().inner();
     random_cycles(alloc, backend,
                   make_probes([&] { return alloc.with_lock([](auto& s) { return s.statistics(); }); },
-                         [&](tag t) { return arena.mapped_bytes(t); }, [](auto&& f) { f(); }),
+                              [&](tag t) { return arena.mapped_bytes(t); }, [](auto&& f) { f(); }),
                   seed, 3000, 5);
     BOOST_TEST(arena.check_invariants());
     BOOST_TEST(alloc.mapped_bytes(tag{1}) == 0u);
@@ -261,7 +261,7 @@ BOOST_AUTO_TEST_CASE(random_cycles_through_stats_virtual_allocator) {
     // Tag 0 (the pool's slabs) is offloaded too: its small requests are refused meanwhile.
     random_cycles(alloc, backend,
                   make_probes([&] { return alloc.statistics(); }, [&](tag t) { return arena.mapped_bytes(t); },
-                         [](auto&& f) { f(); }, 1, 0),
+                              [](auto&& f) { f(); }, 1, 0),
                   seed, 6000, 5);  // longer: with tag 0 away too, more allocations are refused
     BOOST_TEST(arena.check_invariants());
   }
@@ -276,20 +276,21 @@ BOOST_AUTO_TEST_CASE(random_cycles_through_stats_sharded_arenas_on_one_backend) 
                                                             {.release_threshold = granule}};
                                       },
                                       {.shards = 2}},
-                           {.introspect = false}};
+                               {.introspect = false}};
     worker left, right;
     std::mt19937_64 pick{seed};
     random_cycles(alloc, backend,
                   make_probes([&] { return alloc.statistics(); }, [&](tag t) { return alloc.mapped_bytes(t); },
-                         [&](auto&& f) {
-                           const std::function<void()> task = f;
-                           (pick() % 2 == 0 ? left : right).run(task);
-                         },
-                         2, 0),
+                              [&](auto&& f) {
+                                const std::function<void()> task = f;
+                                (pick() % 2 == 0 ? left : right).run(task);
+                              },
+                              2, 0),
                   seed, 3000, 4);
     // Both shards were used: each has mapped memory or made maps.
     std::size_t shards_used = 0;
-    for (std::size_t i = 0; i < 2; ++i) shards_used += alloc.inner().with_shard(i, [](const auto& a) { return a.counters().num_maps; }) != 0;
+    for (std::size_t i = 0; i < 2; ++i)
+      shards_used += alloc.inner().with_shard(i, [](const auto& a) { return a.counters().num_maps; }) != 0;
     BOOST_TEST(shards_used == 2u);
   }
 }

@@ -59,7 +59,8 @@ BOOST_AUTO_TEST_CASE(outstanding_allocations_match_a_reference) {
   for (const auto& b : live) expected.insert(b.ptr);
   for (const auto& o : outstanding) got.insert(o.ptr);
   BOOST_TEST((expected == got));
-  for (std::size_t i = 1; i < outstanding.size(); ++i) BOOST_TEST(outstanding[i - 1].sequence < outstanding[i].sequence);
+  for (std::size_t i = 1; i < outstanding.size(); ++i)
+    BOOST_TEST(outstanding[i - 1].sequence < outstanding[i].sequence);
   for (const auto& b : live) {
     BOOST_TEST(a.is_outstanding(b.ptr));
     a.deallocate(b);

@@ -218,7 +218,7 @@ bool others_proceed_during_growth(Alloc& alloc, const Upstream& up) {
   auto b = std::async(std::launch::async, [&] {
     bool ok = true;
     for (int i = 0; i < 3; ++i) {
-      const alloy::block x = alloc.allocate(1000, 256);  // the cached slab
+      const alloy::block x = alloc.allocate(1000, 256);       // the cached slab
       const alloy::block y = alloc.allocate(300 << 10, 256);  // the cached segment
       ok = ok && x && y;
       if (x) fill(x, 7);
@@ -457,7 +457,7 @@ BOOST_AUTO_TEST_CASE(arena_adopts_a_second_segment_as_cache_within_its_maximum) 
     alloy::growth_plan p1, p2;
     BOOST_TEST(!arena.allocate_or_plan(1 << 20, 256, p1));
     BOOST_TEST(!arena.allocate_or_plan(1 << 20, 256, p2));  // a second thread, same moment
-    BOOST_TEST(p1.bytes == (2u << 20));                         // the first segment: growth_size
+    BOOST_TEST(p1.bytes == (2u << 20));                     // the first segment: growth_size
     BOOST_TEST(p2.bytes == (2u << 20));
     BOOST_TEST(arena.reserved_bytes() == 0u);  // planning changes nothing
     p1.fetch();
@@ -664,7 +664,9 @@ void hammer(Alloc& alloc, const gated_upstream& up, std::size_t& successes, std:
           if (it.first) free_one(it);
         } else {
           const std::size_t r = rng() % 100;
-          const std::size_t bytes = r < 70 ? 16 + rng() % 8000 : r < 95 ? 65536 + rng() % 500000 : (1 << 20) + rng() % (6 << 20);
+          const std::size_t bytes = r < 70   ? 16 + rng() % 8000
+                                    : r < 95 ? 65536 + rng() % 500000
+                                             : (1 << 20) + rng() % (6 << 20);
           const alloy::block b = alloc.allocate(bytes, 256);
           if (!b) {
             failed_count.fetch_add(1);

@@ -20,10 +20,10 @@
 #include <alloy/adaptor/pmr.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/memory_stats.hpp>
-#include <alloy/snapshot.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
+#include <alloy/snapshot.hpp>
 #include <alloy/tag.hpp>
 #include <alloy/vmm/host_vmm.hpp>
 
@@ -307,7 +307,8 @@ BOOST_AUTO_TEST_CASE(failures_at_every_call_leave_everything_intact) {
         }
         // Content of everything not discarded in round 0 is intact.
         for (const auto& [b, id] : live)
-          if (round == 1 || id % 3 != 1) BOOST_TEST(has_pattern(b, id), "kind " << kind << " k " << k << " block " << id);
+          if (round == 1 || id % 3 != 1)
+            BOOST_TEST(has_pattern(b, id), "kind " << kind << " k " << k << " block " << id);
         for (const auto& [b, id] : live) fill_pattern(b, id);
       }
       for (const auto& [b, id] : live) a.deallocate(b);
@@ -401,9 +402,9 @@ BOOST_AUTO_TEST_CASE(randomized_cycles_of_random_tags) {
     BOOST_TEST(checks > (seed <= 2 ? 1000u : 100u));
     BOOST_TEST(max_ratio_excess == 0u);
     BOOST_TEST_MESSAGE("seed " << seed << ": " << checks << " blocks checked after restores, worst copied/live "
-                                << worst_ratio << ", offloads " << a.offload_stats().num_offloads << ", discards "
-                                << a.offload_stats().num_discards << ", restores " << a.offload_stats().num_restores
-                                << ", restores refused for capacity " << refused_restores);
+                               << worst_ratio << ", offloads " << a.offload_stats().num_offloads << ", discards "
+                               << a.offload_stats().num_discards << ", restores " << a.offload_stats().num_restores
+                               << ", restores refused for capacity " << refused_restores);
     for (std::uint16_t t = 0; t < tags; ++t) (void)a.restore(tag{t});
     for (const entry& e : live) {
       if (a.state(tag{e.t}) == tag_state::resident) BOOST_TEST(true);
@@ -491,7 +492,8 @@ BOOST_AUTO_TEST_CASE(introspection_shows_offloaded_ranges) {
   BOOST_TEST(shot.used_bytes() == a.bytes_in_use());
   BOOST_TEST(shot.to_json().find("\"offloaded\"") != std::string::npos);
   {
-    alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}}};
+    alloy::stats<host_arena> s{
+        host_arena{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}}};
     block x;
     {
       scoped_tag guard{s.inner(), tag{4}};  // a decorator on top: tagged from outside
@@ -542,7 +544,8 @@ BOOST_AUTO_TEST_SUITE(offload_statistics_suite)
 // a full one; reset_accumulated() starts them again from zero.
 BOOST_AUTO_TEST_CASE(stats_reports_offloads_as_reclaims) {
   constexpr std::size_t granule = 64_KiB;
-  alloy::stats<virtual_arena<host_vmm>> s{virtual_arena<host_vmm>{host_vmm{{.capacity = 4_MiB, .granularity = granule}}}};
+  alloy::stats<virtual_arena<host_vmm>> s{
+      virtual_arena<host_vmm>{host_vmm{{.capacity = 4_MiB, .granularity = granule}}}};
   const block w = s.inner().allocate(3 * granule, 256, tag{1});  // three granules of tag 1
   const block c = s.inner().allocate(granule, 256, tag{2});      // one of tag 2
   BOOST_REQUIRE(w);

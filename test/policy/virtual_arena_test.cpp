@@ -108,9 +108,10 @@ BOOST_AUTO_TEST_CASE(conformance_over_host_vmm) {
     std::size_t threshold;
     std::size_t rounding;
   };
-  for (const setting s : {setting{2_MiB, 0, 256}, setting{64_KiB, 8_MiB, 256},
-                          setting{2_MiB, 64_MiB, 16}, setting{64_KiB, 1_MiB, 1}}) {
-    BOOST_TEST_CONTEXT("granularity " << s.granularity << ", threshold " << s.threshold << ", rounding " << s.rounding) {
+  for (const setting s :
+       {setting{2_MiB, 0, 256}, setting{64_KiB, 8_MiB, 256}, setting{2_MiB, 64_MiB, 16}, setting{64_KiB, 1_MiB, 1}}) {
+    BOOST_TEST_CONTEXT("granularity " << s.granularity << ", threshold " << s.threshold << ", rounding "
+                                      << s.rounding) {
       host_vmm v{{.granularity = s.granularity}};
       {
         shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = s.threshold, .rounding = s.rounding}};
@@ -135,7 +136,9 @@ BOOST_AUTO_TEST_CASE(address_space_defaults_and_options) {
   BOOST_TEST(small.address_space() == 1_GiB, "at least 1 GiB");
   host_arena sized{host_vmm{{.capacity = 1_GiB, .granularity = 64_KiB}}};
   BOOST_TEST(sized.address_space() == 4_GiB, "four times the capacity");
-  host_arena coarse{host_vmm{{.granularity = 64_KiB}}, {.address_space = 100_MiB + 1, .granularity = 100_KiB, .release_threshold = 0, .keep_up_to_peak = false}};
+  host_arena coarse{
+      host_vmm{{.granularity = 64_KiB}},
+      {.address_space = 100_MiB + 1, .granularity = 100_KiB, .release_threshold = 0, .keep_up_to_peak = false}};
   BOOST_TEST(coarse.granularity() == 128_KiB, "a power of two, a multiple of the backend's");
   BOOST_TEST(coarse.address_space() == 100_MiB + 128_KiB);
   const block b = coarse.allocate(1, 1);
@@ -152,7 +155,8 @@ BOOST_AUTO_TEST_CASE(content_survives_neighbours_unmapped_and_remapped) {
   host_vmm v{{.granularity = 64_KiB}};
   {
     // Every wholly free granule is unmapped at once (no threshold, no share of the touched ones).
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
+    shared_arena a{vmm_ref<host_vmm>{v},
+                   {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
     std::mt19937_64 rng(17);
     std::vector<alloy::testing::live_block> live;
     std::uint64_t next_id = 1;
@@ -260,7 +264,8 @@ BOOST_AUTO_TEST_CASE(release_threshold_keeps_the_most_recently_freed) {
 
 BOOST_AUTO_TEST_CASE(release_threshold_divisor_keeps_a_share_of_the_touched_granules) {
   // Threshold 0, divisor 4: a free keeps floor(touched granules / 4) free mapped granules.
-  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 4, .keep_up_to_peak = false}};
+  host_arena a{host_vmm{{.granularity = 64_KiB}},
+               {.release_threshold = 0, .release_threshold_divisor = 4, .keep_up_to_peak = false}};
   std::vector<block> blocks;
   for (int i = 0; i < 12; ++i) {
     blocks.push_back(a.allocate(64_KiB, 64_KiB));  // one granule each
@@ -278,7 +283,8 @@ BOOST_AUTO_TEST_CASE(release_threshold_divisor_keeps_a_share_of_the_touched_gran
   }
   BOOST_TEST(a.reserved_bytes() == 7 * 64_KiB);
   // Divisor 0: only the threshold counts (0 here: every wholly free granule goes at once).
-  host_arena b{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
+  host_arena b{host_vmm{{.granularity = 64_KiB}},
+               {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
   const block x = b.allocate(64_KiB, 64_KiB), y = b.allocate(64_KiB, 64_KiB);
   BOOST_REQUIRE(x);
   BOOST_REQUIRE(y);
@@ -352,7 +358,8 @@ BOOST_AUTO_TEST_CASE(capacity_exhausted_freed_and_served_again) {
     BOOST_TEST(again.ptr == blocks[5].ptr, "best fit: the hole");
     blocks[5] = again;
     fill_pattern(again, 5);
-    for (int i = 0; i < 16; ++i) BOOST_TEST(has_pattern(blocks[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(i)));
+    for (int i = 0; i < 16; ++i)
+      BOOST_TEST(has_pattern(blocks[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(i)));
     // A request larger than the capacity fails without touching the backend.
     const std::size_t creates = v.calls().creates;
     BOOST_TEST(!a.allocate(2_MiB, 1));
@@ -452,7 +459,8 @@ std::size_t scripted_run(virtual_arena<failing>& a) {
   std::size_t failed = 0;
   for (std::uint64_t round = 0; round < 3; ++round) {
     for (std::size_t i = 0; i < std::size(sizes); ++i) {
-      const std::size_t alignment = i % 4 == 3 ? 64_KiB : 256;  // at most a granule: placement does not depend on where the range lies
+      const std::size_t alignment =
+          i % 4 == 3 ? 64_KiB : 256;  // at most a granule: placement does not depend on where the range lies
       const block b = a.allocate(sizes[i], alignment);
       BOOST_TEST(a.check_invariants());
       if (!b) {
@@ -627,7 +635,9 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
   misuse_log log;
   host_vmm v{{.granularity = 64_KiB}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v}, {.release_threshold = 0, .keep_up_to_peak = false, .on_misuse = &misuse_log::record, .misuse_context = &log}};
+    shared_arena a{
+        vmm_ref<host_vmm>{v},
+        {.release_threshold = 0, .keep_up_to_peak = false, .on_misuse = &misuse_log::record, .misuse_context = &log}};
     constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
     for (std::size_t bytes : {max, max - 1, max - 255, max / 2 + 1, max / 2, std::size_t{1} << 44})
       for (std::size_t alignment : {1u, 256u, 4096u, 1u << 20}) BOOST_TEST(!a.allocate(bytes, alignment));
@@ -649,11 +659,11 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_and_leaves_the_arena_as_it_was) {
     BOOST_TEST(!a.try_deallocate(block{static_cast<char*>(b.ptr) + 512, 100}), "interior: refused");
     a.deallocate(block{static_cast<char*>(b.ptr) + 256, 100});  // interior
     int on_stack = 0;
-    a.deallocate(block{&on_stack, sizeof on_stack});            // foreign
-    a.deallocate(block{b.ptr, 999});                            // wrong size: stays allocated
+    a.deallocate(block{&on_stack, sizeof on_stack});  // foreign
+    a.deallocate(block{b.ptr, 999});                  // wrong size: stays allocated
     BOOST_TEST(has_pattern(b, 5));
     a.deallocate(b);
-    a.deallocate(b);  // double
+    a.deallocate(b);        // double
     a.deallocate(block{});  // null: nothing
     BOOST_TEST(log.kinds.size() == 5u);
     BOOST_TEST(a.misuses().foreign_pointers == 3u);
@@ -759,15 +769,15 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
   constexpr std::size_t capacity = 32_MiB;
   host_vmm v{{.capacity = capacity, .granularity = g}};
   {
-    shared_arena a{vmm_ref<host_vmm>{v},
-                   {.release_threshold = threshold, .release_threshold_divisor = divisor, .keep_up_to_peak = up_to_peak}};
+    shared_arena a{
+        vmm_ref<host_vmm>{v},
+        {.release_threshold = threshold, .release_threshold_divisor = divisor, .keep_up_to_peak = up_to_peak}};
     model m{.rounding = 256, .g = g, .base = 0, .live = {}, .touched = {}, .addresses = {}};
-    m.base = reinterpret_cast<std::uintptr_t>(
-        [&] {
-          const void* seg = nullptr;
-          a.for_each_block([&](const alloy::block_info& i) { seg = i.segment; });
-          return seg;
-        }());
+    m.base = reinterpret_cast<std::uintptr_t>([&] {
+      const void* seg = nullptr;
+      a.for_each_block([&](const alloy::block_info& i) { seg = i.segment; });
+      return seg;
+    }());
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> log_size(0.0, 18.0);  // 1 B .. 256 KiB, log-uniform
     std::uint64_t next_id = 1;
@@ -789,7 +799,8 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
       if (op % 100'000 == 0) target_live = 50 + rng() % 800;  // phases of growing and shrinking
       const bool grow = m.live.empty() || (m.live.size() < target_live ? rng() % 8 != 0 : rng() % 8 == 0);
       if (grow) {
-        const std::size_t bytes = static_cast<std::size_t>(std::exp2(log_size(rng))) - 1 + (rng() % 32 == 0 ? 1_MiB : 0);
+        const std::size_t bytes =
+            static_cast<std::size_t>(std::exp2(log_size(rng))) - 1 + (rng() % 32 == 0 ? 1_MiB : 0);
         const std::size_t alignment = rng() % 16 == 0 ? std::size_t{1} << (rng() % 18) : 256;
         const block b = a.allocate(bytes, alignment);
         const std::size_t chunk = m.chunk_of(bytes);
@@ -864,10 +875,11 @@ BOOST_AUTO_TEST_CASE(model_based_randomized) {
 // ---- statistics ---------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(stats_report_mapped_bytes_and_driver_calls) {
-  alloy::stats<host_arena> s{host_arena{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 64_KiB, .keep_up_to_peak = false}}};
-  const block a = s.allocate(100_KiB, 256);      // granules 0, 1
-  const block b = s.allocate(50_KiB, 256);       // granules 1, 2
-  const block c = s.allocate(200_KiB, 64_KiB);   // granules 3 .. 6 (aligned: 4 whole granules at 192 KiB)
+  alloy::stats<host_arena> s{
+      host_arena{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 64_KiB, .keep_up_to_peak = false}}};
+  const block a = s.allocate(100_KiB, 256);     // granules 0, 1
+  const block b = s.allocate(50_KiB, 256);      // granules 1, 2
+  const block c = s.allocate(200_KiB, 64_KiB);  // granules 3 .. 6 (aligned: 4 whole granules at 192 KiB)
   BOOST_REQUIRE(a);
   BOOST_REQUIRE(b);
   BOOST_REQUIRE(c);

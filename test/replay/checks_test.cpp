@@ -153,11 +153,11 @@ BOOST_AUTO_TEST_CASE(vm_device_keeps_the_books_of_a_driver) {
   BOOST_TEST(vm.faults() == 0u);
 
   // What a driver refuses: each refused, recorded, nothing changed.
-  BOOST_TEST(!backend.map(base + 8_MiB, p1));         // mapped already
-  backend.unmap(base, 6_MiB);                          // not one map
-  backend.release(p1);                                 // still mapped
-  backend.unreserve(a);                                // something mapped in it
-  const alloy::physical_memory p3 = vm.create(0);      // not a multiple
+  BOOST_TEST(!backend.map(base + 8_MiB, p1));      // mapped already
+  backend.unmap(base, 6_MiB);                      // not one map
+  backend.release(p1);                             // still mapped
+  backend.unreserve(a);                            // something mapped in it
+  const alloy::physical_memory p3 = vm.create(0);  // not a multiple
   BOOST_TEST(!p3);
   BOOST_TEST(vm.faults() == 5u);
   BOOST_TEST(vm.first_fault() == "map of a piece that is mapped already");

@@ -146,9 +146,9 @@ BOOST_AUTO_TEST_CASE(replay_counts_failures_and_serves_recorded_failures_again) 
   const auto trace = alloy::bench::parse_rmm_trace(
       "Thread,Time,Action,Pointer,Size,Stream\n"
       "1,0,allocate,0x1000,4194304,0\n"
-      "1,0,allocate,0x2000,8388608,0\n"        // does not fit 10 MiB beside the first
+      "1,0,allocate,0x2000,8388608,0\n"         // does not fit 10 MiB beside the first
       "1,0,allocate failure,(nil),1048576,0\n"  // fits here: served, freed at once
-      "1,0,free,0x2000,8388608,0\n"            // its allocate failed: skipped
+      "1,0,free,0x2000,8388608,0\n"             // its allocate failed: skipped
       "1,0,free,0x1000,4194304,0\n"
       "1,0,allocate,0x3000,1024,0\n",  // never freed
       "t");
@@ -182,7 +182,8 @@ BOOST_AUTO_TEST_CASE(reports_are_written) {
       "dir/some \"trace\".rmm.csv.gz");
   alloy::replay::devices device(1_GiB);
   alloy::replay::trace_report report{trace.name, &trace, {}};
-  for (const auto& c : alloy::replay::compositions()) report.results.push_back(c.run(trace, device, {.capacity = 1_GiB}));
+  for (const auto& c : alloy::replay::compositions())
+    report.results.push_back(c.run(trace, device, {.capacity = 1_GiB}));
   const alloy::replay::report_settings settings{1_GiB, 256, 1};
   BOOST_TEST(alloy::replay::display_name(trace.name) == "some \"trace\"");
 

@@ -58,13 +58,14 @@ std::string read_bytes(const std::filesystem::path& p) {
 BOOST_AUTO_TEST_SUITE(replay_trace_reader)
 
 BOOST_AUTO_TEST_CASE(rmm_rows_failures_and_hex_streams) {
-  const auto t = alloy::bench::parse_rmm_trace(header +
-                                                   "1,23:00:53.858957,allocate,0x7f0000000000,100,0\n"
-                                                   "1,23:00:53.858958,allocate,0x7f0000000100,200,7f3a00\n"
-                                                   "2,23:00:53.858959,allocate failure,(nil),99999999999,10\n"
-                                                   "1,23:00:53.858960,free,0x7f0000000000,100,0\n"
-                                                   "1,23:00:53.858961,free,0x7f0000000100,200,7f3a00",  // no final newline
-                                               "inline");
+  const auto t =
+      alloy::bench::parse_rmm_trace(header +
+                                        "1,23:00:53.858957,allocate,0x7f0000000000,100,0\n"
+                                        "1,23:00:53.858958,allocate,0x7f0000000100,200,7f3a00\n"
+                                        "2,23:00:53.858959,allocate failure,(nil),99999999999,10\n"
+                                        "1,23:00:53.858960,free,0x7f0000000000,100,0\n"
+                                        "1,23:00:53.858961,free,0x7f0000000100,200,7f3a00",  // no final newline
+                                    "inline");
   BOOST_TEST(t.events.size() == 5u);
   BOOST_TEST(t.failures == 1u);
   BOOST_TEST(t.allocations == 2u);
@@ -80,14 +81,16 @@ BOOST_AUTO_TEST_CASE(rmm_rows_failures_and_hex_streams) {
 
 BOOST_AUTO_TEST_CASE(rmm_bad_rows_stop_with_the_line_number) {
   BOOST_TEST(error_of(header + "1,0,allocate,0x10,12\n").starts_with("t.csv:2: expected 6 fields, found 5"));
-  BOOST_TEST(error_of(header + "1,0,allocate,0x10,12,0\n1,0,allocate,0x20,-5,0\n").starts_with("t.csv:3: bad size '-5'"));
+  BOOST_TEST(
+      error_of(header + "1,0,allocate,0x10,12,0\n1,0,allocate,0x20,-5,0\n").starts_with("t.csv:3: bad size '-5'"));
   BOOST_TEST(error_of(header + "1,0,allocate,0xzz,12,0\n").starts_with("t.csv:2: bad pointer"));
   BOOST_TEST(error_of(header + "1,0,allocate,0x10,12,g\n").starts_with("t.csv:2: bad stream 'g'"));
   BOOST_TEST(error_of(header + "1,0,alloc,0x10,12,0\n").starts_with("t.csv:2: unknown action 'alloc'"));
   BOOST_TEST(error_of(header + "1,0,free,0x10,12,0\n").starts_with("t.csv:2: free of pointer 0x10 that is not live"));
   BOOST_TEST(error_of(header + "1,0,allocate,0x10,12,0\n1,0,allocate,0x10,12,0\n")
                  .starts_with("t.csv:3: allocate of pointer 0x10 already live"));
-  BOOST_TEST(error_of(header + "1,0,allocate,0x10,99999999999999999999999,0\n").starts_with("t.csv:2: size out of range"));
+  BOOST_TEST(
+      error_of(header + "1,0,allocate,0x10,99999999999999999999999,0\n").starts_with("t.csv:2: size out of range"));
   BOOST_TEST(error_of("id,lower,upper,size\n").starts_with("t.csv:1: expected the header"));
   BOOST_TEST(error_of("").starts_with("t.csv:0: empty file"));
   // A row cut off by the end of the file says so.
@@ -130,7 +133,8 @@ BOOST_AUTO_TEST_CASE(rmm_bad_rows_skipped_and_reported) {
 BOOST_AUTO_TEST_CASE(rmm_files_plain_gzip_and_truncated) {
   std::string text = header;
   for (int i = 0; i < 4000; ++i)
-    text += "1,0,allocate,0x" + std::to_string(1000 + i) + ",256,0\n1,0,free,0x" + std::to_string(1000 + i) + ",256,0\n";
+    text +=
+        "1,0,allocate,0x" + std::to_string(1000 + i) + ",256,0\n1,0,free,0x" + std::to_string(1000 + i) + ",256,0\n";
   temp_file plain("plain.csv"), gz("good.csv.gz"), cut("cut.csv.gz");
   plain.write(text);
   gz.write_gz(text);
@@ -191,7 +195,8 @@ BOOST_AUTO_TEST_CASE(minimalloc_instances) {
   BOOST_TEST(error_of_mm("id,lower,upper,size\n0,7,7,5\n").starts_with("m.csv:2: empty lifetime"));
   BOOST_TEST(error_of_mm("id,lower,upper,size\n0,0,x,5\n").starts_with("m.csv:2: bad upper 'x'"));
   BOOST_TEST(error_of_mm("id,start,end\n").starts_with("m.csv:1: expected a MiniMalloc header"));
-  const auto skipped = alloy::bench::parse_minimalloc("id,lower,upper,size\n0,0,10,5\nbad\n1,2,3,4\n", "m.csv", skipping());
+  const auto skipped =
+      alloy::bench::parse_minimalloc("id,lower,upper,size\n0,0,10,5\nbad\n1,2,3,4\n", "m.csv", skipping());
   BOOST_TEST(skipped.events.size() == 4u);
   BOOST_TEST(skipped.problem_count == 1u);
   BOOST_TEST(skipped.problems.at(0).line == 3u);
@@ -248,7 +253,8 @@ BOOST_AUTO_TEST_CASE(shipped_minimalloc_instances_match_their_event_files) {
     }
   }
   if (compared == 0) {
-    BOOST_TEST_MESSAGE("SKIPPED: no MiniMalloc traces under " << ALLOY_TRACE_DIR << " (the shared trace folder is missing)");
+    BOOST_TEST_MESSAGE("SKIPPED: no MiniMalloc traces under " << ALLOY_TRACE_DIR
+                                                              << " (the shared trace folder is missing)");
     BOOST_WARN_MESSAGE(false, "MiniMalloc comparison skipped: no traces in " << ALLOY_TRACE_DIR);
   }
 }

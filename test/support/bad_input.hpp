@@ -61,9 +61,13 @@ inline bool is_accumulated_frees(const std::string& key) { return key == "alloca
 template <class A>
 observation observe(A& a) {
   observation o;
-  if constexpr (requires { { a.bytes_in_use() } -> std::convertible_to<std::size_t>; })
+  if constexpr (requires {
+                  { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
+                })
     o["bytes_in_use"] = static_cast<long long>(a.bytes_in_use());
-  if constexpr (requires { { a.requested_bytes() } -> std::convertible_to<std::size_t>; })
+  if constexpr (requires {
+                  { a.requested_bytes() } -> std::convertible_to<std::size_t>;
+                })
     o["requested_bytes"] = static_cast<long long>(a.requested_bytes());
   if constexpr (detail::contains_stats<A>) {
     const statistics s = statistics_of(a);
@@ -186,7 +190,8 @@ void check_bad_input_matrix(A& a, const std::string& name, std::size_t largest) 
     }
   }
   valid_pair_still_works("huge sizes");
-  for (std::size_t alignment : {std::size_t{0}, std::size_t{3}, std::size_t{6}, std::size_t{1000}, std::size_t{4097}, max}) {
+  for (std::size_t alignment :
+       {std::size_t{0}, std::size_t{3}, std::size_t{6}, std::size_t{1000}, std::size_t{4097}, max}) {
     const observation before = observe(a);
     const block b = a.allocate(64, alignment);
     BOOST_TEST(!b, name << ": alignment " << alignment << " is not a power of two");
@@ -265,7 +270,8 @@ void check_bad_input_matrix(A& a, const std::string& name, std::size_t largest) 
   // The witnesses kept their content through all of it, and are freed exactly.
   if constexpr (detail::contains_part<A, detail::specialization_of<alloy::tracked>>()) {
     auto& t = find<alloy::tracked>(a);
-    for (const live_block& w : witnesses) BOOST_TEST(t.is_outstanding(w.b.ptr), name << ": a witness left the leak report");
+    for (const live_block& w : witnesses)
+      BOOST_TEST(t.is_outstanding(w.b.ptr), name << ": a witness left the leak report");
   }
   give_back(a, witnesses);
   const observation end = observe(a);
@@ -336,7 +342,8 @@ void check_bad_input_failing_upstream(const std::string& name, std::size_t large
     give_back(a, live);
   }
   BOOST_TEST(records->live_count() == 0u, name << ": leaked " << records->live_count() << " upstream blocks");
-  BOOST_TEST(records->errors.empty(), name << ": upstream saw misuse: " << (records->errors.empty() ? "" : records->errors[0]));
+  BOOST_TEST(records->errors.empty(),
+             name << ": upstream saw misuse: " << (records->errors.empty() ? "" : records->errors[0]));
 }
 
 /// The whole matrix for one recipe: over a checking upstream (then the leak check), and over a
@@ -352,7 +359,8 @@ void bad_input_suite(const std::string& name) {
     check_bad_input_matrix(a, name, largest);
   }
   BOOST_TEST(records->live_count() == 0u, name << ": leaked " << records->live_count() << " upstream blocks");
-  BOOST_TEST(records->errors.empty(), name << ": upstream saw misuse: " << (records->errors.empty() ? "" : records->errors[0]));
+  BOOST_TEST(records->errors.empty(),
+             name << ": upstream saw misuse: " << (records->errors.empty() ? "" : records->errors[0]));
   check_bad_input_failing_upstream<Recipe>(name, largest);
 }
 

@@ -179,43 +179,43 @@ void check_bad_input_through_pmr(A& a, const std::string& name) {
 #define ALLOY_BAD_INPUT_CASE(R) \
   BOOST_AUTO_TEST_CASE(R) { alloy::testing::bad_input_suite<bad_input_recipes::R>(#R); }
 
-#define ALLOY_BAD_INPUT_PMR_CASE(R)                                                  \
-  BOOST_AUTO_TEST_CASE(pmr_##R) {                                                    \
-    std::shared_ptr<alloy::testing::ledger> records;                                 \
-    {                                                                                \
-      auto a = bad_input_recipes::R::make(alloy::testing::checking_upstream{});      \
-      records = alloy::find<alloy::testing::checking_upstream>(a).records();         \
-      alloy::testing::check_bad_input_through_pmr(a, "pmr over " #R);                \
-    }                                                                                \
-    BOOST_TEST(records->live_count() == 0u);                                         \
-    BOOST_TEST(records->errors.empty());                                             \
+#define ALLOY_BAD_INPUT_PMR_CASE(R)                                             \
+  BOOST_AUTO_TEST_CASE(pmr_##R) {                                               \
+    std::shared_ptr<alloy::testing::ledger> records;                            \
+    {                                                                           \
+      auto a = bad_input_recipes::R::make(alloy::testing::checking_upstream{}); \
+      records = alloy::find<alloy::testing::checking_upstream>(a).records();    \
+      alloy::testing::check_bad_input_through_pmr(a, "pmr over " #R);           \
+    }                                                                           \
+    BOOST_TEST(records->live_count() == 0u);                                    \
+    BOOST_TEST(records->errors.empty());                                        \
   }
 
 // Every case, in the suite the including file opens.
-#define ALLOY_BAD_INPUT_ALL_CASES                      \
-  ALLOY_BAD_INPUT_CASE(best_fit_arena)                 \
-  ALLOY_BAD_INPUT_CASE(size_class_pool)                \
-  ALLOY_BAD_INPUT_CASE(segregator)                     \
-  ALLOY_BAD_INPUT_CASE(default_allocator)              \
-  ALLOY_BAD_INPUT_CASE(caching_allocator)              \
-  ALLOY_BAD_INPUT_CASE(compacting_defragmenter)        \
-  ALLOY_BAD_INPUT_CASE(host_spill_reclaimer)           \
-  ALLOY_BAD_INPUT_CASE(fallback)                       \
-  ALLOY_BAD_INPUT_CASE(stream_ordered)                 \
-  ALLOY_BAD_INPUT_CASE(stats_arena)                    \
-  ALLOY_BAD_INPUT_CASE(stats_pool)                     \
-  ALLOY_BAD_INPUT_CASE(stats_default_allocator)        \
-  ALLOY_BAD_INPUT_CASE(limited_arena)                  \
-  ALLOY_BAD_INPUT_CASE(limited_pool)                   \
-  ALLOY_BAD_INPUT_CASE(tracked_arena)                  \
-  ALLOY_BAD_INPUT_CASE(tracked_pool)                   \
-  ALLOY_BAD_INPUT_CASE(logged_arena)                   \
-  ALLOY_BAD_INPUT_CASE(synchronized_stats_default)     \
-  ALLOY_BAD_INPUT_CASE(stats_limited_arena)            \
-  ALLOY_BAD_INPUT_CASE(limited_stats_caching)          \
-  ALLOY_BAD_INPUT_CASE(stats_stream_ordered_heap)      \
-  ALLOY_BAD_INPUT_CASE(synchronized_tracked_stats_heap) \
+#define ALLOY_BAD_INPUT_ALL_CASES                            \
+  ALLOY_BAD_INPUT_CASE(best_fit_arena)                       \
+  ALLOY_BAD_INPUT_CASE(size_class_pool)                      \
+  ALLOY_BAD_INPUT_CASE(segregator)                           \
+  ALLOY_BAD_INPUT_CASE(default_allocator)                    \
+  ALLOY_BAD_INPUT_CASE(caching_allocator)                    \
+  ALLOY_BAD_INPUT_CASE(compacting_defragmenter)              \
+  ALLOY_BAD_INPUT_CASE(host_spill_reclaimer)                 \
+  ALLOY_BAD_INPUT_CASE(fallback)                             \
+  ALLOY_BAD_INPUT_CASE(stream_ordered)                       \
+  ALLOY_BAD_INPUT_CASE(stats_arena)                          \
+  ALLOY_BAD_INPUT_CASE(stats_pool)                           \
+  ALLOY_BAD_INPUT_CASE(stats_default_allocator)              \
+  ALLOY_BAD_INPUT_CASE(limited_arena)                        \
+  ALLOY_BAD_INPUT_CASE(limited_pool)                         \
+  ALLOY_BAD_INPUT_CASE(tracked_arena)                        \
+  ALLOY_BAD_INPUT_CASE(tracked_pool)                         \
+  ALLOY_BAD_INPUT_CASE(logged_arena)                         \
+  ALLOY_BAD_INPUT_CASE(synchronized_stats_default)           \
+  ALLOY_BAD_INPUT_CASE(stats_limited_arena)                  \
+  ALLOY_BAD_INPUT_CASE(limited_stats_caching)                \
+  ALLOY_BAD_INPUT_CASE(stats_stream_ordered_heap)            \
+  ALLOY_BAD_INPUT_CASE(synchronized_tracked_stats_heap)      \
   ALLOY_BAD_INPUT_CASE(logged_tracked_limited_stats_default) \
-  ALLOY_BAD_INPUT_PMR_CASE(stats_default_allocator)    \
-  ALLOY_BAD_INPUT_PMR_CASE(limited_arena)              \
+  ALLOY_BAD_INPUT_PMR_CASE(stats_default_allocator)          \
+  ALLOY_BAD_INPUT_PMR_CASE(limited_arena)                    \
   ALLOY_BAD_INPUT_PMR_CASE(synchronized_tracked_stats_heap)

@@ -24,9 +24,9 @@ struct ledger {
     std::size_t alignment;
   };
   std::map<const void*, allocation> live;
-  std::vector<std::string> errors;   // every misuse seen: foreign pointer, wrong size, ...
-  std::size_t allocations = 0;       // successful allocate calls
-  std::size_t deallocations = 0;     // deallocate calls of non-empty blocks
+  std::vector<std::string> errors;  // every misuse seen: foreign pointer, wrong size, ...
+  std::size_t allocations = 0;      // successful allocate calls
+  std::size_t deallocations = 0;    // deallocate calls of non-empty blocks
   std::size_t live_bytes = 0;
   std::size_t peak_live_bytes = 0;
 

@@ -21,11 +21,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,13 +44,13 @@ namespace alloy::testing {
 using namespace alloy::literals;
 
 struct conformance_options {
-  std::size_t max_size = 320_MiB;            ///< largest single request that must succeed
-  std::size_t random_ops = 20'000;           ///< operations of the randomized workload
-  std::size_t random_max_size = 1_MiB;       ///< largest request of the randomized workload
-  std::size_t random_max_live = 64;          ///< live blocks the randomized workload keeps at most
-  std::size_t max_alignment = 4096;          ///< largest alignment that must be honoured
-  bool release_returns_everything = true;    ///< reserved_bytes() == 0 after freeing all + release()
-  bool huge_requests = true;                 ///< ask for sizes near SIZE_MAX (see running_under_asan)
+  std::size_t max_size = 320_MiB;          ///< largest single request that must succeed
+  std::size_t random_ops = 20'000;         ///< operations of the randomized workload
+  std::size_t random_max_size = 1_MiB;     ///< largest request of the randomized workload
+  std::size_t random_max_live = 64;        ///< live blocks the randomized workload keeps at most
+  std::size_t max_alignment = 4096;        ///< largest alignment that must be honoured
+  bool release_returns_everything = true;  ///< reserved_bytes() == 0 after freeing all + release()
+  bool huge_requests = true;               ///< ask for sizes near SIZE_MAX (see running_under_asan)
   std::uint64_t seed = 20261122;
 };
 
@@ -95,8 +95,7 @@ struct live_block {
 
 /// Whether any two live blocks overlap (a zero-size block occupies its first byte).
 inline bool any_overlap(std::vector<live_block> blocks) {
-  std::sort(blocks.begin(), blocks.end(),
-            [](const live_block& l, const live_block& r) { return l.b.ptr < r.b.ptr; });
+  std::sort(blocks.begin(), blocks.end(), [](const live_block& l, const live_block& r) { return l.b.ptr < r.b.ptr; });
   for (std::size_t i = 1; i < blocks.size(); ++i) {
     const auto* prev = static_cast<const char*>(blocks[i - 1].b.ptr);
     const std::size_t extent = std::max<std::size_t>(blocks[i - 1].b.size, 1);

@@ -27,8 +27,8 @@ struct recording_slot : alloy::detail::cuda_error_slot {
   using cuda_error_slot::record;
 };
 
-constexpr std::array<cudaError_t, 4> codes{cudaErrorInvalidValue, cudaErrorInvalidDevicePointer,
-                                           cudaErrorLaunchFailure, cudaErrorInvalidDevice};
+constexpr std::array<cudaError_t, 4> codes{cudaErrorInvalidValue, cudaErrorInvalidDevicePointer, cudaErrorLaunchFailure,
+                                           cudaErrorInvalidDevice};
 constexpr std::array<const char*, 4> calls{"call of thread 0", "call of thread 1", "call of thread 2",
                                            "call of thread 3"};
 constexpr std::array<const char*, 4> files{"file 0", "file 1", "file 2", "file 3"};

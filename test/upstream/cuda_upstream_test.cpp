@@ -64,9 +64,8 @@ BOOST_AUTO_TEST_CASE(cuda_async_upstream) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(edges_throw_cuda_error_not_out_of_memory, *boost::unit_test::precondition([](auto) {
-  return !device_present();
-})) {
+BOOST_AUTO_TEST_CASE(edges_throw_cuda_error_not_out_of_memory,
+                     *boost::unit_test::precondition([](auto) { return !device_present(); })) {
   // Without a device the failure is not a lack of memory, and the edge must say what it was.
   alloy::limited<alloy::cuda_malloc_upstream> alloc;
   alloy::cuda_resource resource{alloc};

@@ -120,7 +120,8 @@ BOOST_AUTO_TEST_CASE(virtual_arena_keeps_content_across_unmaps, ALLOY_GPU_TEST) 
     }
     grow(blocks.size());
     ALLOY_CUDA_TRY(cudaDeviceSynchronize());
-    for (const live& l : blocks) BOOST_TEST(device_holds_pattern(l.b, l.seed), "block " << l.seed << " lost its content");
+    for (const live& l : blocks)
+      BOOST_TEST(device_holds_pattern(l.b, l.seed), "block " << l.seed << " lost its content");
     BOOST_TEST(a.check_invariants());
   }
   BOOST_TEST(a.counters().num_unmaps > 0u);

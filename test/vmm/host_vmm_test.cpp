@@ -26,7 +26,7 @@ namespace {
 
 /// Bytes of memory the memfd holds now (allocated 512-byte blocks).
 std::size_t file_bytes(const host_vmm& v) {
-  struct stat st {};
+  struct stat st{};
   BOOST_REQUIRE(::fstat(v.file_descriptor(), &st) == 0);
   return static_cast<std::size_t>(st.st_blocks) * 512;
 }
@@ -52,7 +52,7 @@ BOOST_AUTO_TEST_CASE(defaults_and_granularity) {
   BOOST_TEST(v.granularity() == 2_MiB);
   BOOST_TEST(v.capacity() == std::numeric_limits<std::size_t>::max());
   BOOST_TEST(v.physical_bytes() == 0u);
-  BOOST_TEST(host_vmm{{.granularity = 1}}.granularity() == 4096u);  // at least a page
+  BOOST_TEST(host_vmm{{.granularity = 1}}.granularity() == 4096u);          // at least a page
   BOOST_TEST(host_vmm{{.granularity = 100_KiB}}.granularity() == 128_KiB);  // a power of two
 }
 

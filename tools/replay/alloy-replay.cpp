@@ -92,10 +92,20 @@ std::optional<std::size_t> parse_size(std::string_view text) {
     std::string_view name;
     double factor;
   };
-  static constexpr suffix suffixes[] = {{"", 1},          {"B", 1},           {"K", 1024.0},        {"KiB", 1024.0},
-                                        {"KB", 1e3},      {"M", 1048576.0},   {"MiB", 1048576.0},   {"MB", 1e6},
-                                        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0},
-                                        {"TiB", 1099511627776.0}, {"TB", 1e12}};
+  static constexpr suffix suffixes[] = {{"", 1},
+                                        {"B", 1},
+                                        {"K", 1024.0},
+                                        {"KiB", 1024.0},
+                                        {"KB", 1e3},
+                                        {"M", 1048576.0},
+                                        {"MiB", 1048576.0},
+                                        {"MB", 1e6},
+                                        {"G", 1073741824.0},
+                                        {"GiB", 1073741824.0},
+                                        {"GB", 1e9},
+                                        {"T", 1099511627776.0},
+                                        {"TiB", 1099511627776.0},
+                                        {"TB", 1e12}};
   for (const suffix& s : suffixes) {
     if (unit == s.name) {
       const double bytes = value * s.factor;
@@ -239,12 +249,13 @@ int main(int argc, char** argv) {
   std::vector<replay::composition> all = replay::compositions();
   if (list) {
     for (const auto& c : all)
-      std::printf("%-26s %s%s%s\n", c.name.c_str(), c.peer ? "(peer) " : "", c.virtual_memory ? "(virtual memory) " : "",
-                  c.description.c_str());
+      std::printf("%-26s %s%s%s\n", c.name.c_str(), c.peer ? "(peer) " : "",
+                  c.virtual_memory ? "(virtual memory) " : "", c.description.c_str());
     return 0;
   }
   if (traces.empty()) usage_error("no trace given");
-  if (!svg_path.empty() && traces.size() != 1) usage_error("--svg draws one trace; " + std::to_string(traces.size()) + " given");
+  if (!svg_path.empty() && traces.size() != 1)
+    usage_error("--svg draws one trace; " + std::to_string(traces.size()) + " given");
 
   // The compositions asked for, in the registry's order.
   std::vector<const replay::composition*> chosen;
@@ -268,7 +279,8 @@ int main(int argc, char** argv) {
         if (names.count(c.name)) chosen.push_back(&c);
         continue;
       }
-      if (names.count("all") || names.count(c.name) || (names.count("alloy") && !c.peer) || (names.count("peers") && c.peer))
+      if (names.count("all") || names.count(c.name) || (names.count("alloy") && !c.peer) ||
+          (names.count("peers") && c.peer))
         chosen.push_back(&c);
     }
     if (chosen.empty()) usage_error("no composition chosen");
@@ -323,7 +335,8 @@ int main(int argc, char** argv) {
       bar.finish();
       const replay::replay_result& x = report.results.back();
       if (x.faults != 0) {
-        std::cerr << "alloy-replay: " << replay::display_name(path) << ": " << c->name << ": " << replay::fault_text(x) << '\n';
+        std::cerr << "alloy-replay: " << replay::display_name(path) << ": " << c->name << ": " << replay::fault_text(x)
+                  << '\n';
         if (status == 0) status = 3;
       }
     }

@@ -87,7 +87,9 @@ using virtual_allocator_t = virtual_allocator<vm_t>;
 
 inline arena_t make_arena(upstream_t u) { return arena_t{u}; }
 inline arena_defrag_t make_arena_defrag(upstream_t u) { return arena_defrag_t{arena_t{u}}; }
-inline pool1m_arena_t make_pool1m_arena(upstream_t u) { return pool1m_arena_t{size_class_pool<upstream_t>{u}, arena_t{u}}; }
+inline pool1m_arena_t make_pool1m_arena(upstream_t u) {
+  return pool1m_arena_t{size_class_pool<upstream_t>{u}, arena_t{u}};
+}
 inline default_t make_default(upstream_t u) { return default_t{u}; }
 inline caching_t make_caching(upstream_t u) { return caching_t{u}; }
 /// An arena that takes the whole device as one segment at construction and never grows: what a
@@ -205,10 +207,10 @@ class device_thrust_resource final : public thrust::mr::memory_resource<> {
 /// A thrust::mr pool over the device (it must not move: the pool points at its upstream).
 template <bool Disjoint>
 class thrust_pool_target {
-  using pool_t = std::conditional_t<Disjoint,
-                                    thrust::mr::disjoint_unsynchronized_pool_resource<device_thrust_resource,
-                                                                                      thrust::mr::new_delete_resource>,
-                                    thrust::mr::unsynchronized_pool_resource<device_thrust_resource>>;
+  using pool_t = std::conditional_t<
+      Disjoint,
+      thrust::mr::disjoint_unsynchronized_pool_resource<device_thrust_resource, thrust::mr::new_delete_resource>,
+      thrust::mr::unsynchronized_pool_resource<device_thrust_resource>>;
 
  public:
   using token = void*;
@@ -279,7 +281,7 @@ class thrust_pool_target {
 struct composition {
   std::string name;
   std::string description;
-  bool peer = false;           ///< not alloy: a pool of std::pmr or thrust::mr
+  bool peer = false;            ///< not alloy: a pool of std::pmr or thrust::mr
   bool needs_capacity = false;  ///< only with a device of finite capacity; chosen by name only
   bool virtual_memory = false;  ///< runs on the virtual-memory device (granules of 2 MiB)
   std::function<replay_result(const bench::rmm_trace&, devices&, const replay_options&)> run;
@@ -314,9 +316,8 @@ inline std::vector<composition> compositions() {
                       [](simulated_device& d, const replay_options& o) {
                         return raw_target<arena_t>{make_arena(upstream_t{d}), o.alignment};
                       }));
-  all.push_back(entry("best_fit_arena+defrag",
-                      "compacting_defragmenter<best_fit_arena>, every request a movable block", false,
-                      [](simulated_device& d, const replay_options&) {
+  all.push_back(entry("best_fit_arena+defrag", "compacting_defragmenter<best_fit_arena>, every request a movable block",
+                      false, [](simulated_device& d, const replay_options&) {
                         return movable_target<arena_defrag_t>{make_arena_defrag(upstream_t{d})};
                       }));
   all.push_back(entry("pool1M+arena", "segregator<1 MiB, size_class_pool (2 MiB slabs), best_fit_arena>", false,
@@ -350,31 +351,35 @@ inline std::vector<composition> compositions() {
         return movable_target<arena_defrag_t>{arena_defrag_t{make_whole_device_arena(upstream_t{d}, o.capacity)}};
       },
       true));
-  all.push_back(detail::vm_entry("virtual_arena", "alloy::virtual_arena (default options) on virtual memory, 2 MiB granules",
+  all.push_back(detail::vm_entry("virtual_arena",
+                                 "alloy::virtual_arena (default options) on virtual memory, 2 MiB granules",
                                  [](simulated_vm_device& d, const replay_options& o) {
                                    return raw_target<virtual_arena_t>{virtual_arena_t{vm_t{d}}, o.alignment};
                                  }));
-  all.push_back(detail::vm_entry("virtual_allocator",
-                                 "alloy::virtual_allocator (pool up to 64 KiB with slabs from the virtual arena, the arena "
-                                 "above) on virtual memory, 2 MiB granules",
-                                 [](simulated_vm_device& d, const replay_options& o) {
-                                   return raw_target<virtual_allocator_t>{virtual_allocator_t{vm_t{d}}, o.alignment};
-                                 }));
-  all.push_back(entry("std_pmr_pool", "std::pmr::unsynchronized_pool_resource, largest_required_pool_block 1 MiB", true,
-                      [](simulated_device& d, const replay_options& o) {
-                        return pmr_pool_target{d, {.max_blocks_per_chunk = 0, .largest_required_pool_block = std::size_t{1} << 20},
-                                               o.alignment};
-                      }));
+  all.push_back(
+      detail::vm_entry("virtual_allocator",
+                       "alloy::virtual_allocator (pool up to 64 KiB with slabs from the virtual arena, the arena "
+                       "above) on virtual memory, 2 MiB granules",
+                       [](simulated_vm_device& d, const replay_options& o) {
+                         return raw_target<virtual_allocator_t>{virtual_allocator_t{vm_t{d}}, o.alignment};
+                       }));
+  all.push_back(
+      entry("std_pmr_pool", "std::pmr::unsynchronized_pool_resource, largest_required_pool_block 1 MiB", true,
+            [](simulated_device& d, const replay_options& o) {
+              return pmr_pool_target{
+                  d, {.max_blocks_per_chunk = 0, .largest_required_pool_block = std::size_t{1} << 20}, o.alignment};
+            }));
 #if ALLOY_REPLAY_HAS_THRUST
-  all.push_back(entry("thrust_pool",
-                      "thrust::mr::unsynchronized_pool_resource, largest_block_size 1 MiB; requests below the "
-                      "alignment asked as the alignment, sizes rounded up to 8 B (see compositions.hpp)",
-                      true,
-                      [](simulated_device& d, const replay_options& o) { return thrust_pool_target<false>{d, o.alignment}; }));
-  all.push_back(entry("thrust_disjoint_pool",
-                      "thrust::mr::disjoint_unsynchronized_pool_resource, largest_block_size 1 MiB, bookkeeping on the "
-                      "host; requests below the alignment asked as the alignment (see compositions.hpp)",
-                      true, [](simulated_device& d, const replay_options& o) { return thrust_pool_target<true>{d, o.alignment}; }));
+  all.push_back(entry(
+      "thrust_pool",
+      "thrust::mr::unsynchronized_pool_resource, largest_block_size 1 MiB; requests below the "
+      "alignment asked as the alignment, sizes rounded up to 8 B (see compositions.hpp)",
+      true, [](simulated_device& d, const replay_options& o) { return thrust_pool_target<false>{d, o.alignment}; }));
+  all.push_back(entry(
+      "thrust_disjoint_pool",
+      "thrust::mr::disjoint_unsynchronized_pool_resource, largest_block_size 1 MiB, bookkeeping on the "
+      "host; requests below the alignment asked as the alignment (see compositions.hpp)",
+      true, [](simulated_device& d, const replay_options& o) { return thrust_pool_target<true>{d, o.alignment}; }));
 #endif
   return all;
 }

@@ -22,19 +22,19 @@
 #include <vector>
 
 #include "replay/replay.hpp"
-#include "replay/simulated_vm.hpp"
 #include "replay/rmm_trace.hpp"
+#include "replay/simulated_vm.hpp"
 
 namespace alloy::replay {
 
 struct min_capacity_result {
-  bool found = false;                 ///< some capacity up to 2^50 bytes served the trace
-  std::size_t capacity = 0;           ///< the smallest that passed (to `precision`)
-  double over_live = 0;               ///< capacity ÷ the trace's peak live bytes
-  replay_result at_capacity;          ///< the checked replay at `capacity`
-  std::size_t replays = 0;            ///< replays the search took (probes included)
-  std::vector<double> probes;         ///< factors above `capacity` replayed to check monotonicity
-  std::size_t non_monotone_at = 0;    ///< a larger capacity that failed (0: none did)
+  bool found = false;               ///< some capacity up to 2^50 bytes served the trace
+  std::size_t capacity = 0;         ///< the smallest that passed (to `precision`)
+  double over_live = 0;             ///< capacity ÷ the trace's peak live bytes
+  replay_result at_capacity;        ///< the checked replay at `capacity`
+  std::size_t replays = 0;          ///< replays the search took (probes included)
+  std::vector<double> probes;       ///< factors above `capacity` replayed to check monotonicity
+  std::size_t non_monotone_at = 0;  ///< a larger capacity that failed (0: none did)
 };
 
 struct min_capacity_options {

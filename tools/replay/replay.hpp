@@ -43,9 +43,9 @@
 #include <utility>
 #include <vector>
 
+#include "replay/rmm_trace.hpp"
 #include "replay/simulated_device.hpp"
 #include "replay/simulated_vm.hpp"
-#include "replay/rmm_trace.hpp"
 
 namespace alloy::replay {
 
@@ -58,9 +58,9 @@ concept replay_target = requires(T& t, const T& ct, typename T::token tok, std::
 };
 
 struct replay_options {
-  std::size_t alignment = 256;   ///< alignment of every request
+  std::size_t alignment = 256;  ///< alignment of every request
   std::size_t capacity = unlimited;
-  int repetitions = 1;           ///< timed replays per composition, after the checked one (0: none)
+  int repetitions = 1;              ///< timed replays per composition, after the checked one (0: none)
   std::size_t series_points = 600;  ///< points of the in-use / reserved series (at most)
   /// Called now and then with the fraction of the current replay done (0..1); may be empty.
   std::function<void(double)> progress{};
@@ -75,27 +75,27 @@ struct series_point {
 
 struct replay_result {
   std::string composition;
-  std::size_t operations = 0;        ///< events replayed (allocate, free, allocate failure)
-  double ns_per_op = 0;              ///< median over the repetitions
+  std::size_t operations = 0;  ///< events replayed (allocate, free, allocate failure)
+  double ns_per_op = 0;        ///< median over the repetitions
   std::vector<double> ns_per_op_runs;
-  std::size_t requests = 0;          ///< allocate and allocate-failure events
-  std::size_t served = 0;            ///< requests served
-  std::size_t failed = 0;            ///< requests that failed
-  std::size_t peak_in_use = 0;       ///< bytes of served requests live at once, at most
-  std::size_t peak_reserved = 0;     ///< bytes held from the device at once, at most
-  std::size_t end_in_use = 0;        ///< at the end of the trace
-  std::size_t end_reserved = 0;      ///< at the end of the trace
-  std::size_t upstream_allocs = 0;   ///< device allocations during the trace
-  std::size_t upstream_frees = 0;    ///< device deallocations during the trace
-  std::size_t upstream_refusals = 0; ///< device requests refused (capacity) during the trace
-  std::size_t bytes_moved = 0;       ///< bytes copied to move blocks (defragmentation)
-  std::size_t leaked = 0;            ///< bytes the device still held after the allocator was gone
-  double reserved_over_live = 0;     ///< peak reserved ÷ the trace's peak live bytes
-  bool virtual_memory = false;       ///< ran on the virtual-memory device
-  std::size_t map_calls = 0;         ///< map + unmap calls (virtual memory only)
-  std::size_t peak_mapped = 0;       ///< bytes mapped at once, at most (virtual memory only)
-  std::size_t faults = 0;            ///< wrong answers: blocks outside the device, misaligned, overlapping ...
-  std::string first_fault;           ///< the first one, described
+  std::size_t requests = 0;           ///< allocate and allocate-failure events
+  std::size_t served = 0;             ///< requests served
+  std::size_t failed = 0;             ///< requests that failed
+  std::size_t peak_in_use = 0;        ///< bytes of served requests live at once, at most
+  std::size_t peak_reserved = 0;      ///< bytes held from the device at once, at most
+  std::size_t end_in_use = 0;         ///< at the end of the trace
+  std::size_t end_reserved = 0;       ///< at the end of the trace
+  std::size_t upstream_allocs = 0;    ///< device allocations during the trace
+  std::size_t upstream_frees = 0;     ///< device deallocations during the trace
+  std::size_t upstream_refusals = 0;  ///< device requests refused (capacity) during the trace
+  std::size_t bytes_moved = 0;        ///< bytes copied to move blocks (defragmentation)
+  std::size_t leaked = 0;             ///< bytes the device still held after the allocator was gone
+  double reserved_over_live = 0;      ///< peak reserved ÷ the trace's peak live bytes
+  bool virtual_memory = false;        ///< ran on the virtual-memory device
+  std::size_t map_calls = 0;          ///< map + unmap calls (virtual memory only)
+  std::size_t peak_mapped = 0;        ///< bytes mapped at once, at most (virtual memory only)
+  std::size_t faults = 0;             ///< wrong answers: blocks outside the device, misaligned, overlapping ...
+  std::string first_fault;            ///< the first one, described
   std::vector<series_point> series;
 
   std::size_t upstream_calls() const noexcept { return upstream_allocs + upstream_frees; }
@@ -110,7 +110,8 @@ namespace detail {
 class series_builder {
  public:
   series_builder(std::size_t events, std::size_t points)
-      : bucket_(std::max<std::size_t>(1, (events + std::max<std::size_t>(points, 1) - 1) / std::max<std::size_t>(points, 1))) {
+      : bucket_(std::max<std::size_t>(
+            1, (events + std::max<std::size_t>(points, 1) - 1) / std::max<std::size_t>(points, 1))) {
     series_.reserve(events / bucket_ + 2);
   }
   void observe(std::size_t event, std::size_t in_use, std::size_t reserved) noexcept {
@@ -161,8 +162,9 @@ class block_checker {
       what << "misaligned (asked for " << alignment << "-byte alignment)";
     } else if (!device.holds(p, bytes)) {
       what << "not inside memory the device handed out";
-    } else if (const auto [prev, next] = neighbours(at); (prev != live_.end() && prev->first + prev->second > at) ||
-                                                         (next != live_.end() && next->first < at + std::max<std::size_t>(bytes, 1))) {
+    } else if (const auto [prev, next] = neighbours(at);
+               (prev != live_.end() && prev->first + prev->second > at) ||
+               (next != live_.end() && next->first < at + std::max<std::size_t>(bytes, 1))) {
       what << "overlaps a live block";
     } else {
       live_.emplace(at, std::max<std::size_t>(bytes, 1));
@@ -235,7 +237,8 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
         if constexpr (requires { target.cannot_ask(e.size); }) {
           if (const char* why = target.cannot_ask(e.size)) {  // asking would break the replay: its fault
             if (checked && faults++ == 0)
-              first_fault = "event " + std::to_string(i + 1) + ": a request of " + std::to_string(e.size) + " bytes " + why;
+              first_fault =
+                  "event " + std::to_string(i + 1) + ": a request of " + std::to_string(e.size) + " bytes " + why;
             if (!checked) ++failed;
             series.observe(i, in_use, device.reserved());
             continue;
@@ -271,7 +274,8 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
       if (opts.progress && (i + 1) % tick == 0) opts.progress(static_cast<double>(i + 1) / static_cast<double>(events));
     }
     const auto stop = std::chrono::steady_clock::now();
-    ns = std::chrono::duration<double, std::nano>(stop - start).count() / static_cast<double>(std::max<std::size_t>(events, 1));
+    ns = std::chrono::duration<double, std::nano>(stop - start).count() /
+         static_cast<double>(std::max<std::size_t>(events, 1));
     if (figures != nullptr) {
       replay_result& r = *figures;
       r.operations = events;
@@ -292,8 +296,8 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
       r.faults = faults;
       r.first_fault = std::move(first_fault);
       r.bytes_moved = target.bytes_moved();
-      r.reserved_over_live = static_cast<double>(r.peak_reserved) /
-                             static_cast<double>(std::max<std::size_t>(trace.peak_live_bytes, 1));
+      r.reserved_over_live =
+          static_cast<double>(r.peak_reserved) / static_cast<double>(std::max<std::size_t>(trace.peak_live_bytes, 1));
       r.series = series.finish(events == 0 ? 0 : events - 1);
     }
     for (const bench::trace_event& e : trace.events) {  // what the trace never freed

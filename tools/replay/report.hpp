@@ -85,7 +85,8 @@ inline std::string map_calls_cell(const replay_result& x) {
 
 /// What went wrong, for a composition that answered wrongly: "FAULT (n): the first".
 inline std::string fault_text(const replay_result& x) {
-  return "FAULT (" + format_count(x.faults) + (x.faults == 1 ? " wrong answer): " : " wrong answers): ") + x.first_fault;
+  return "FAULT (" + format_count(x.faults) + (x.faults == 1 ? " wrong answer): " : " wrong answers): ") +
+         x.first_fault;
 }
 
 /// The file name without its folders and its trace extensions.
@@ -101,9 +102,9 @@ inline std::string display_name(const std::string& path) {
 /// One line about the trace: its events, requests, failures, peak live, never freed.
 inline std::string describe_trace(const bench::rmm_trace& t) {
   std::ostringstream s;
-  s << format_count(t.events.size()) << " events (" << t.format << "): " << format_count(t.allocations) << " allocations, "
-    << format_count(t.failures) << " failed when recorded, peak live " << format_bytes(static_cast<double>(t.peak_live_bytes))
-    << ", " << format_count(t.unfreed) << " never freed";
+  s << format_count(t.events.size()) << " events (" << t.format << "): " << format_count(t.allocations)
+    << " allocations, " << format_count(t.failures) << " failed when recorded, peak live "
+    << format_bytes(static_cast<double>(t.peak_live_bytes)) << ", " << format_count(t.unfreed) << " never freed";
   if (t.problem_count != 0) s << "; " << format_count(t.problem_count) << " bad rows skipped";
   return s.str();
 }
@@ -112,14 +113,14 @@ inline std::string describe_trace(const bench::rmm_trace& t) {
 
 inline void print_table(std::ostream& out, const trace_report& r, const report_settings& s) {
   out << display_name(r.path) << "\n  " << describe_trace(*r.trace) << "\n  device capacity "
-      << format_capacity(s.capacity) << ", alignment " << s.alignment << "; ns/op is the median of "
-      << s.repetitions << (s.repetitions == 1 ? " replay" : " replays") << "\n\n";
+      << format_capacity(s.capacity) << ", alignment " << s.alignment << "; ns/op is the median of " << s.repetitions
+      << (s.repetitions == 1 ? " replay" : " replays") << "\n\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %9s %8s %11s\n", "composition", "ns/op", "peak in use",
-                "peak reserved", "reserved/", "upstream", "map calls", "failed", "moved");
+  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %9s %8s %11s\n", "composition", "ns/op",
+                "peak in use", "peak reserved", "reserved/", "upstream", "map calls", "failed", "moved");
   out << line;
-  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %9s %8s %11s\n", "", "", "", "", "peak live", "calls",
-                "/1k ops", "requests", "");
+  std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10s %10s %9s %8s %11s\n", "", "", "", "", "peak live",
+                "calls", "/1k ops", "requests", "");
   out << line;
   for (const replay_result& x : r.results) {
     std::snprintf(line, sizeof line, "  %-26s %9s %12s %14s %10.3f %10s %9s %8s %11s", x.composition.c_str(),
@@ -146,7 +147,8 @@ inline void print_min_capacity_table(std::ostream& out, const trace_report& r, c
   std::snprintf(line, sizeof line, "  %-26s %12s %10s %10s %10s %10s %10s  %s\n", "composition", "min capacity",
                 "/ peak", "reserved /", "mapped /", "map calls", "upstream", "replays");
   out << line;
-  std::snprintf(line, sizeof line, "  %-26s %12s %10s %10s %10s %10s %10s\n", "", "", "live", "live", "live", "/1k ops", "/1k ops");
+  std::snprintf(line, sizeof line, "  %-26s %12s %10s %10s %10s %10s %10s\n", "", "", "live", "live", "live", "/1k ops",
+                "/1k ops");
   out << line;
   for (std::size_t k = 0; k < r.results.size() && k < r.min_capacity.size(); ++k) {
     const replay_result& x = r.results[k];
@@ -154,11 +156,12 @@ inline void print_min_capacity_table(std::ostream& out, const trace_report& r, c
     std::snprintf(line, sizeof line, "  %-26s %12s %10s %10.3f %10s %10s %10.1f  %zu", x.composition.c_str(),
                   m.found ? format_bytes(static_cast<double>(m.capacity)).c_str() : "none",
                   m.found ? format_fixed(m.over_live, 3).c_str() : "-", x.reserved_over_live,
-                  x.virtual_memory ? format_fixed(static_cast<double>(x.peak_mapped) /
-                                                      static_cast<double>(std::max<std::size_t>(r.trace->peak_live_bytes, 1)),
-                                                  3)
-                                         .c_str()
-                                   : "n.a.",
+                  x.virtual_memory
+                      ? format_fixed(static_cast<double>(x.peak_mapped) /
+                                         static_cast<double>(std::max<std::size_t>(r.trace->peak_live_bytes, 1)),
+                                     3)
+                            .c_str()
+                      : "n.a.",
                   map_calls_cell(x).c_str(), per_thousand_ops(x.upstream_calls(), x), m.replays);
     out << line;
     if (m.non_monotone_at != 0)
@@ -204,40 +207,43 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
   for (std::size_t i = 0; i < reports.size(); ++i) {
     const trace_report& r = reports[i];
     const bench::rmm_trace& t = *r.trace;
-    out << (i ? "," : "") << "\n    {\n      \"path\": " << json_string(r.path) << ",\n      \"name\": "
-        << json_string(display_name(r.path)) << ",\n      \"format\": " << json_string(t.format)
-        << ",\n      \"events\": " << t.events.size() << ",\n      \"allocations\": " << t.allocations
-        << ",\n      \"recorded_failures\": " << t.failures << ",\n      \"peak_live_bytes\": " << t.peak_live_bytes
-        << ",\n      \"never_freed\": " << t.unfreed << ",\n      \"bad_rows\": " << t.problem_count
-        << ",\n      \"problems\": [";
+    out << (i ? "," : "") << "\n    {\n      \"path\": " << json_string(r.path)
+        << ",\n      \"name\": " << json_string(display_name(r.path))
+        << ",\n      \"format\": " << json_string(t.format) << ",\n      \"events\": " << t.events.size()
+        << ",\n      \"allocations\": " << t.allocations << ",\n      \"recorded_failures\": " << t.failures
+        << ",\n      \"peak_live_bytes\": " << t.peak_live_bytes << ",\n      \"never_freed\": " << t.unfreed
+        << ",\n      \"bad_rows\": " << t.problem_count << ",\n      \"problems\": [";
     for (std::size_t p = 0; p < t.problems.size(); ++p)
-      out << (p ? ", " : "") << "{\"line\": " << t.problems[p].line << ", \"message\": " << json_string(t.problems[p].message)
-          << "}";
+      out << (p ? ", " : "") << "{\"line\": " << t.problems[p].line
+          << ", \"message\": " << json_string(t.problems[p].message) << "}";
     out << "],\n      \"results\": [";
     for (std::size_t k = 0; k < r.results.size(); ++k) {
       const replay_result& x = r.results[k];
       out << (k ? "," : "") << "\n        {\"composition\": " << json_string(x.composition)
           << ", \"ns_per_op\": " << format_fixed(x.ns_per_op, 2) << ", \"ns_per_op_runs\": [";
-      for (std::size_t n = 0; n < x.ns_per_op_runs.size(); ++n) out << (n ? ", " : "") << format_fixed(x.ns_per_op_runs[n], 2);
+      for (std::size_t n = 0; n < x.ns_per_op_runs.size(); ++n)
+        out << (n ? ", " : "") << format_fixed(x.ns_per_op_runs[n], 2);
       out << "], \"operations\": " << x.operations << ", \"requests\": " << x.requests << ", \"served\": " << x.served
           << ", \"failed_requests\": " << x.failed << ", \"peak_in_use\": " << x.peak_in_use
-          << ", \"peak_reserved\": " << x.peak_reserved << ", \"reserved_over_live\": " << format_fixed(x.reserved_over_live, 4)
+          << ", \"peak_reserved\": " << x.peak_reserved
+          << ", \"reserved_over_live\": " << format_fixed(x.reserved_over_live, 4)
           << ", \"end_in_use\": " << x.end_in_use << ", \"end_reserved\": " << x.end_reserved
           << ", \"upstream_allocs\": " << x.upstream_allocs << ", \"upstream_frees\": " << x.upstream_frees
           << ", \"upstream_refusals\": " << x.upstream_refusals << ", \"bytes_moved\": " << x.bytes_moved
           << ", \"leaked\": " << x.leaked << ", \"virtual_memory\": " << (x.virtual_memory ? "true" : "false")
-          << ", \"map_calls\": " << x.map_calls << ", \"map_calls_per_1000_ops\": "
-          << format_fixed(per_thousand_ops(x.map_calls, x), 3) << ", \"upstream_calls_per_1000_ops\": "
-          << format_fixed(per_thousand_ops(x.upstream_calls(), x), 3) << ", \"peak_mapped\": " << x.peak_mapped
-          << ", \"faults\": " << x.faults << ", \"first_fault\": "
-          << (x.faults != 0 ? json_string(x.first_fault) : std::string("null"))
+          << ", \"map_calls\": " << x.map_calls
+          << ", \"map_calls_per_1000_ops\": " << format_fixed(per_thousand_ops(x.map_calls, x), 3)
+          << ", \"upstream_calls_per_1000_ops\": " << format_fixed(per_thousand_ops(x.upstream_calls(), x), 3)
+          << ", \"peak_mapped\": " << x.peak_mapped << ", \"faults\": " << x.faults
+          << ", \"first_fault\": " << (x.faults != 0 ? json_string(x.first_fault) : std::string("null"))
           << ", \"served_all\": " << (x.served_all() ? "true" : "false");
       if (k < r.min_capacity.size()) {
         const min_capacity_result& m = r.min_capacity[k];
         out << ",\n         \"min_capacity\": {\"found\": " << (m.found ? "true" : "false") << ", \"capacity\": ";
         if (m.found) {
           out << m.capacity << ", \"over_peak_live\": " << format_fixed(m.over_live, 4)
-              << ", \"map_calls_per_1000_ops\": " << format_fixed(per_thousand_ops(m.at_capacity.map_calls, m.at_capacity), 3)
+              << ", \"map_calls_per_1000_ops\": "
+              << format_fixed(per_thousand_ops(m.at_capacity.map_calls, m.at_capacity), 3)
               << ", \"upstream_calls_per_1000_ops\": "
               << format_fixed(per_thousand_ops(m.at_capacity.upstream_calls(), m.at_capacity), 3);
         } else {
@@ -292,17 +298,22 @@ inline void write_markdown(std::ostream& out, const std::vector<trace_report>& r
     for (const replay_result& x : r.results) out << ' ' << ratio_cell(x) << " |";
     out << '\n';
   }
-  out << "\nEvery figure, per trace (ns/op: median of " << s.repetitions << "; upstream calls: device allocations + frees):\n\n";
+  out << "\nEvery figure, per trace (ns/op: median of " << s.repetitions
+      << "; upstream calls: device allocations + frees):\n\n";
   for (const trace_report& r : reports) {
-    out << "<details><summary>" << display_name(r.path) << "</summary>\n\n" << describe_trace(*r.trace)
-        << ".\n\n| composition | ns/op | peak in use | peak reserved | reserved ÷ live | upstream calls | map calls | failed | moved |\n"
+    out << "<details><summary>" << display_name(r.path) << "</summary>\n\n"
+        << describe_trace(*r.trace)
+        << ".\n\n| composition | ns/op | peak in use | peak reserved | reserved ÷ live | upstream calls | map calls | "
+           "failed | moved |\n"
         << "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const replay_result& x : r.results) {
-      out << "| " << x.composition << " | " << (x.ns_per_op_runs.empty() ? std::string("-") : format_fixed(x.ns_per_op, 1))
-          << " | " << format_bytes(static_cast<double>(x.peak_in_use)) << " | "
-          << format_bytes(static_cast<double>(x.peak_reserved)) << " | " << format_fixed(x.reserved_over_live, 3) << " | "
-          << format_count(x.upstream_calls()) << " | " << (x.virtual_memory ? format_count(x.map_calls) : std::string("n.a."))
-          << " | " << format_count(x.failed) << " | " << format_bytes(static_cast<double>(x.bytes_moved)) << " |\n";
+      out << "| " << x.composition << " | "
+          << (x.ns_per_op_runs.empty() ? std::string("-") : format_fixed(x.ns_per_op, 1)) << " | "
+          << format_bytes(static_cast<double>(x.peak_in_use)) << " | "
+          << format_bytes(static_cast<double>(x.peak_reserved)) << " | " << format_fixed(x.reserved_over_live, 3)
+          << " | " << format_count(x.upstream_calls()) << " | "
+          << (x.virtual_memory ? format_count(x.map_calls) : std::string("n.a.")) << " | " << format_count(x.failed)
+          << " | " << format_bytes(static_cast<double>(x.bytes_moved)) << " |\n";
     }
     for (const replay_result& x : r.results)
       if (x.faults != 0) out << "\n" << x.composition << ": " << fault_text(x) << '\n';
@@ -313,7 +324,8 @@ inline void write_markdown(std::ostream& out, const std::vector<trace_report>& r
 /// The --min-capacity tables: the smallest capacity ÷ peak live per trace and composition (with
 /// the geometric mean, the worst and how many traces are within 1.05), the driver calls per 1,000
 /// operations and peak reserved ÷ peak live at the base capacity.
-inline void write_min_capacity_markdown(std::ostream& out, const std::vector<trace_report>& reports, const report_settings& s) {
+inline void write_min_capacity_markdown(std::ostream& out, const std::vector<trace_report>& reports,
+                                        const report_settings& s) {
   if (reports.empty()) return;
   const std::vector<replay_result>& first = reports.front().results;
   auto header = [&] {
@@ -327,7 +339,8 @@ inline void write_min_capacity_markdown(std::ostream& out, const std::vector<tra
     out << "| " << display_name(r.path) << " | " << format_bytes(static_cast<double>(r.trace->peak_live_bytes)) << " |";
   };
   out << "Smallest device capacity at which every request is served, ÷ the trace's peak live bytes (to 0.5 %; "
-         "virtual compositions on 2 MiB granules; \"none\": not up to 1 PiB; a failed monotonicity probe is marked *):\n\n";
+         "virtual compositions on 2 MiB granules; \"none\": not up to 1 PiB; a failed monotonicity probe is marked "
+         "*):\n\n";
   header();
   std::vector<double> log_sum(first.size(), 0), worst(first.size(), 0);
   std::vector<std::size_t> count(first.size(), 0), within(first.size(), 0);
@@ -351,9 +364,11 @@ inline void write_min_capacity_markdown(std::ostream& out, const std::vector<tra
   }
   out << "| geometric mean | |";
   for (std::size_t k = 0; k < first.size(); ++k)
-    out << ' ' << (count[k] ? format_fixed(std::exp(log_sum[k] / static_cast<double>(count[k])), 3) : std::string("-")) << " |";
+    out << ' ' << (count[k] ? format_fixed(std::exp(log_sum[k] / static_cast<double>(count[k])), 3) : std::string("-"))
+        << " |";
   out << "\n| worst | |";
-  for (std::size_t k = 0; k < first.size(); ++k) out << ' ' << (count[k] ? format_fixed(worst[k], 3) : std::string("-")) << " |";
+  for (std::size_t k = 0; k < first.size(); ++k)
+    out << ' ' << (count[k] ? format_fixed(worst[k], 3) : std::string("-")) << " |";
   out << "\n| traces ≤ 1.05 | |";
   for (std::size_t k = 0; k < first.size(); ++k) out << ' ' << within[k] << " / " << reports.size() << " |";
   out << "\n\nDriver calls per 1,000 operations at capacity " << format_capacity(s.capacity)
@@ -439,7 +454,8 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
   const double events = static_cast<double>(std::max<std::size_t>(r.trace->events.size(), 1));
   double ymax = 1;
   for (const replay_result& x : r.results)
-    for (const series_point& p : x.series) ymax = std::max({ymax, static_cast<double>(p.reserved), static_cast<double>(p.in_use)});
+    for (const series_point& p : x.series)
+      ymax = std::max({ymax, static_cast<double>(p.reserved), static_cast<double>(p.in_use)});
   const bool show_capacity = s.capacity != unlimited && static_cast<double>(s.capacity) <= ymax * 1.25;
   if (show_capacity) ymax = std::max(ymax, static_cast<double>(s.capacity));
   const double step = detail::nice_byte_step(ymax, 6);
@@ -448,12 +464,13 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
   auto py = [&](double bytes) { return top + plot_h * (1 - bytes / ymax); };
   auto num = [](double v) { return format_fixed(v, 1); };
 
-  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height << "\" viewBox=\"0 0 "
-      << width << ' ' << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+      << "\" viewBox=\"0 0 " << width << ' ' << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << left << "\" y=\"22\" font-size=\"15\" font-weight=\"bold\">"
       << detail::xml_escape(display_name(r.path)) << "</text>\n"
-      << "<text x=\"" << left << "\" y=\"40\" fill=\"#555\">alloy-replay: bytes reserved from the device (lines) and in use "
+      << "<text x=\"" << left
+      << "\" y=\"40\" fill=\"#555\">alloy-replay: bytes reserved from the device (lines) and in use "
       << "(grey) over the trace; device capacity " << detail::xml_escape(format_capacity(s.capacity)) << "</text>\n";
   // Grid and axes.
   for (double y = 0; y <= ymax + step / 2; y += step) {
@@ -466,12 +483,13 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
     out << "<text x=\"" << num(left + plot_w * x / events) << "\" y=\"" << top + plot_h + 18
         << "\" text-anchor=\"middle\" fill=\"#555\">" << format_count(static_cast<std::size_t>(x)) << "</text>\n";
   }
-  out << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << height - 12 << "\" text-anchor=\"middle\" fill=\"#555\">event</text>\n"
+  out << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << height - 12
+      << "\" text-anchor=\"middle\" fill=\"#555\">event</text>\n"
       << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_w << "\" height=\"" << plot_h
       << "\" fill=\"none\" stroke=\"#999\"/>\n";
   if (show_capacity) {
-    out << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << num(py(static_cast<double>(s.capacity)))
-        << "\" y2=\"" << num(py(static_cast<double>(s.capacity)))
+    out << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\""
+        << num(py(static_cast<double>(s.capacity))) << "\" y2=\"" << num(py(static_cast<double>(s.capacity)))
         << "\" stroke=\"#d62728\" stroke-dasharray=\"6 4\"/>\n<text x=\"" << left + plot_w - 4 << "\" y=\""
         << num(py(static_cast<double>(s.capacity)) - 5) << "\" text-anchor=\"end\" fill=\"#d62728\">capacity</text>\n";
   }
@@ -492,7 +510,8 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
     const replay_result& x = r.results[k];
     const char* colour = palette[k % colours];
     if (x.failed != 0 && &x != demand) {
-      out << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"1\" stroke-dasharray=\"4 3\" points=\"";
+      out << "<polyline fill=\"none\" stroke=\"" << colour
+          << "\" stroke-width=\"1\" stroke-dasharray=\"4 3\" points=\"";
       for (const series_point& p : x.series)
         out << num(px(static_cast<double>(p.event))) << ',' << num(py(static_cast<double>(p.in_use))) << ' ';
       out << "\"/>\n";
@@ -509,15 +528,15 @@ inline void write_svg(std::ostream& out, const trace_report& r, const report_set
   ly += 20;
   for (std::size_t k = 0; k < r.results.size(); ++k, ly += 20) {
     const replay_result& x = r.results[k];
-    out << "<line x1=\"" << lx << "\" x2=\"" << lx + 22 << "\" y1=\"" << ly - 4 << "\" y2=\"" << ly - 4 << "\" stroke=\""
-        << palette[k % colours] << "\" stroke-width=\"3\"/>\n<text x=\"" << lx + 28 << "\" y=\"" << ly << "\">"
-        << detail::xml_escape(x.composition) << "  " << format_fixed(x.reserved_over_live, 3);
+    out << "<line x1=\"" << lx << "\" x2=\"" << lx + 22 << "\" y1=\"" << ly - 4 << "\" y2=\"" << ly - 4
+        << "\" stroke=\"" << palette[k % colours] << "\" stroke-width=\"3\"/>\n<text x=\"" << lx + 28 << "\" y=\"" << ly
+        << "\">" << detail::xml_escape(x.composition) << "  " << format_fixed(x.reserved_over_live, 3);
     if (x.failed != 0) out << ", " << format_count(x.failed) << " failed";
     out << "</text>\n";
   }
   out << "<rect x=\"" << lx << "\" y=\"" << ly - 12 << "\" width=\"22\" height=\"10\" fill=\"#d9d9d9\"/>\n<text x=\""
-      << lx + 28 << "\" y=\"" << ly - 2 << "\">in use (peak " << format_bytes(static_cast<double>(r.trace->peak_live_bytes))
-      << ")</text>\n</svg>\n";
+      << lx + 28 << "\" y=\"" << ly - 2 << "\">in use (peak "
+      << format_bytes(static_cast<double>(r.trace->peak_live_bytes)) << ")</text>\n</svg>\n";
 }
 
 }  // namespace alloy::replay

@@ -56,12 +56,12 @@ struct trace_problem {
 struct rmm_trace {
   std::string name;
   std::vector<trace_event> events;
-  std::size_t allocations = 0;      ///< allocate events (numbers 0 .. allocations-1)
-  std::size_t failures = 0;         ///< allocate failure events
-  std::size_t peak_live_bytes = 0;  ///< most bytes live at once, as recorded
-  std::size_t unfreed = 0;          ///< allocations never freed in the file
-  std::string format = "rmm";       ///< what the file was: "rmm" or "minimalloc"
-  std::size_t lines = 0;            ///< lines read
+  std::size_t allocations = 0;          ///< allocate events (numbers 0 .. allocations-1)
+  std::size_t failures = 0;             ///< allocate failure events
+  std::size_t peak_live_bytes = 0;      ///< most bytes live at once, as recorded
+  std::size_t unfreed = 0;              ///< allocations never freed in the file
+  std::string format = "rmm";           ///< what the file was: "rmm" or "minimalloc"
+  std::size_t lines = 0;                ///< lines read
   std::vector<trace_problem> problems;  ///< rows skipped (`bad_rows::skip`), at most `max_problems_kept`
   std::size_t problem_count = 0;        ///< all of them, kept or not
 };
@@ -229,9 +229,9 @@ inline rmm_trace parse_rmm_trace(std::string_view text, std::string name, const 
           if (const auto old = live.find(pointer); old != live.end()) {
             const std::size_t lost = old->second;
             live.erase(old);
-            detail::trace_problem_found(trace, opts, line_number,
-                                        "allocate of pointer " + std::string(field[3]) +
-                                            " already live (its free is missing; freed here)");
+            detail::trace_problem_found(
+                trace, opts, line_number,
+                "allocate of pointer " + std::string(field[3]) + " already live (its free is missing; freed here)");
             free_allocation(lost, event);  // skip mode only: stop mode has thrown
           }
           event.allocation = trace.allocations++;
@@ -242,7 +242,8 @@ inline rmm_trace parse_rmm_trace(std::string_view text, std::string name, const 
         } else {
           event.action = trace_action::free;
           const auto found = live.find(pointer);
-          if (found == live.end()) throw detail::bad_row{"free of pointer " + std::string(field[3]) + " that is not live"};
+          if (found == live.end())
+            throw detail::bad_row{"free of pointer " + std::string(field[3]) + " that is not live"};
           event.allocation = found->second;
           live.erase(found);
           live_bytes -= sizes[event.allocation];

@@ -240,8 +240,7 @@ class simulated_device {
     if (faults_++ == 0) {
       try {
         first_fault_ = what;
-      } catch (...) {
-      }
+      } catch (...) {}
     }
   }
 
@@ -251,7 +250,7 @@ class simulated_device {
   std::size_t faults_ = 0;
   std::string first_fault_;
   std::vector<mapping> mappings_;
-  std::map<std::uintptr_t, std::size_t> by_address_;       // free ranges: base -> size
+  std::map<std::uintptr_t, std::size_t> by_address_;          // free ranges: base -> size
   std::set<std::pair<std::size_t, std::uintptr_t>> by_size_;  // free ranges: (size, base)
   std::size_t reserved_ = 0;
   std::size_t peak_reserved_ = 0;

@@ -75,9 +75,11 @@ class simulated_vm_device {
   void unreserve(address_range range) noexcept {
     const auto base = reinterpret_cast<std::uintptr_t>(range.ptr);
     const auto it = reserved_ranges_.find(base);
-    if (it == reserved_ranges_.end() || it->second != range.size) return fault("unreserve of a range that was not reserved");
+    if (it == reserved_ranges_.end() || it->second != range.size)
+      return fault("unreserve of a range that was not reserved");
     const auto mapped = maps_.lower_bound(base);
-    if (mapped != maps_.end() && mapped->first < base + range.size) return fault("unreserve of a range with memory mapped in it");
+    if (mapped != maps_.end() && mapped->first < base + range.size)
+      return fault("unreserve of a range with memory mapped in it");
     reserved_ranges_.erase(it);
     std::uintptr_t start = base;
     std::size_t size = range.size;
@@ -293,8 +295,7 @@ class simulated_vm_device {
     if (faults_++ == 0) {
       try {
         first_fault_ = what;
-      } catch (...) {
-      }
+      } catch (...) {}
     }
   }
 
@@ -302,11 +303,11 @@ class simulated_vm_device {
   std::size_t granularity_;
   std::uintptr_t space_base_ = 0;
   std::size_t space_size_ = 0;
-  std::uintptr_t top_ = 0;                                  // addresses from here on never reserved
-  std::map<std::uintptr_t, std::size_t> reserved_ranges_;   // base -> size
-  std::map<std::uintptr_t, std::size_t> unreserved_;        // holes below top_: base -> size
-  std::unordered_map<std::uint64_t, piece_state> pieces_;   // id -> piece
-  std::map<std::uintptr_t, mapping> maps_;                  // address -> what is mapped there
+  std::uintptr_t top_ = 0;                                 // addresses from here on never reserved
+  std::map<std::uintptr_t, std::size_t> reserved_ranges_;  // base -> size
+  std::map<std::uintptr_t, std::size_t> unreserved_;       // holes below top_: base -> size
+  std::unordered_map<std::uint64_t, piece_state> pieces_;  // id -> piece
+  std::map<std::uintptr_t, mapping> maps_;                 // address -> what is mapped there
   std::uint64_t last_id_ = 0;
   std::size_t physical_ = 0, peak_physical_ = 0, mapped_ = 0, peak_mapped_ = 0;
   std::size_t creates_ = 0, releases_ = 0, refusals_ = 0, maps_calls_ = 0, unmaps_calls_ = 0, faults_ = 0;

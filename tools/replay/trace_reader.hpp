@@ -144,12 +144,8 @@ inline rmm_trace read_trace(const std::string& path, const trace_read_options& o
   const std::string text = read_trace_text(path, opts, [&](trace_problem p) { early.push_back(std::move(p)); });
   rmm_trace trace;
   switch (detect_format(text)) {
-    case trace_format::rmm:
-      trace = parse_rmm_trace(text, path, opts);
-      break;
-    case trace_format::minimalloc:
-      trace = parse_minimalloc(text, path, opts, mm);
-      break;
+    case trace_format::rmm: trace = parse_rmm_trace(text, path, opts); break;
+    case trace_format::minimalloc: trace = parse_minimalloc(text, path, opts, mm); break;
     case trace_format::pytorch_pickle:
       throw std::runtime_error(path +
                                ": a Python pickle (a PyTorch memory snapshot?); convert it first with "
@@ -158,9 +154,10 @@ inline rmm_trace read_trace(const std::string& path, const trace_read_options& o
                                path + " | alloy-replay [options] -");
     case trace_format::unknown:
       if (text.empty()) throw std::runtime_error(describe(path, {0, "empty file (no header)"}));
-      throw std::runtime_error(describe(
-          path, {1, "unknown format: expected RMM's header Thread,Time,Action,Pointer,Size,Stream or "
-                    "MiniMalloc's id,lower,upper,size"}));
+      throw std::runtime_error(
+          describe(path, {1,
+                          "unknown format: expected RMM's header Thread,Time,Action,Pointer,Size,Stream or "
+                          "MiniMalloc's id,lower,upper,size"}));
   }
   for (trace_problem& p : early) {
     if (opts.report) opts.report(path, p);

@@ -44,7 +44,9 @@ class cuda_resource {
   explicit cuda_resource(A& alloc) noexcept : alloc_(std::addressof(alloc)) {}
 
 #if CCCL_MAJOR_VERSION > 3 || (CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION >= 1)
-  void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment) { return allocate_now(bytes, alignment); }
+  void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment) {
+    return allocate_now(bytes, alignment);
+  }
   void deallocate_sync(void* p, std::size_t bytes, std::size_t = default_alignment) noexcept {
     alloc_->deallocate(block{p, bytes});
   }
@@ -55,7 +57,9 @@ class cuda_resource {
     deallocate_on(p, bytes, stream);
   }
 #else
-  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) { return allocate_now(bytes, alignment); }
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) {
+    return allocate_now(bytes, alignment);
+  }
   void deallocate(void* p, std::size_t bytes, std::size_t = default_alignment) noexcept {
     alloc_->deallocate(block{p, bytes});
   }

@@ -145,7 +145,9 @@ class thrust_allocator {
     }
     return pointer(static_cast<T*>(detail::allocate_or_throw(*alloc_, n * sizeof(T), alignment).ptr));
   }
-  void deallocate(pointer p, size_type n) noexcept { alloc_->deallocate(block{thrust::raw_pointer_cast(p), n * sizeof(T)}); }
+  void deallocate(pointer p, size_type n) noexcept {
+    alloc_->deallocate(block{thrust::raw_pointer_cast(p), n * sizeof(T)});
+  }
 
   A& get_allocator() const noexcept { return *alloc_; }
   template <class U>
@@ -154,7 +156,8 @@ class thrust_allocator {
   }
 
  private:
-  static constexpr std::size_t alignment = alignof(T) > detail::thrust_alignment ? alignof(T) : detail::thrust_alignment;
+  static constexpr std::size_t alignment = alignof(T) > detail::thrust_alignment ? alignof(T)
+                                                                                 : detail::thrust_alignment;
   A* alloc_;
 };
 

@@ -29,7 +29,7 @@
 #include <vector>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#  include <emmintrin.h>
 #endif
 
 namespace alloy::detail {
@@ -104,7 +104,8 @@ class best_fit_chunk_pool {
   /// Makes sure `n` more nodes can be taken without allocating. May throw std::bad_alloc, also
   /// when node numbers would need more than 31 bits (the links keep a flag in the top bit).
   void reserve(std::size_t n) {
-    if (available_ >= n) [[likely]] return;
+    if (available_ >= n) [[likely]]
+      return;
     if (nodes_.size() + n > max_nodes) throw std::bad_alloc();
     nodes_.reserve(std::min(nodes_.capacity() < 64 ? 64 + n : nodes_.capacity() * 2 + n, max_nodes));
     if (nodes_.empty()) nodes_.emplace_back();  // the list end
@@ -221,8 +222,8 @@ class best_fit_free_index {
  private:
   // Two levels: a bit per bin in `low_`, a bit per non-zero `low_` word in `summary_`. A third
   // level would make `find_next` loop-free but costs every insert and erase a word more.
-  static constexpr std::size_t low_words = exact_bins / 64;        // 256
-  static constexpr std::size_t summary_words = low_words / 64;     // 4
+  static constexpr std::size_t low_words = exact_bins / 64;     // 256
+  static constexpr std::size_t summary_words = low_words / 64;  // 4
 
   void set_bit(std::size_t bin) noexcept {
     const std::size_t i0 = bin >> 6;
@@ -341,7 +342,8 @@ class best_fit_address_map {
 
   /// Makes sure one more entry fits without allocating. May throw std::bad_alloc.
   void reserve_one() {
-    if (!full()) [[likely]] return;
+    if (!full()) [[likely]]
+      return;
     rehash(buckets_.empty() ? 16 : buckets_.size() * 2);
   }
   /// Whether `reserve_one` would have to grow the table (it keeps buckets half full at most).
@@ -356,7 +358,8 @@ class best_fit_address_map {
   /// Removes the chunk that starts at `key` and returns it, or `best_fit_npos` when none does.
   std::uint32_t take(const best_fit_chunk_pool& pool, std::uintptr_t key) noexcept {
     const position at = locate(pool, key);
-    if (at.bucket == npos_bucket) [[unlikely]] return best_fit_npos;
+    if (at.bucket == npos_bucket) [[unlikely]]
+      return best_fit_npos;
     bucket& in = buckets_[at.bucket];
     const std::uint32_t c = in.chunks[at.lane];
     in.chunks[at.lane] = best_fit_npos;
@@ -413,9 +416,11 @@ class best_fit_address_map {
       for (unsigned m = in.matching(tag); m != 0; m &= m - 1) {
         const unsigned lane = static_cast<unsigned>(std::countr_zero(m));
         const std::uint32_t c = in.chunks[lane];
-        if (c != best_fit_npos && pool[c].addr == key) [[likely]] return {b, lane, first};
+        if (c != best_fit_npos && pool[c].addr == key) [[likely]]
+          return {b, lane, first};
       }
-      if (overflow_[b] == 0) [[likely]] return {npos_bucket, 0, 0};
+      if (overflow_[b] == 0) [[likely]]
+        return {npos_bucket, 0, 0};
     }
   }
   void place(std::uint32_t tag, std::uint32_t chunk) noexcept {

@@ -83,10 +83,10 @@ class cuda_error_slot {
 
 /// Calls a CUDA runtime function and throws `alloy::cuda_error` naming the call, file and line
 /// if it fails. For throwing code only; noexcept parts record into a `cuda_error_slot` instead.
-#  define ALLOY_CUDA_TRY(call)                                                        \
-    do {                                                                              \
-      const cudaError_t alloy_cuda_status_ = (call);                                  \
-      if (alloy_cuda_status_ != cudaSuccess)                                          \
+#  define ALLOY_CUDA_TRY(call)                                                            \
+    do {                                                                                  \
+      const cudaError_t alloy_cuda_status_ = (call);                                      \
+      if (alloy_cuda_status_ != cudaSuccess)                                              \
         ::alloy::detail::throw_cuda_error(alloy_cuda_status_, #call, __FILE__, __LINE__); \
     } while (false)
 
@@ -101,11 +101,10 @@ class cuda_error_slot {
     } while (false)
 
 /// Inside a noexcept deallocate: on failure, record it (nothing else can be done there).
-#  define ALLOY_CUDA_OR_RECORD(call)                                 \
-    do {                                                             \
-      const cudaError_t alloy_cuda_status_ = (call);                 \
-      if (alloy_cuda_status_ != cudaSuccess)                         \
-        this->record(alloy_cuda_status_, #call, __FILE__, __LINE__); \
+#  define ALLOY_CUDA_OR_RECORD(call)                                                                      \
+    do {                                                                                                  \
+      const cudaError_t alloy_cuda_status_ = (call);                                                      \
+      if (alloy_cuda_status_ != cudaSuccess) this->record(alloy_cuda_status_, #call, __FILE__, __LINE__); \
     } while (false)
 
 #endif  // ALLOY_HAS_CUDA

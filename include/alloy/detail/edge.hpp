@@ -53,7 +53,9 @@ void for_each_drawn_part(A& a, F&& f) {
 /// of a composite that does not (a segregator's two sides); false when nothing counts them.
 template <class A>
 bool bytes_in_use_of(A& a, std::size_t& out) {
-  if constexpr (requires { { a.bytes_in_use() } -> std::convertible_to<std::size_t>; }) {
+  if constexpr (requires {
+                  { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
+                }) {
     out = a.bytes_in_use();
     return true;
   } else {
@@ -106,8 +108,13 @@ std::size_t smallest_limit_of(A& a) {
   auto consider = [&](std::size_t limit) {
     if (limit != 0 && limit != static_cast<std::size_t>(-1) && (best == 0 || limit < best)) best = limit;
   };
-  if constexpr (requires { { a.bytes_limit() } -> std::convertible_to<std::size_t>; }) consider(a.bytes_limit());
-  if constexpr (requires { { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>; })
+  if constexpr (requires {
+                  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
+                })
+    consider(a.bytes_limit());
+  if constexpr (requires {
+                  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
+                })
     consider(a.bytes_reservable_limit());
   for_each_drawn_part(a, [&](auto& part) { consider(smallest_limit_of(part)); });
   return best;
@@ -145,7 +152,10 @@ oom_report make_oom_report(A& a, std::size_t bytes, std::size_t alignment) {
     oom_report report = make_oom_report(std::get<0>(a.parts()), bytes, alignment);
     if (const std::size_t limit = smallest_limit_of(a); limit != 0 && (report.limit == 0 || limit < report.limit))
       report.limit = limit;
-    if constexpr (requires { { a.bytes_in_use() } -> std::convertible_to<std::size_t>; }) report.in_use = a.bytes_in_use();
+    if constexpr (requires {
+                    { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
+                  })
+      report.in_use = a.bytes_in_use();
     return report;
   } else {
     oom_report report{.requested = bytes, .alignment = alignment};
@@ -165,9 +175,13 @@ oom_report make_oom_report(A& a, std::size_t bytes, std::size_t alignment) {
 /// composition serves an alignment one of its parts can, issue 18); unbounded otherwise.
 template <class A>
 std::size_t max_alignment_of(A& a) {
-  if constexpr (requires { { a.max_alignment() } -> std::convertible_to<std::size_t>; }) {
+  if constexpr (requires {
+                  { a.max_alignment() } -> std::convertible_to<std::size_t>;
+                }) {
     return a.max_alignment();
-  } else if constexpr (requires { { A::max_alignment } -> std::convertible_to<std::size_t>; }) {
+  } else if constexpr (requires {
+                         { A::max_alignment } -> std::convertible_to<std::size_t>;
+                       }) {
     return A::max_alignment;
   } else if constexpr (device_host_pair<A> || composite<A>) {
     std::size_t best = 0;
@@ -182,7 +196,10 @@ std::size_t max_alignment_of(A& a) {
 template <class A>
 void throw_pending_cuda_error(A& a) {
   auto check = [](auto& part) {
-    if constexpr (requires { part.last_error(); part.clear_error(); }) {
+    if constexpr (requires {
+                    part.last_error();
+                    part.clear_error();
+                  }) {
       if (part.last_error()) {
         auto error = part.last_error().to_exception();
         part.clear_error();
@@ -204,8 +221,8 @@ template <class A>
 void check_alignment(A& a, std::size_t alignment) {
   check_alignment(alignment);
   if (const std::size_t most = max_alignment_of(a); alignment > most) {
-    throw alloy::logic_error("alignment " + std::to_string(alignment) + " is not supported by this composition (at most " +
-                             std::to_string(most) + ")");
+    throw alloy::logic_error("alignment " + std::to_string(alignment) +
+                             " is not supported by this composition (at most " + std::to_string(most) + ")");
   }
 }
 

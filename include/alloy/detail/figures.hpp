@@ -115,14 +115,14 @@ inline std::size_t smallest_limit(std::size_t a, std::size_t b) noexcept {
 /// Everything `stats<>` reads from the composition below it. A `known` flag is false when no
 /// part reports that field (the figure is then zero, as `alloy::statistics` says).
 struct figures {
-  pool_figures all{};                   ///< reserved bytes, upstream counters, free pieces
-  movable_counters movable{};           ///< `movable_statistics()` of the movable parts
-  offload_statistics offload{};         ///< `offload_stats()` of the offloading parts
-  std::size_t bytes_limit = 0;          ///< smallest `bytes_limit()`; 0 = none
-  std::size_t reservable_limit = 0;     ///< smallest `bytes_reservable_limit()`; 0 = none
-  std::size_t max_split = 0;            ///< smallest max split size; 0 = none
+  pool_figures all{};                           ///< reserved bytes, upstream counters, free pieces
+  movable_counters movable{};                   ///< `movable_statistics()` of the movable parts
+  offload_statistics offload{};                 ///< `offload_stats()` of the offloading parts
+  std::size_t bytes_limit = 0;                  ///< smallest `bytes_limit()`; 0 = none
+  std::size_t reservable_limit = 0;             ///< smallest `bytes_reservable_limit()`; 0 = none
+  std::size_t max_split = 0;                    ///< smallest max split size; 0 = none
   std::size_t all_stream_synchronizations = 0;  ///< of the stream-ordered parts
-  std::array<pool_figures, 2> pools{};  ///< small and large pool of the first segregator
+  std::array<pool_figures, 2> pools{};          ///< small and large pool of the first segregator
   bool knows_movable = false;
   bool knows_offload = false;
   bool has_pools = false;
@@ -183,7 +183,9 @@ block_figures measure_blocks(const A& a, std::size_t max_split) {
 template <class A>
 figures figures_of(const A& a, const figures_request& request = {}) {
   figures f;
-  if constexpr (requires { { a.figures_below(request) } -> std::same_as<figures>; }) {
+  if constexpr (requires {
+                  { a.figures_below(request) } -> std::same_as<figures>;
+                }) {
     f = a.figures_below(request);
   } else if constexpr (segregator_shaped<A>) {
     // Its two sides are its pools; its blocks are theirs (small's, then large's), walked once.
@@ -217,9 +219,13 @@ figures figures_of(const A& a, const figures_request& request = {}) {
     f.offload = offload_statistics(a.offload_stats());
     f.knows_offload = true;
   }
-  if constexpr (requires { { a.bytes_limit() } -> std::convertible_to<std::size_t>; })
+  if constexpr (requires {
+                  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
+                })
     f.bytes_limit = smallest_limit(a.bytes_limit(), 0);
-  if constexpr (requires { { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>; })
+  if constexpr (requires {
+                  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
+                })
     f.reservable_limit = smallest_limit(a.bytes_reservable_limit(), 0);
   if constexpr (reports_max_split_size<A>) f.max_split = smallest_limit(max_split_of(a), 0);
   if constexpr (reports_stream_order<A>) f.all_stream_synchronizations = a.order_counters().all_stream_synchronizations;

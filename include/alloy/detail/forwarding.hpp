@@ -37,8 +37,8 @@
 
 #include <concepts>
 #include <cstddef>
-#include <type_traits>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include <alloy/block.hpp>
@@ -110,13 +110,13 @@ enum class capability : unsigned {
   reset_movable_peak,
   is_live,
   serves,
-  planned_growth,  ///< `allocate_or_plan` + `allocate_planned` (growth_planning_allocator)
-  current_tag,     ///< `current_tag` + `set_current_tag` (tag_holding: `scoped_tag` works)
+  planned_growth,   ///< `allocate_or_plan` + `allocate_planned` (growth_planning_allocator)
+  current_tag,      ///< `current_tag` + `set_current_tag` (tag_holding: `scoped_tag` works)
   tagged_allocate,  ///< `allocate(bytes, alignment, tag)`
-  offload,         ///< `offload`, `discard`, `restore`, `state`, `offload_stats` (offloading_allocator)
-  offload_all,     ///< `offload_all()`
-  tag_figures,     ///< `host_bytes(tag)`, `mapped_bytes(tag)`, `live_bytes(tag)` (tag_reporting_allocator)
-  count_  ///< not a capability: how many there are
+  offload,          ///< `offload`, `discard`, `restore`, `state`, `offload_stats` (offloading_allocator)
+  offload_all,      ///< `offload_all()`
+  tag_figures,      ///< `host_bytes(tag)`, `mapped_bytes(tag)`, `live_bytes(tag)` (tag_reporting_allocator)
+  count_            ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
@@ -464,8 +464,9 @@ class decorates : public forwards_queries<Derived, Inner> {
  public:
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     Inner& in = self().inner();
-    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment); },
-                              [&](block b) { in.deallocate(b); }, allocation_kind::plain);
+    return self().on_allocate(
+        bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment); }, [&](block b) { in.deallocate(b); },
+        allocation_kind::plain);
   }
   /// A tagged allocation is counted as a plain one (a refused one, its tag offloaded, as a
   /// failure); a block of an offloaded tag stays counted until it is freed.
@@ -473,8 +474,9 @@ class decorates : public forwards_queries<Derived, Inner> {
     requires has_tagged_allocate<Inner>
   {
     Inner& in = self().inner();
-    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment, t); },
-                              [&](block b) { in.deallocate(b); }, allocation_kind::plain);
+    return self().on_allocate(
+        bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment, t); },
+        [&](block b) { in.deallocate(b); }, allocation_kind::plain);
   }
   void deallocate(block b) noexcept { (void)free_through(b); }
   bool try_deallocate(block b) noexcept
@@ -486,8 +488,9 @@ class decorates : public forwards_queries<Derived, Inner> {
     requires cache_keeping_allocator<Inner>
   {
     Inner& in = self().inner();
-    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate_keeping_cache(n, alignment); },
-                              [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
+    return self().on_allocate(
+        bytes, alignment, [&](std::size_t n) { return in.allocate_keeping_cache(n, alignment); },
+        [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
   }
   /// The planning phase is, to the decorator, a call that may fail without being a failure yet
   /// (`keeping_cache`): an empty block is followed by `allocate_planned` or `allocate`, which is
@@ -496,22 +499,25 @@ class decorates : public forwards_queries<Derived, Inner> {
     requires growth_planning_allocator<Inner>
   {
     Inner& in = self().inner();
-    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate_or_plan(n, alignment, plan); },
-                              [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
+    return self().on_allocate(
+        bytes, alignment, [&](std::size_t n) { return in.allocate_or_plan(n, alignment, plan); },
+        [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
   }
   block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
     requires growth_planning_allocator<Inner>
   {
     Inner& in = self().inner();
-    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate_planned(plan, n, alignment); },
-                              [&](block b) { in.deallocate(b); }, allocation_kind::plain);
+    return self().on_allocate(
+        bytes, alignment, [&](std::size_t n) { return in.allocate_planned(plan, n, alignment); },
+        [&](block b) { in.deallocate(b); }, allocation_kind::plain);
   }
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
     Inner& in = self().inner();
-    return self().on_allocate(bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment, stream); },
-                              [&](block b) { in.deallocate(b, stream); }, allocation_kind::stream, stream);
+    return self().on_allocate(
+        bytes, alignment, [&](std::size_t n) { return in.allocate(n, alignment, stream); },
+        [&](block b) { in.deallocate(b, stream); }, allocation_kind::stream, stream);
   }
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
@@ -834,7 +840,8 @@ template <class Mutex, class Inner>
     {
       std::lock_guard lock(mutex);
       if (const block b = inner.allocate_or_plan(bytes, alignment, plan)) return b;
-      if (!plan) [[unlikely]] return inner.allocate(bytes, alignment);
+      if (!plan) [[unlikely]]
+        return inner.allocate(bytes, alignment);
     }
     return finish_growth_unlocked(mutex, inner, plan, bytes, alignment);
   } else {

@@ -34,7 +34,8 @@ inline void check_locked(std::uint32_t locks, handle h, alloy::source_location a
 }
 
 /// `deallocate` of a locked handle is a logic error (its address is in use).
-inline void check_unlocked(std::uint32_t locks, handle h, alloy::source_location at = alloy::source_location::current()) {
+inline void check_unlocked(std::uint32_t locks, handle h,
+                           alloy::source_location at = alloy::source_location::current()) {
   if (locks > 0) throw logic_error("deallocate of a locked handle (id " + std::to_string(h.id) + ")", at);
 }
 

@@ -28,7 +28,10 @@ class movable_buffer {
    public:
     view() = default;
     view(view&& other) noexcept
-        : alloc_(std::exchange(other.alloc_, nullptr)), handle_(other.handle_), data_(other.data_), size_(other.size_) {}
+        : alloc_(std::exchange(other.alloc_, nullptr)),
+          handle_(other.handle_),
+          data_(other.data_),
+          size_(other.size_) {}
     view& operator=(view&& other) noexcept {
       if (this != &other) {
         reset();
@@ -63,7 +66,8 @@ class movable_buffer {
 
    private:
     friend class movable_buffer;
-    view(A* alloc, handle h, void* data, std::size_t size) noexcept : alloc_(alloc), handle_(h), data_(data), size_(size) {}
+    view(A* alloc, handle h, void* data, std::size_t size) noexcept
+        : alloc_(alloc), handle_(h), data_(data), size_(size) {}
 
     A* alloc_ = nullptr;
     handle handle_{};

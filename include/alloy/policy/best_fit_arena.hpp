@@ -126,7 +126,7 @@ class best_fit_arena {
     best_fit_growth growth = best_fit_growth::doubling;
     std::size_t growth_size = std::size_t{2} << 20;       ///< first (doubling) or every (fixed) segment
     std::size_t max_growth_size = std::size_t{16} << 20;  ///< doubling stops here
-    std::size_t rounding = 256;                            ///< a power of two (others round up to one)
+    std::size_t rounding = 256;                           ///< a power of two (others round up to one)
     std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
     arena_misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;            ///< passed to `on_misuse`
@@ -134,7 +134,11 @@ class best_fit_arena {
 
   best_fit_arena() : best_fit_arena(Upstream{}) {}
   explicit best_fit_arena(Upstream upstream, options opts = {})
-      : upstream_(std::move(upstream)), opts_(normalised(opts)), shift_(log2(opts_.rounding)), index_(shift_), map_(shift_) {
+      : upstream_(std::move(upstream)),
+        opts_(normalised(opts)),
+        shift_(log2(opts_.rounding)),
+        index_(shift_),
+        map_(shift_) {
     next_growth_ = opts_.growth_size;
     if (opts_.initial_size != 0) {
       try {
@@ -190,9 +194,7 @@ class best_fit_arena {
 
   // ---- the allocator ---------------------------------------------------------------------------
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    return allocate_impl(bytes, alignment, true);
-  }
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept { return allocate_impl(bytes, alignment, true); }
   /// As `allocate`, but an upstream failure is not answered by releasing free segments and
   /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`, whose
   /// free memory may still be in use on a stream; it then waits and calls `allocate`).
@@ -254,7 +256,6 @@ class best_fit_arena {
   }
 
  public:
-
   void deallocate(block b) noexcept { (void)try_deallocate(b); }
 
   /// Checked deallocation (`checked_deallocating_allocator`): frees `b` and returns true when it
@@ -339,10 +340,11 @@ class best_fit_arena {
     requires thread_safe_upstream<Upstream>
   {
     bool all = true;
-    release_segments([&](block taken) { out.add(upstream_, taken); }, [&] {
-      all = !out.full();
-      return all;
-    });
+    release_segments([&](block taken) { out.add(upstream_, taken); },
+                     [&] {
+                       all = !out.full();
+                       return all;
+                     });
     return all;
   }
 
@@ -471,7 +473,8 @@ class best_fit_arena {
   /// the block's when padding keeps the chunk's, the rest's; one map entry), before anything
   /// changes. False when host memory ran out.
   bool reserve_metadata() noexcept {
-    if (pool_.available() >= 3 && !map_.full()) [[likely]] return true;
+    if (pool_.available() >= 3 && !map_.full()) [[likely]]
+      return true;
     return grow_metadata();
   }
   [[gnu::noinline]] bool grow_metadata() noexcept {
@@ -486,7 +489,8 @@ class best_fit_arena {
 
   /// The best free chunk for a request, or npos when none may serve it. Inlined: with three
   /// callers of `allocate_impl` GCC stopped inlining it, which cost 14 instructions a W1 pair.
-  [[gnu::always_inline]] std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
+  [[gnu::always_inline]] std::uint32_t find_fit(std::size_t rounded, std::size_t need,
+                                                std::size_t alignment) const noexcept {
     std::uint32_t c = index_.best_fit(pool_, rounded);
     if (c == detail::best_fit_npos) return c;
     if (alignment > opts_.rounding && !fits_aligned(c, rounded, alignment)) {

@@ -254,8 +254,8 @@ class compacting_defragmenter {
     std::size_t size;
     std::size_t segment;  // index of the segment, in address order
     kind k;
-    std::uint64_t id;    // the handle of a movable piece
-    std::size_t bytes;   // the bytes a move of it copies (its requested size)
+    std::uint64_t id;   // the handle of a movable piece
+    std::size_t bytes;  // the bytes a move of it copies (its requested size)
   };
 
   std::size_t footprint(std::size_t bytes) const noexcept {
@@ -381,7 +381,8 @@ class compacting_defragmenter {
       s = e;
     }
     std::sort(windows.begin(), windows.end(), [](const window& l, const window& r) { return l.cost < r.cost; });
-    const consolidation fallback = options_.consolidate ? plan_consolidation(pieces, bytes, alignment) : consolidation{};
+    const consolidation fallback =
+        options_.consolidate ? plan_consolidation(pieces, bytes, alignment) : consolidation{};
 
     std::vector<std::pair<std::uint64_t, char*>> plan;
     std::vector<std::pair<std::size_t, std::uint64_t>> blocks;  // (footprint, id)
@@ -529,7 +530,7 @@ class compacting_defragmenter {
 
   struct consolidation {
     std::size_t cost = static_cast<std::size_t>(-1);  // -1: no run has enough free bytes
-    std::size_t first = 0, last = 0, pivot = 0;        // the run [first, last) and the pivot
+    std::size_t first = 0, last = 0, pivot = 0;       // the run [first, last) and the pivot
   };
 
   /// The run and pivot whose consolidation copies the fewest bytes.

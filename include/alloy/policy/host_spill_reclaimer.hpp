@@ -78,7 +78,8 @@ class host_spill_reclaimer {
   };
 
   host_spill_reclaimer() = default;
-  explicit host_spill_reclaimer(Device device, Host host = Host{}) : device_(std::move(device)), host_(std::move(host)) {}
+  explicit host_spill_reclaimer(Device device, Host host = Host{})
+      : device_(std::move(device)), host_(std::move(host)) {}
   host_spill_reclaimer(Device device, Host host, options opts)
       : device_(std::move(device)), host_(std::move(host)), options_(opts), copier_(opts.copy) {}
 
@@ -298,8 +299,8 @@ class host_spill_reclaimer {
 
   struct entry {
     std::size_t size = 0;
-    resident dev{};     // empty when spilled
-    block host{};       // the spilled copy; empty when resident
+    resident dev{};  // empty when spilled
+    block host{};    // the spilled copy; empty when resident
     std::uint32_t locks = 0;
     void* locked = nullptr;  // the pinned address while locked
   };
@@ -346,8 +347,7 @@ class host_spill_reclaimer {
     if constexpr (device_is_movable) {
       try {
         device_.unlock(r.moved);
-      } catch (...) {
-      }
+      } catch (...) {}
     } else {
       (void)r;
     }
@@ -404,8 +404,9 @@ class host_spill_reclaimer {
 
   /// Whether the device side can show where each resident block lies (for choose_by_hole).
   static constexpr bool device_shows_places =
-      introspectable_allocator<Device> &&
-      (!device_is_movable || requires(const Device& d, handle h) { { d.address_of(h) } -> std::convertible_to<const void*>; });
+      introspectable_allocator<Device> && (!device_is_movable || requires(const Device& d, handle h) {
+        { d.address_of(h) } -> std::convertible_to<const void*>;
+      });
 
   const void* place_of(const entry& e) const noexcept {
     if constexpr (device_is_movable) {
@@ -441,7 +442,8 @@ class host_spill_reclaimer {
           std::size_t hole = pieces[i].size;
           if (i > 0 && pieces[i - 1].state == block_state::free && pieces[i - 1].segment == pieces[i].segment)
             hole += pieces[i - 1].size;
-          if (i + 1 < pieces.size() && pieces[i + 1].state == block_state::free && pieces[i + 1].segment == pieces[i].segment)
+          if (i + 1 < pieces.size() && pieces[i + 1].state == block_state::free &&
+              pieces[i + 1].segment == pieces[i].segment)
             hole += pieces[i + 1].size;
           if (hole >= need && (best == 0 || found->second.second < best_size)) {
             best = found->second.first;
@@ -500,10 +502,14 @@ class host_spill_reclaimer {
 
   bool could_ever_fit(std::size_t bytes) const noexcept {
     if (detail::round_up(bytes, movable_alignment) == 0 && bytes != 0) return false;
-    if constexpr (requires { { device_.bytes_limit() } -> std::convertible_to<std::size_t>; }) {
+    if constexpr (requires {
+                    { device_.bytes_limit() } -> std::convertible_to<std::size_t>;
+                  }) {
       if (bytes > device_.bytes_limit()) return false;
     }
-    if constexpr (requires { { device_.bytes_reservable_limit() } -> std::convertible_to<std::size_t>; }) {
+    if constexpr (requires {
+                    { device_.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
+                  }) {
       if (bytes > device_.bytes_reservable_limit()) return false;
     }
     return true;

@@ -100,7 +100,8 @@ class logged : public detail::decorates<logged<Inner>, Inner> {
     write_header();
   }
   logged(Inner inner, const std::string& path, options opts = {})
-      : inner_(std::move(inner)), file_(std::make_unique<std::ofstream>(path, std::ios::out | std::ios::trunc)),
+      : inner_(std::move(inner)),
+        file_(std::make_unique<std::ofstream>(path, std::ios::out | std::ios::trunc)),
         options_(opts) {
     if (!*file_) throw alloy::logic_error("cannot open log file " + path);
     out_ = file_.get();
@@ -111,8 +112,7 @@ class logged : public detail::decorates<logged<Inner>, Inner> {
   void flush() noexcept {
     try {
       out_->flush();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   std::ostream& stream() noexcept { return *out_; }
 
@@ -156,7 +156,8 @@ class logged : public detail::decorates<logged<Inner>, Inner> {
   void log_line(const char* action, std::uintptr_t address, std::size_t size, std::uint64_t stream) noexcept {
     const auto now = std::chrono::system_clock::now();
     const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-    const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1'000'000;
+    const auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1'000'000;
     std::tm local{};
     localtime_r(&seconds, &local);
     char pointer[32];

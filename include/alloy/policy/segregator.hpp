@@ -30,7 +30,8 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
                        }) {
     if (alignment <= Part::natural_alignment) return bytes <= Part::max_size();
     const std::size_t most = Part::max_size();
-    return alignment <= most && bytes <= most && (bytes == 0 ? 1 : bytes) + (alignment - Part::natural_alignment) <= most;
+    return alignment <= most && bytes <= most &&
+           (bytes == 0 ? 1 : bytes) + (alignment - Part::natural_alignment) <= most;
   } else {
     (void)part;
     return true;
@@ -125,10 +126,12 @@ class segregator : public detail::two_parts<segregator<Threshold, Small, Large>,
   // Both phases of a planned growth take the same route (it depends on size and alignment only),
   // so the part that planned is the part that adopts.
   block route_planning(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept {
-    return route_allocation(bytes, alignment, [&](auto& part) { return part.allocate_or_plan(bytes, alignment, plan); });
+    return route_allocation(bytes, alignment,
+                            [&](auto& part) { return part.allocate_or_plan(bytes, alignment, plan); });
   }
   block route_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept {
-    return route_allocation(bytes, alignment, [&](auto& part) { return part.allocate_planned(plan, bytes, alignment); });
+    return route_allocation(bytes, alignment,
+                            [&](auto& part) { return part.allocate_planned(plan, bytes, alignment); });
   }
 
   template <class Call>

@@ -214,9 +214,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         return block{k.blocks[c][--k.count[c]], bytes};
       }
     }
-    return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
-      return in.allocate(n, a);
-    });
+    return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment,
+                                 [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
   }
   void deallocate(block b) noexcept { (void)free_block(b); }
   /// As `deallocate`; false when the free was refused (no shard owns the block, or the owner
@@ -231,9 +230,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires cache_keeping_allocator<Inner>
   {
     const slot* me = my_slot();
-    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment, [](Inner& in, std::size_t n, std::size_t a) {
-      return in.allocate_keeping_cache(n, a);
-    });
+    return allocate_direct<false>(
+        shard_of(me), index_of(me), bytes, alignment,
+        [](Inner& in, std::size_t n, std::size_t a) { return in.allocate_keeping_cache(n, a); });
   }
 
   // ---- tags and offload (DESIGN §12), over every shard -------------------------------------------
@@ -413,7 +412,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 
   static constexpr std::size_t recent_entries = 4096;
   static std::size_t recent_index(const void* p) noexcept {
-    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) >> 8) * 0x9E3779B97F4A7C15ull >> 52);  // 12 bits
+    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) >> 8) * 0x9E3779B97F4A7C15ull >>
+                                    52);  // 12 bits
   }
 
   struct alignas(64) shard {
@@ -472,7 +472,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     [[gnu::noinline]] static void close_gate(const shard& s) noexcept {
       for (;;) {
         std::uint32_t seen = gate_open;
-        if (s.gate.compare_exchange_weak(seen, gate_closed, std::memory_order_acq_rel, std::memory_order_acquire)) return;
+        if (s.gate.compare_exchange_weak(seen, gate_closed, std::memory_order_acq_rel, std::memory_order_acquire))
+          return;
         if (seen == gate_closed) return;
         if (seen == gate_held) std::this_thread::yield();  // the owner is inside: wait for it
       }
@@ -492,7 +493,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   [[gnu::always_inline]] slot* my_slot(bool claim = true) noexcept {
     const std::thread::id me = std::this_thread::get_id();
     const std::size_t h = mix(me) >> 58;  // 6 bits: 64 slots
-    if (slots_[h].thread.load(std::memory_order_acquire) == me) [[likely]] return &slots_[h];
+    if (slots_[h].thread.load(std::memory_order_acquire) == me) [[likely]]
+      return &slots_[h];
     return find_slot(me, h, claim);
   }
   /// `my_slot` past its first probe.
@@ -625,7 +627,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         {
           shard_lock lock(s, caller);
           b = s.inner.allocate_or_plan(inner_bytes, inner_alignment, plan);
-          if (!b && !plan) [[unlikely]] b = call(s.inner, inner_bytes, inner_alignment);
+          if (!b && !plan) [[unlikely]]
+            b = call(s.inner, inner_bytes, inner_alignment);
           if (b) return remembered(s, b, bytes);
           if (!plan) continue;
         }
@@ -763,7 +766,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
     if (k.count[c] == 0 && count_ > 1) {
       const block b = allocate_direct<true>(shard_after(first, 1), caller, size, cache_alignment,
-                                      [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
+                                            [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
       if (b) k.blocks[c][k.count[c]++] = b.ptr;
     }
   }

@@ -305,7 +305,6 @@ class size_class_pool {
   static constexpr entry_type entry_size_mask = (entry_type{1} << entry_size_bits) - 1;
 
  public:
-
   /// Alignment every block has without asking (and the alignment slabs are taken with).
   static constexpr std::size_t natural_alignment = 256;
   /// The largest alignment the pool serves (for a request of at most 256 bytes; a larger request
@@ -317,13 +316,14 @@ class size_class_pool {
   struct options {
     std::size_t slab_size = std::size_t{2} << 20;  ///< bytes of a slab (at most 1 GiB)
     std::size_t initial_slab_size = 0;             ///< a class's first slab; 0 = `slab_size`
-    pool_misuse_handler on_misuse = nullptr;  ///< called on a refused free; null: stderr (checked builds)
-    void* misuse_context = nullptr;           ///< passed to `on_misuse`
+    pool_misuse_handler on_misuse = nullptr;       ///< called on a refused free; null: stderr (checked builds)
+    void* misuse_context = nullptr;                ///< passed to `on_misuse`
   };
 
   size_class_pool() : size_class_pool(Upstream{}) {}
   explicit size_class_pool(Upstream upstream) : size_class_pool(std::move(upstream), options{}) {}
-  size_class_pool(Upstream upstream, options opts) : upstream_(std::move(upstream)), on_misuse_(opts.on_misuse), misuse_context_(opts.misuse_context) {
+  size_class_pool(Upstream upstream, options opts)
+      : upstream_(std::move(upstream)), on_misuse_(opts.on_misuse), misuse_context_(opts.misuse_context) {
     constexpr std::size_t max_slab = std::size_t{1} << 30;
     const std::size_t largest_slab = std::clamp<std::size_t>(opts.slab_size, natural_alignment, max_slab);
     const std::size_t initial = opts.initial_slab_size == 0
@@ -374,9 +374,7 @@ class size_class_pool {
     }
   }
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    return allocate_impl(bytes, alignment, true);
-  }
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept { return allocate_impl(bytes, alignment, true); }
 
   /// Whether a request is one the pool takes at all, by the rules above (size up to the largest
   /// class, an alignment A above 256 needing `bytes + A - 256` of a class), before any memory is
@@ -470,7 +468,8 @@ class size_class_pool {
     slab& s = slabs_[id];
     ++s.live;
     entry_type entry = static_cast<entry_type>(bytes) + 1;
-    if (alignment > natural_alignment) entry |= static_cast<entry_type>(std::countr_zero(alignment) - 8) << entry_size_bits;
+    if (alignment > natural_alignment)
+      entry |= static_cast<entry_type>(std::countr_zero(alignment) - 8) << entry_size_bits;
     s.requested[index] = entry;
     ++cls.in_use;
     cls.requested += bytes;
@@ -567,7 +566,8 @@ class size_class_pool {
     for (std::uint32_t id = 0; id < slabs_.size(); ++id) {
       if (slabs_[id].base != nullptr) order.push_back(id);
     }
-    std::sort(order.begin(), order.end(), [this](std::uint32_t l, std::uint32_t r) { return slabs_[l].base < slabs_[r].base; });
+    std::sort(order.begin(), order.end(),
+              [this](std::uint32_t l, std::uint32_t r) { return slabs_[l].base < slabs_[r].base; });
     for (const std::uint32_t id : order) {
       const slab& s = slabs_[id];
       const std::size_t c = classes_[s.class_index].size;

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
-#include <alloy/detail/forwarding.hpp>
 #include <alloy/detail/edge.hpp>
 #include <alloy/detail/figures.hpp>
+#include <alloy/detail/forwarding.hpp>
 #include <alloy/detail/walk.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
@@ -63,8 +63,8 @@ class stats_core;
 /// The state of one `memory_trace`, registered with the `stats_core` it watches.
 struct trace_state {
   stats_core* core = nullptr;
-  std::int64_t start = 0;  ///< bytes in use at start/reset
-  std::int64_t peak = 0;   ///< exact peak of bytes in use since start/reset (flushed)
+  std::int64_t start = 0;        ///< bytes in use at start/reset
+  std::int64_t peak = 0;         ///< exact peak of bytes in use since start/reset (flushed)
   std::int64_t last_in_use = 0;  ///< bytes in use when the allocator went away
   bool running = false;
 };
@@ -187,23 +187,23 @@ class stats_core {
 /// `memory_summary` print, as typed data.
 struct stats_reading {
   alloy::statistics statistics{};
-  stat_array allocation{};            ///< PyTorch `allocation` and `active`
-  stat_array bytes{};                 ///< PyTorch `allocated_bytes`, `active_bytes`, `requested_bytes`
-  stat_array reserved{};              ///< PyTorch `reserved_bytes`
-  stat_array segment{};               ///< PyTorch `segment`
-  stat_array inactive_split{};        ///< PyTorch `inactive_split`
-  stat_array inactive_split_bytes{};  ///< PyTorch `inactive_split_bytes`
-  stat oversize{};                    ///< PyTorch `oversize_allocations`
-  stat oversize_segments{};           ///< PyTorch `oversize_segments`
-  allocator_counters accumulated{};   ///< upstream counters since `reset_accumulated()`
+  stat_array allocation{};              ///< PyTorch `allocation` and `active`
+  stat_array bytes{};                   ///< PyTorch `allocated_bytes`, `active_bytes`, `requested_bytes`
+  stat_array reserved{};                ///< PyTorch `reserved_bytes`
+  stat_array segment{};                 ///< PyTorch `segment`
+  stat_array inactive_split{};          ///< PyTorch `inactive_split`
+  stat_array inactive_split_bytes{};    ///< PyTorch `inactive_split_bytes`
+  stat oversize{};                      ///< PyTorch `oversize_allocations`
+  stat oversize_segments{};             ///< PyTorch `oversize_segments`
+  allocator_counters accumulated{};     ///< upstream counters since `reset_accumulated()`
   allocator_counters inner_counters{};  ///< `Inner`'s own counters (maps and unmaps), when it counts
   std::size_t num_ooms = 0;
   std::size_t max_split = std::numeric_limits<std::size_t>::max();  ///< SIZE_MAX: none
-  std::size_t all_stream_synchronizations = 0;  ///< of the stream-ordered parts inside
-  bool pools = false;                 ///< small and large pools (a segregator inside)
+  std::size_t all_stream_synchronizations = 0;                      ///< of the stream-ordered parts inside
+  bool pools = false;                                               ///< small and large pools (a segregator inside)
 };
 
-}  // namespace alloy::detail
+}  // namespace detail
 
 /// `stats<Inner>` counts everything DESIGN §5 names, exactly, and keeps scoped traces.
 ///
@@ -433,7 +433,6 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   }
 
  public:
-
   /// The counters behind `alloy::memory_stats` (refreshed). Internal; use `alloy::memory_stats`.
   const detail::stats_core& core() const {
     refresh();

@@ -20,8 +20,8 @@ namespace alloy {
 
 /// What `stream_ordered` did to keep streams apart (for tests, benchmarks and tuning).
 struct stream_order_counters {
-  std::size_t events_recorded = 0;    ///< events recorded at stream frees (and recorded uses)
-  std::size_t stream_waits = 0;       ///< device-side waits: a stream reused memory of another
+  std::size_t events_recorded = 0;        ///< events recorded at stream frees (and recorded uses)
+  std::size_t stream_waits = 0;           ///< device-side waits: a stream reused memory of another
   std::size_t host_synchronizations = 0;  ///< the slow path: the host waited for stream work
   /// Of those, waits for every stream's pending frees at once (before memory goes back to the
   /// upstream: on `release()`, or when `Inner` could serve a request only by releasing); PyTorch's

@@ -29,9 +29,9 @@ namespace alloy {
 /// One allocation `tracked<>` holds as outstanding.
 struct tracked_allocation {
   void* ptr = nullptr;
-  std::size_t size = 0;          ///< bytes the caller asked for
-  std::uint64_t sequence = 0;    ///< 0 for the first allocation the tracker saw, then 1, 2 ...
-  std::vector<void*> frames{};   ///< return addresses of the allocating call stack (when captured)
+  std::size_t size = 0;         ///< bytes the caller asked for
+  std::uint64_t sequence = 0;   ///< 0 for the first allocation the tracker saw, then 1, 2 ...
+  std::vector<void*> frames{};  ///< return addresses of the allocating call stack (when captured)
 
   /// The call stack, one frame a line, symbolised as well as the C library can (`-rdynamic`
   /// helps); empty when no stack was captured.
@@ -43,7 +43,8 @@ struct tracked_allocation {
     for (std::size_t i = 0; i < frames.size(); ++i) {
       char address[32];
       std::snprintf(address, sizeof address, "%p", frames[i]);
-      out += "    #" + std::to_string(i) + " " + (symbols != nullptr ? std::string(symbols[i]) : std::string(address)) + "\n";
+      out += "    #" + std::to_string(i) + " " + (symbols != nullptr ? std::string(symbols[i]) : std::string(address)) +
+             "\n";
     }
     std::free(symbols);
 #endif

@@ -163,7 +163,7 @@ class virtual_arena {
     /// large traces and holds less on the small ones (bench/README.md, Virtual memory). Off:
     /// only the threshold and the share decide.
     bool keep_up_to_peak = true;
-    std::size_t rounding = 256;  ///< a power of two (others round up to one)
+    std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;      ///< passed to `on_misuse`
     /// Host memory for offloaded copies; null: pinned `cudaMallocHost` over a device-only
@@ -175,8 +175,12 @@ class virtual_arena {
 
   virtual_arena() : virtual_arena(Vmm{}) {}
   explicit virtual_arena(Vmm vmm, options opts = {})
-      : vmm_(std::move(vmm)), opts_(normalised(opts, vmm_)), shift_(log2(opts_.rounding)),
-        gshift_(log2(opts_.granularity)), index_(shift_), map_(shift_) {
+      : vmm_(std::move(vmm)),
+        opts_(normalised(opts, vmm_)),
+        shift_(log2(opts_.rounding)),
+        gshift_(log2(opts_.granularity)),
+        index_(shift_),
+        map_(shift_) {
     reserve_initial();
   }
 
@@ -220,9 +224,7 @@ class virtual_arena {
   tag current_tag() const noexcept { return current_tag_; }
   void set_current_tag(tag t) noexcept { current_tag_ = t; }
 
-  tag_state state(tag t) const noexcept {
-    return t.value < tags_.size() ? tags_[t.value].state : tag_state::resident;
-  }
+  tag_state state(tag t) const noexcept { return t.value < tags_.size() ? tags_[t.value].state : tag_state::resident; }
   /// Bytes of the tag's host copy (0 unless offloaded).
   std::size_t host_bytes(tag t) const noexcept { return t.value < tags_.size() ? tags_[t.value].host_bytes : 0; }
   /// Mapped bytes of the granules the tag's live chunks touch (what offload/discard unmap). O(granules).
@@ -254,7 +256,8 @@ class virtual_arena {
       for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
         if (pool_[c].free()) continue;
         const std::uint16_t t = granules_[granule_of(pool_[c].addr)].tag;
-        if (state(tag{t}) == tag_state::resident && std::find(seen.begin(), seen.end(), t) == seen.end()) seen.push_back(t);
+        if (state(tag{t}) == tag_state::resident && std::find(seen.begin(), seen.end(), t) == seen.end())
+          seen.push_back(t);
       }
     } catch (const std::bad_alloc&) {
       return offload_status::host_out_of_memory;
@@ -304,7 +307,7 @@ class virtual_arena {
     for (const saved_chunk& s : rec.chunks) {
       if (!s.live || s.bytes == 0) continue;
       if (!copier_.template copy<Vmm::host_accessible, true>(reinterpret_cast<void*>(s.addr), rec.host + s.offset,
-                                                            s.bytes)) {
+                                                             s.bytes)) {
         unmap_tag(t.value);
         return offload_status::copy_failed;
       }
@@ -358,7 +361,8 @@ class virtual_arena {
     index_.insert(pool_, c);
     // The chunk's granules lose one user; those left with none are free mapped, then trimmed.
     const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
-    if (granules_[first].piece == 0) [[unlikely]] forget_saved(granules_[first].tag, addr, size);  // an offloaded tag's
+    if (granules_[first].piece == 0) [[unlikely]]
+      forget_saved(granules_[first].tag, addr, size);  // an offloaded tag's
     for (std::size_t g = first; g <= last; ++g)
       if (--granules_[g].live == 0 && granules_[g].piece != 0) push_free(g);
     trim(kept_free_bytes());
@@ -521,12 +525,12 @@ class virtual_arena {
 
   /// One granule of the range.
   struct granule {
-    std::uint64_t piece = 0;            ///< the backend's id of the physical piece mapped here; 0: unmapped
-    std::uint32_t live = 0;             ///< allocated chunks touching it
-    std::uint32_t older = no_granule;   ///< least-recently-freed list (free mapped granules only)
+    std::uint64_t piece = 0;           ///< the backend's id of the physical piece mapped here; 0: unmapped
+    std::uint32_t live = 0;            ///< allocated chunks touching it
+    std::uint32_t older = no_granule;  ///< least-recently-freed list (free mapped granules only)
     std::uint32_t newer = no_granule;
-    bool fresh = false;                 ///< mapped by the allocation under way (undone if it fails)
-    std::uint16_t tag = 0;              ///< the tag of the chunks touching it (meaningful while live != 0)
+    bool fresh = false;     ///< mapped by the allocation under way (undone if it fails)
+    std::uint16_t tag = 0;  ///< the tag of the chunks touching it (meaningful while live != 0)
   };
   /// One live chunk of an offloaded tag and where its bytes are in the host copy.
   struct saved_chunk {
@@ -702,7 +706,8 @@ class virtual_arena {
   std::uintptr_t placement_in(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
                               std::size_t alignment) const noexcept {
     const std::size_t first = granule_of(front), last = granule_of(front + rounded - 1);
-    if (last < granules_.size() && granules_[first].live != 0 && granules_[last].live != 0 && last - first <= 1) [[likely]]
+    if (last < granules_.size() && granules_[first].live != 0 && granules_[last].live != 0 && last - first <= 1)
+        [[likely]]
       return front;  // within granules live chunks touch: nothing to gain
     return placement_among(c, front, rounded, alignment);
   }
@@ -732,7 +737,8 @@ class virtual_arena {
     const std::uintptr_t front_on_granule = (front + on_granule) & ~on_granule;
     if (front_on_granule >= front) consider(front_on_granule);
     if (c != tail_) {
-      const std::uintptr_t back = (chunk_end - rounded) & ~static_cast<std::uintptr_t>(std::max(alignment, opts_.rounding) - 1);
+      const std::uintptr_t back =
+          (chunk_end - rounded) & ~static_cast<std::uintptr_t>(std::max(alignment, opts_.rounding) - 1);
       consider(back);
       consider(back & ~on_granule);
     }
@@ -745,7 +751,8 @@ class virtual_arena {
   /// Room for what one allocation adds: three nodes (front padding, the rest, a growth), one
   /// address-map entry. False when host memory ran out.
   bool reserve_metadata() noexcept {
-    if (pool_.available() >= 3 && !map_.full()) [[likely]] return true;
+    if (pool_.available() >= 3 && !map_.full()) [[likely]]
+      return true;
     try {
       pool_.reserve(3);
       map_.reserve_one();
@@ -756,7 +763,8 @@ class virtual_arena {
   }
   /// Makes the granule table cover granules [0, n).
   bool cover_granules(std::size_t n) noexcept {
-    if (n <= granules_.size()) [[likely]] return true;
+    if (n <= granules_.size()) [[likely]]
+      return true;
     try {
       detail::reserve_room(granules_, n);
       granules_.resize(n);
@@ -774,13 +782,12 @@ class virtual_arena {
   /// a granule of another tag (keeps a tag's small blocks together instead of taking a granule
   /// each). {npos, 0} otherwise.
   [[gnu::cold]] std::pair<std::uint32_t, std::uintptr_t> beside_own_tag(std::uint16_t t, std::size_t rounded,
-                                                                       std::size_t alignment) noexcept {
+                                                                        std::size_t alignment) noexcept {
     const std::pair<std::uint32_t, std::uintptr_t> none_found{detail::best_fit_npos, 0};
     if (t >= last_of_tag_.size()) {
       try {
         last_of_tag_.resize(std::size_t{t} + 1, 0);
-      } catch (const std::bad_alloc&) {
-      }
+      } catch (const std::bad_alloc&) {}
       return none_found;
     }
     const std::uintptr_t hint = last_of_tag_[t];
@@ -790,7 +797,8 @@ class virtual_arena {
     const std::uint32_t n = pool_[c].next();
     if (n == none || !pool_[n].free()) return none_found;
     const std::uintptr_t start = (pool_[n].addr + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
-    if (start - pool_[n].addr > pool_[n].size() || pool_[n].size() - (start - pool_[n].addr) < rounded) return none_found;
+    if (start - pool_[n].addr > pool_[n].size() || pool_[n].size() - (start - pool_[n].addr) < rounded)
+      return none_found;
     if (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t)) return none_found;
     return {n, start};
   }
@@ -837,7 +845,7 @@ class virtual_arena {
       for (const saved_chunk& s : chunks) {
         if (s.bytes == 0) continue;
         if (!copier_.template copy<true, Vmm::host_accessible>(host + s.offset, reinterpret_cast<const void*>(s.addr),
-                                                              s.bytes)) {
+                                                               s.bytes)) {
           host_deallocate(host, total);
           return offload_status::copy_failed;
         }
@@ -874,8 +882,8 @@ class virtual_arena {
     tags_[t].in_use -= size;
     offloaded_in_use_ -= size;
     std::vector<saved_chunk>& v = tags_[t].chunks;
-    const auto it = std::lower_bound(v.begin(), v.end(), addr,
-                                     [](const saved_chunk& s, std::uintptr_t a) { return s.addr < a; });
+    const auto it =
+        std::lower_bound(v.begin(), v.end(), addr, [](const saved_chunk& s, std::uintptr_t a) { return s.addr < a; });
     if (it != v.end() && it->addr == addr) it->live = false;
   }
   void* host_allocate(std::size_t bytes) noexcept {
@@ -975,7 +983,8 @@ class virtual_arena {
       }
       ++r.live;
     }
-    if (to_map == 0) [[likely]] return true;
+    if (to_map == 0) [[likely]]
+      return true;
     const std::size_t g_bytes = opts_.granularity;
     // What the backend could give at most if every free mapped granule went back: when even
     // that is too little, fail now and keep the cache.
@@ -1249,21 +1258,21 @@ class virtual_arena {
   std::uintptr_t base_ = 0;
   std::uintptr_t end_ = 0;           ///< end of the usable range (whole granules)
   std::uintptr_t reserved_end_ = 0;  ///< end of the last reservation (growth must start here)
-  std::uint32_t head_ = none;  ///< the chunk at `base_` (it survives every merge)
-  std::uint32_t tail_ = none;  ///< the chunk that ends at `end_`
+  std::uint32_t head_ = none;        ///< the chunk at `base_` (it survives every merge)
+  std::uint32_t tail_ = none;        ///< the chunk that ends at `end_`
   std::uint32_t oldest_ = no_granule;
   std::uint32_t newest_ = no_granule;
   std::size_t mapped_ = 0;       ///< granules mapped
   std::size_t free_mapped_ = 0;  ///< of which no allocated chunk touches (on the list)
-  std::size_t peak_in_use_ = 0;   ///< most bytes in use since the last release() (what a free may keep mapped)
+  std::size_t peak_in_use_ = 0;  ///< most bytes in use since the last release() (what a free may keep mapped)
   std::size_t in_use_ = 0;
   std::size_t requested_ = 0;
   allocator_counters counters_{};
   misuse_counts misuses_{};
-  std::vector<tag_record> tags_;  ///< by tag value; empty until a tag was offloaded or discarded
-  std::size_t offloaded_in_use_ = 0;  ///< rounded bytes of live chunks of tags not resident
+  std::vector<tag_record> tags_;             ///< by tag value; empty until a tag was offloaded or discarded
+  std::size_t offloaded_in_use_ = 0;         ///< rounded bytes of live chunks of tags not resident
   std::vector<std::uintptr_t> last_of_tag_;  ///< by tag: the address of its last block (a hint; 0: none)
-  bool tags_in_use_ = false;      ///< a tag other than 0 was ever allocated with (else no granule check)
+  bool tags_in_use_ = false;                 ///< a tag other than 0 was ever allocated with (else no granule check)
   tag current_tag_{};
   offload_statistics offload_stats_{};
   copy_engine copier_{};

@@ -30,8 +30,8 @@ class cuda_async_upstream : public detail::cuda_error_slot {
   static constexpr bool thread_safe = true;
 
   struct options {
-    cudaMemPool_t pool = nullptr;    ///< allocate from this pool; null = the device's default pool
-    cudaStream_t stream = nullptr;   ///< stream for the stream-less calls
+    cudaMemPool_t pool = nullptr;   ///< allocate from this pool; null = the device's default pool
+    cudaStream_t stream = nullptr;  ///< stream for the stream-less calls
   };
 
   cuda_async_upstream() noexcept = default;

@@ -12,7 +12,9 @@ struct managed_upstream_calls {
   static constexpr bool device_accessible = true;
   static constexpr const char* allocate_call = "cudaMallocManaged";
   static constexpr const char* free_call = "cudaFree";
-  static cudaError_t allocate(void** ptr, std::size_t bytes) noexcept { return cudaMallocManaged(ptr, bytes, cudaMemAttachGlobal); }
+  static cudaError_t allocate(void** ptr, std::size_t bytes) noexcept {
+    return cudaMallocManaged(ptr, bytes, cudaMemAttachGlobal);
+  }
   static cudaError_t free(void* ptr) noexcept { return cudaFree(ptr); }
 };
 }  // namespace detail

@@ -64,8 +64,8 @@ class cuda_vmm {
   static constexpr bool device_accessible = true;
 
   struct options {
-    int device = -1;            ///< CUDA device ordinal; -1: the current device at construction
-    std::size_t capacity = 0;   ///< physical bytes at most; 0: the device's total memory
+    int device = -1;           ///< CUDA device ordinal; -1: the current device at construction
+    std::size_t capacity = 0;  ///< physical bytes at most; 0: the device's total memory
   };
 
   /// What the backend was asked (successful calls), for tests and statistics.
@@ -93,7 +93,8 @@ class cuda_vmm {
       int count = 0;
       if (cudaGetDeviceCount(&count) != cudaSuccess || opts.device >= count) {
         cudaGetLastError();
-        last_error_ = {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "cudaGetDeviceCount", __FILE__, __LINE__};
+        last_error_ = {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "cudaGetDeviceCount", __FILE__,
+                       __LINE__};
         return;
       }
     }
@@ -230,8 +231,7 @@ class cuda_vmm {
   bool load(const char* symbol, Fn& fn) noexcept {
     void* address = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t status =
-        cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found);
+    const cudaError_t status = cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found);
     if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) {
       cudaGetLastError();
       last_error_ = {CUDA_ERROR_NOT_FOUND, status != cudaSuccess ? cudaGetErrorName(status) : "CUDA_ERROR_NOT_FOUND",
@@ -243,8 +243,7 @@ class cuda_vmm {
   }
   bool load_entry_points() noexcept {
     return load("cuGetErrorName", fn_.error_name) && load("cuDeviceGet", fn_.device_get) &&
-           load("cuDeviceTotalMem", fn_.total_mem) &&
-           load("cuMemGetAllocationGranularity", fn_.granularity) &&
+           load("cuDeviceTotalMem", fn_.total_mem) && load("cuMemGetAllocationGranularity", fn_.granularity) &&
            load("cuMemAddressReserve", fn_.address_reserve) && load("cuMemAddressFree", fn_.address_free) &&
            load("cuMemCreate", fn_.create) && load("cuMemRelease", fn_.release) && load("cuMemMap", fn_.map) &&
            load("cuMemUnmap", fn_.unmap) && load("cuMemSetAccess", fn_.set_access);
@@ -252,7 +251,8 @@ class cuda_vmm {
 
   /// True when `code` is success; otherwise keeps it (unless it is out of memory, a normal event).
   bool ok(CUresult code, const char* call, int line) noexcept {
-    if (code == CUDA_SUCCESS) [[likely]] return true;
+    if (code == CUDA_SUCCESS) [[likely]]
+      return true;
     if (code != CUDA_ERROR_OUT_OF_MEMORY) {
       const char* name = nullptr;
       if (fn_.error_name == nullptr || fn_.error_name(code, &name) != CUDA_SUCCESS) name = nullptr;

@@ -73,8 +73,8 @@ class host_vmm {
   explicit host_vmm(options opts) noexcept : opts_(normalised(opts)) {
     fd_ = ::memfd_create("alloy-host-vmm", MFD_CLOEXEC);
     if (fd_ < 0) return;
-    const std::size_t initial = std::min(detail::round_up(std::min(opts_.capacity, max_initial_file), opts_.granularity),
-                                         max_initial_file);
+    const std::size_t initial =
+        std::min(detail::round_up(std::min(opts_.capacity, max_initial_file), opts_.granularity), max_initial_file);
     if (!grow_file(initial == 0 ? max_initial_file : initial)) {
       ::close(fd_);
       fd_ = -1;
@@ -171,8 +171,8 @@ class host_vmm {
 
   bool map(void* at, physical_memory piece) noexcept {
     if (!piece || fd_ < 0 || at == nullptr) return fail<bool>();
-    void* got = ::mmap(at, piece.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
-                       static_cast<off_t>(piece.id - 1));
+    void* got =
+        ::mmap(at, piece.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, static_cast<off_t>(piece.id - 1));
     if (got == MAP_FAILED) return fail<bool>();
     ++calls_.maps;
     return true;
@@ -238,7 +238,8 @@ class host_vmm {
     }
     if (size > std::numeric_limits<std::size_t>::max() - high_water_) return no_offset;
     const std::size_t end = high_water_ + size;
-    if (end > file_size_ && !grow_file(std::max(end, file_size_ > no_offset / 2 ? end : file_size_ * 2))) return no_offset;
+    if (end > file_size_ && !grow_file(std::max(end, file_size_ > no_offset / 2 ? end : file_size_ * 2)))
+      return no_offset;
     const std::size_t offset = high_water_;
     high_water_ = end;
     return offset;

@@ -47,19 +47,18 @@ struct physical_memory {
 ///   exist now (created, not released).
 /// - `host_accessible`, `device_accessible`: the memory kind, as every allocator has.
 template <class V>
-concept virtual_memory =
-    memory_kind_aware<V> &&
-    requires(V& v, const V& cv, std::size_t bytes, void* at, address_range range, physical_memory piece) {
-      { cv.granularity() } noexcept -> std::same_as<std::size_t>;
-      { v.reserve(bytes) } noexcept -> std::same_as<address_range>;
-      { v.unreserve(range) } noexcept;
-      { v.create(bytes) } noexcept -> std::same_as<physical_memory>;
-      { v.release(piece) } noexcept;
-      { v.map(at, piece) } noexcept -> std::same_as<bool>;
-      { v.unmap(at, bytes) } noexcept;
-      { cv.capacity() } noexcept -> std::same_as<std::size_t>;
-      { cv.physical_bytes() } noexcept -> std::same_as<std::size_t>;
-    };
+concept virtual_memory = memory_kind_aware<V> && requires(V& v, const V& cv, std::size_t bytes, void* at,
+                                                          address_range range, physical_memory piece) {
+  { cv.granularity() } noexcept -> std::same_as<std::size_t>;
+  { v.reserve(bytes) } noexcept -> std::same_as<address_range>;
+  { v.unreserve(range) } noexcept;
+  { v.create(bytes) } noexcept -> std::same_as<physical_memory>;
+  { v.release(piece) } noexcept;
+  { v.map(at, piece) } noexcept -> std::same_as<bool>;
+  { v.unmap(at, bytes) } noexcept;
+  { cv.capacity() } noexcept -> std::same_as<std::size_t>;
+  { cv.physical_bytes() } noexcept -> std::same_as<std::size_t>;
+};
 
 /// `vmm_ref<V>` refers to a backend owned elsewhere and forwards every call to it, so several
 /// policies share one backend and its `capacity` (as `ref` does for allocators; backends are not
