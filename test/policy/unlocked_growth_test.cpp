@@ -61,44 +61,39 @@ struct upstream_state {
   std::atomic<std::size_t> fail_at{SIZE_MAX};  // the call index that fails
   std::atomic<unsigned> fail_one_in{0};        // 0: none; else calls whose hash % n == 0 fail
   std::atomic<unsigned> delay_us{0};           // each allocate sleeps this long (a slow cudaMalloc)
-  // The gate: while armed, the next allocate blocks (once) until opened.
+  // Two gates, one for allocate and one for deallocate: while armed, the next such call blocks
+  // (once) until the test opens it.
+  struct gate {
+    bool armed = false, inside = false, open = false;
+  };
   std::mutex mutex;
   std::condition_variable changed;
-  bool armed = false, inside = false, open = false;
+  gate on_allocate, on_free;
 
-  void arm() {
+  void arm(gate& g) {
     std::lock_guard lock(mutex);
-    armed = true;
-    inside = open = false;
+    g.armed = true;
+    g.inside = g.open = false;
   }
-  bool wait_inside(std::chrono::milliseconds limit) {
+  bool wait_inside(gate& g, std::chrono::milliseconds limit) {
     std::unique_lock lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return inside; });
+    return changed.wait_for(lock, limit, [&] { return g.inside; });
   }
-  void release_gate() {
+  void open(gate& g) {
     {
       std::lock_guard lock(mutex);
-      open = true;
+      g.open = true;
     }
     changed.notify_all();
   }
-  // The same for a free: while armed, the next deallocate blocks (once) until opened.
-  bool free_armed = false, free_inside = false, free_open = false;
-  void arm_free() {
-    std::lock_guard lock(mutex);
-    free_armed = true;
-    free_inside = free_open = false;
-  }
-  bool wait_free_inside(std::chrono::milliseconds limit) {
+  /// Called by the upstream: blocks here while `g` is armed, until the test opens it.
+  void pass(gate& g) {
     std::unique_lock lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return free_inside; });
-  }
-  void open_free_gate() {
-    {
-      std::lock_guard lock(mutex);
-      free_open = true;
-    }
+    if (!g.armed) return;
+    g.armed = false;
+    g.inside = true;
     changed.notify_all();
+    changed.wait(lock, [&] { return g.open; });
   }
 };
 
@@ -117,15 +112,7 @@ class basic_gated_upstream {
     const std::size_t index = s_->calls.fetch_add(1);
     if (index == s_->fail_at.load()) return {};
     if (const unsigned n = s_->fail_one_in.load(); n != 0 && (index * 0x9E3779B97F4A7C15ull >> 40) % n == 0) return {};
-    {
-      std::unique_lock lock(s_->mutex);
-      if (s_->armed) {
-        s_->armed = false;
-        s_->inside = true;
-        s_->changed.notify_all();
-        s_->changed.wait(lock, [&] { return s_->open; });
-      }
-    }
+    s_->pass(s_->on_allocate);
     if (const unsigned d = s_->delay_us.load(); d != 0) std::this_thread::sleep_for(std::chrono::microseconds(d));
     alignment = std::max<std::size_t>(alignment, 16);
     void* p = std::aligned_alloc(alignment, (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment);
@@ -136,15 +123,7 @@ class basic_gated_upstream {
   }
   void deallocate(alloy::block b) noexcept {
     if (b.ptr == nullptr) return;
-    {
-      std::unique_lock lock(s_->mutex);
-      if (s_->free_armed) {
-        s_->free_armed = false;
-        s_->free_inside = true;
-        s_->changed.notify_all();
-        s_->changed.wait(lock, [&] { return s_->free_open; });
-      }
-    }
+    s_->pass(s_->on_free);
     std::free(b.ptr);
     s_->deallocations.fetch_add(1);
     s_->live_bytes.fetch_sub(static_cast<std::int64_t>(b.size));
@@ -210,10 +189,10 @@ bool others_proceed_during_growth(Alloc& alloc, const Upstream& up) {
   alloc.deallocate(large);
   const std::size_t warm_calls = s->calls.load();
 
-  s->arm();
+  s->arm(s->on_allocate);
   alloy::block grown{};
   std::thread a([&] { grown = alloc.allocate(3 << 20, 256); });  // more than the 2 MiB cached: grows
-  const bool a_inside = s->wait_inside(10s);
+  const bool a_inside = s->wait_inside(s->on_allocate, 10s);
   BOOST_TEST(a_inside, "thread A never reached the upstream");
   auto b = std::async(std::launch::async, [&] {
     bool ok = true;
@@ -230,7 +209,7 @@ bool others_proceed_during_growth(Alloc& alloc, const Upstream& up) {
     return ok;
   });
   const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  s->release_gate();
+  s->open(s->on_allocate);
   a.join();
   BOOST_TEST(b.get(), "the other thread's blocks were wrong");
   BOOST_REQUIRE(grown);
@@ -303,9 +282,9 @@ bool others_proceed_during_release(Alloc& alloc, const Upstream& up) {
   alloc.deallocate(huge);
   const std::size_t frees_before = s->deallocations.load(), calls_before = s->calls.load();
 
-  s->arm_free();
+  s->arm(s->on_free);
   std::thread a([&] { alloc.release(); });
-  const bool a_inside = s->wait_free_inside(10s);
+  const bool a_inside = s->wait_inside(s->on_free, 10s);
   BOOST_TEST(a_inside, "thread A never reached the upstream's free");
   auto b = std::async(std::launch::async, [&] {
     bool ok = true;
@@ -322,7 +301,7 @@ bool others_proceed_during_release(Alloc& alloc, const Upstream& up) {
     return ok;
   });
   const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  s->open_free_gate();
+  s->open(s->on_free);
   a.join();
   BOOST_TEST(b.get(), "the other thread's blocks were wrong");
   BOOST_TEST(s->calls.load() == calls_before, "the other thread's requests were served from cache");
