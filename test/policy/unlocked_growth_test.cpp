@@ -175,6 +175,24 @@ bool intact(alloy::block b, std::uint64_t id) noexcept {
 
 // ---- another thread is not held up by a growth in progress -------------------------------------
 
+/// The other thread's work while A is held in the upstream: three rounds of a 1000-byte block (a
+/// slab kept in cache) and 300 KiB (room in a segment kept in cache), filled and checked.
+template <class Alloc>
+bool served_from_cache(Alloc& alloc) {
+  bool ok = true;
+  for (int i = 0; i < 3; ++i) {
+    const alloy::block x = alloc.allocate(1000, 256);
+    const alloy::block y = alloc.allocate(300 << 10, 256);
+    ok = ok && x && y;
+    if (x) fill(x, 7);
+    if (y) fill(y, 8);
+    ok = ok && (!x || intact(x, 7)) && (!y || intact(y, 8));
+    alloc.deallocate(x);
+    alloc.deallocate(y);
+  }
+  return ok;
+}
+
 /// Thread A grows (blocked in the upstream); another thread then allocates from cache and frees
 /// on the same object. Returns whether that thread finished while A was still blocked.
 template <class Alloc, class Upstream>
@@ -194,20 +212,7 @@ bool others_proceed_during_growth(Alloc& alloc, const Upstream& up) {
   std::thread a([&] { grown = alloc.allocate(3 << 20, 256); });  // more than the 2 MiB cached: grows
   const bool a_inside = s->wait_inside(s->on_allocate, 10s);
   BOOST_TEST(a_inside, "thread A never reached the upstream");
-  auto b = std::async(std::launch::async, [&] {
-    bool ok = true;
-    for (int i = 0; i < 3; ++i) {
-      const alloy::block x = alloc.allocate(1000, 256);       // the cached slab
-      const alloy::block y = alloc.allocate(300 << 10, 256);  // the cached segment
-      ok = ok && x && y;
-      if (x) fill(x, 7);
-      if (y) fill(y, 8);
-      ok = ok && (!x || intact(x, 7)) && (!y || intact(y, 8));
-      alloc.deallocate(x);
-      alloc.deallocate(y);
-    }
-    return ok;
-  });
+  auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
   const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
   s->open(s->on_allocate);
   a.join();
@@ -286,20 +291,7 @@ bool others_proceed_during_release(Alloc& alloc, const Upstream& up) {
   std::thread a([&] { alloc.release(); });
   const bool a_inside = s->wait_inside(s->on_free, 10s);
   BOOST_TEST(a_inside, "thread A never reached the upstream's free");
-  auto b = std::async(std::launch::async, [&] {
-    bool ok = true;
-    for (int i = 0; i < 3; ++i) {
-      const alloy::block x = alloc.allocate(1000, 256);       // the kept slab
-      const alloy::block y = alloc.allocate(300 << 10, 256);  // the kept segment's free room
-      ok = ok && x && y;
-      if (x) fill(x, 7);
-      if (y) fill(y, 8);
-      ok = ok && (!x || intact(x, 7)) && (!y || intact(y, 8));
-      alloc.deallocate(x);
-      alloc.deallocate(y);
-    }
-    return ok;
-  });
+  auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
   const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
   s->open(s->on_free);
   a.join();
