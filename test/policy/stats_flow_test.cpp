@@ -9,12 +9,14 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 
 #include <alloy/alloy.hpp>
 #include <alloy/detail/figures.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/memory_stats.hpp>
 #include <alloy/policy/fallback.hpp>
+#include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/sharded.hpp>
@@ -241,6 +243,55 @@ BOOST_AUTO_TEST_CASE(sharded_figures_add_up_over_its_shards) {
   const alloy::detail::figures f = alloy::detail::figures_of(a.inner());
   BOOST_TEST(f.all.reserved == 6_MiB);
   BOOST_TEST(f.all.counters.num_device_alloc == 3u);
+}
+
+// reset_peak() restarts the movable peak of every movable part below it, past a lock and the
+// two-part composites (which do not pass `reset_movable_peak` on as a capability: their parts
+// may differ); the figure read is their peaks added up.
+BOOST_AUTO_TEST_CASE(reset_peak_reaches_movable_parts_below_composites) {
+  using device_t = alloy::limited<checking_upstream>;
+  using reclaimer_t = alloy::host_spill_reclaimer<device_t, alloy::host_upstream>;
+  auto reclaimer = [] { return reclaimer_t{device_t{checking_upstream{}, {.bytes_limit = 4_MiB}}}; };
+  // Locks each part's handle and unlocks it: each part's peak of locked bytes is its handle's size.
+  auto lock_each = [](auto& first, auto& second) {
+    const alloy::handle h1 = first.allocate_movable(400_KiB);
+    const alloy::handle h2 = second.allocate_movable(300_KiB);
+    BOOST_REQUIRE((h1 && h2));
+    BOOST_REQUIRE(first.lock(h1) != nullptr);
+    BOOST_REQUIRE(second.lock(h2) != nullptr);
+    first.unlock(h1);
+    second.unlock(h2);
+    return std::pair{h1, h2};
+  };
+
+  using segregator_t = alloy::segregator<350_KiB, reclaimer_t, reclaimer_t>;
+  using locked_t = alloy::synchronized<segregator_t, recording_mutex>;  // std::mutex does not move
+  alloy::stats<locked_t> seg{locked_t{segregator_t{reclaimer(), reclaimer()}}};
+  static_assert(!alloy::detail::has_reset_movable_peak<segregator_t>);
+  auto [small, large] = alloy::find<segregator_t>(seg).parts();
+  const auto [s1, s2] = lock_each(large, small);
+  BOOST_TEST(seg.statistics().peak_bytes_active == 700_KiB);
+  BOOST_TEST(seg.statistics().bytes_active == 0u);
+  seg.reset_peak();
+  BOOST_TEST(small.movable_statistics().peak_bytes_active == 0u);
+  BOOST_TEST(large.movable_statistics().peak_bytes_active == 0u);
+  BOOST_TEST(seg.statistics().peak_bytes_active == 0u);
+  BOOST_TEST(recording_mutex::relocks == 0);
+  large.deallocate(s1);
+  small.deallocate(s2);
+
+  using fallback_t = alloy::fallback<reclaimer_t, reclaimer_t>;
+  alloy::stats<fallback_t> fb{fallback_t{reclaimer(), reclaimer()}};
+  auto [primary, secondary] = fb.inner().parts();
+  const auto [f1, f2] = lock_each(primary, secondary);
+  BOOST_REQUIRE(primary.lock(f1) != nullptr);  // locked again: the current value the peak restarts from
+  fb.reset_peak();
+  BOOST_TEST(primary.movable_statistics().peak_bytes_active == 400_KiB);
+  BOOST_TEST(secondary.movable_statistics().peak_bytes_active == 0u);
+  BOOST_TEST(fb.statistics().peak_bytes_active == 400_KiB);
+  primary.unlock(f1);
+  primary.deallocate(f1);
+  secondary.deallocate(f2);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

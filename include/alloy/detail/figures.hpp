@@ -232,6 +232,21 @@ figures figures_of(const A& a, const figures_request& request = {}) {
   return f;
 }
 
+/// Restarts the movable peak that `figures_of(a).movable` reads: that of the first part on each
+/// path below `a` (itself included) with `reset_movable_peak()`. A wrapper is reached through its
+/// guard (`reset_movable_peaks_below()`), any other composite through its parts, so
+/// `stats<>::reset_peak()` reaches a reclaimer below a `segregator` or a `synchronized` too.
+template <class A>
+void reset_movable_peaks(A& a) noexcept {
+  if constexpr (requires { a.reset_movable_peak(); }) {
+    a.reset_movable_peak();
+  } else if constexpr (requires { a.reset_movable_peaks_below(); }) {
+    a.reset_movable_peaks_below();
+  } else {
+    for_each_part_below<all_parts>(a, [](auto& part) { reset_movable_peaks(part); });
+  }
+}
+
 /// Whether some part of `A` (itself included) satisfies the trait `Pred` (types only).
 template <template <class> class Pred>
 struct matches {

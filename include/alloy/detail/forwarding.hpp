@@ -258,6 +258,11 @@ class forwards_queries {
   detail::figures figures_below(const figures_request& request) const {
     return call([&](const auto& in) { return figures_of(in, request); });
   }
+  /// Restarts the movable peaks below (`detail::reset_movable_peaks`), through the guard: what
+  /// `stats<>::reset_peak()` does to the figures above, so every wrapper has it too.
+  void reset_movable_peaks_below() noexcept {
+    call([](auto& in) { reset_movable_peaks(in); });
+  }
 
   // Tags and offload (DESIGN §12): setting the current tag and offloading neither allocate nor
   // free a block, so they are passed on here, through the guard, with the queries.

@@ -447,11 +447,11 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   std::size_t max_split_size() const noexcept { return max_split_; }
 
   /// Every peak restarts from the current value (PyTorch `reset_peak_memory_stats`), the movable
-  /// peak too when `Inner` passes `reset_movable_peak` on.
+  /// peaks of the parts below too (`detail::reset_movable_peaks`: through composites and locks).
   void reset_peak() noexcept {
     refresh_reserved();
     core_.reset_peak();
-    if constexpr (detail::has_reset_movable_peak<Inner>) inner_.reset_movable_peak();
+    detail::reset_movable_peaks(inner_);
   }
   /// Totals restart from zero (PyTorch `reset_accumulated_memory_stats`).
   void reset_accumulated() noexcept {
