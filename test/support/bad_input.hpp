@@ -61,14 +61,8 @@ inline bool is_accumulated_frees(const std::string& key) { return key == "alloca
 template <class A>
 observation observe(A& a) {
   observation o;
-  if constexpr (requires {
-                  { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
-                })
-    o["bytes_in_use"] = static_cast<long long>(a.bytes_in_use());
-  if constexpr (requires {
-                  { a.requested_bytes() } -> std::convertible_to<std::size_t>;
-                })
-    o["requested_bytes"] = static_cast<long long>(a.requested_bytes());
+  if constexpr (detail::reports_bytes_in_use<A>) o["bytes_in_use"] = static_cast<long long>(a.bytes_in_use());
+  if constexpr (detail::reports_requested_bytes<A>) o["requested_bytes"] = static_cast<long long>(a.requested_bytes());
   if constexpr (detail::contains_stats<A>) {
     const statistics s = statistics_of(a);
     o["stats.num_allocs"] = static_cast<long long>(s.num_allocs);

@@ -53,9 +53,7 @@ void for_each_drawn_part(A& a, F&& f) {
 /// of a composite that does not (a segregator's two sides); false when nothing counts them.
 template <class A>
 bool bytes_in_use_of(A& a, std::size_t& out) {
-  if constexpr (requires {
-                  { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
-                }) {
+  if constexpr (reports_bytes_in_use<A>) {
     out = a.bytes_in_use();
     return true;
   } else {
@@ -108,14 +106,8 @@ std::size_t smallest_limit_of(A& a) {
   auto consider = [&](std::size_t limit) {
     if (limit != 0 && limit != static_cast<std::size_t>(-1) && (best == 0 || limit < best)) best = limit;
   };
-  if constexpr (requires {
-                  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
-                })
-    consider(a.bytes_limit());
-  if constexpr (requires {
-                  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
-                })
-    consider(a.bytes_reservable_limit());
+  if constexpr (reports_bytes_limit<A>) consider(a.bytes_limit());
+  if constexpr (reports_bytes_reservable_limit<A>) consider(a.bytes_reservable_limit());
   for_each_drawn_part(a, [&](auto& part) { consider(smallest_limit_of(part)); });
   return best;
 }
@@ -152,10 +144,7 @@ oom_report make_oom_report(A& a, std::size_t bytes, std::size_t alignment) {
     oom_report report = make_oom_report(std::get<0>(a.parts()), bytes, alignment);
     if (const std::size_t limit = smallest_limit_of(a); limit != 0 && (report.limit == 0 || limit < report.limit))
       report.limit = limit;
-    if constexpr (requires {
-                    { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
-                  })
-      report.in_use = a.bytes_in_use();
+    if constexpr (reports_bytes_in_use<A>) report.in_use = a.bytes_in_use();
     return report;
   } else {
     oom_report report{.requested = bytes, .alignment = alignment};
@@ -170,18 +159,24 @@ oom_report make_oom_report(A& a, std::size_t bytes, std::size_t alignment) {
   }
 }
 
+/// A part that says the largest alignment it serves: a function, or a static member.
+template <class A>
+concept reports_max_alignment = requires(const A& a) {
+  { a.max_alignment() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept declares_max_alignment = requires {
+  { A::max_alignment } -> std::convertible_to<std::size_t>;
+};
+
 /// The largest alignment `a` can serve: `max_alignment` (a static member or a function) where a
 /// part declares one; for a composite that does not, the largest of its drawn parts' (a
 /// composition serves an alignment one of its parts can, issue 18); unbounded otherwise.
 template <class A>
 std::size_t max_alignment_of(A& a) {
-  if constexpr (requires {
-                  { a.max_alignment() } -> std::convertible_to<std::size_t>;
-                }) {
+  if constexpr (reports_max_alignment<A>) {
     return a.max_alignment();
-  } else if constexpr (requires {
-                         { A::max_alignment } -> std::convertible_to<std::size_t>;
-                       }) {
+  } else if constexpr (declares_max_alignment<A>) {
     return A::max_alignment;
   } else if constexpr (device_host_pair<A> || composite<A>) {
     std::size_t best = 0;
@@ -192,14 +187,18 @@ std::size_t max_alignment_of(A& a) {
   }
 }
 
+/// A part that keeps the CUDA error of a call that could not throw (`cuda_upstream`, `cuda_vmm`).
+template <class A>
+concept holds_cuda_error = requires(A& a) {
+  a.last_error();
+  a.clear_error();
+};
+
 /// Throws the pending CUDA error of any part of `a`, clearing it, if there is one.
 template <class A>
 void throw_pending_cuda_error(A& a) {
   auto check = [](auto& part) {
-    if constexpr (requires {
-                    part.last_error();
-                    part.clear_error();
-                  }) {
+    if constexpr (holds_cuda_error<std::remove_cvref_t<decltype(part)>>) {
       if (part.last_error()) {
         auto error = part.last_error().to_exception();
         part.clear_error();

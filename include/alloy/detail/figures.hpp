@@ -63,6 +63,14 @@ concept reports_offload_stats = requires(const A& a) { a.offload_stats(); };
 template <class A>
 concept reports_stream_order = requires(const A& a) { a.order_counters().all_stream_synchronizations; };
 
+struct figures_request;
+struct figures;
+/// A wrapper that answers for everything below it, through its guard (`forwards_queries`).
+template <class A>
+concept answers_figures_below = requires(const A& a, const figures_request& request) {
+  { a.figures_below(request) } -> std::same_as<figures>;
+};
+
 /// What `figures_of` is asked for: the free pieces need a walk over the blocks (query time only),
 /// and the segments above `max_split` are counted there.
 struct figures_request {
@@ -183,9 +191,7 @@ block_figures measure_blocks(const A& a, std::size_t max_split) {
 template <class A>
 figures figures_of(const A& a, const figures_request& request = {}) {
   figures f;
-  if constexpr (requires {
-                  { a.figures_below(request) } -> std::same_as<figures>;
-                }) {
+  if constexpr (answers_figures_below<A>) {
     f = a.figures_below(request);
   } else if constexpr (segregator_shaped<A>) {
     // Its two sides are its pools; its blocks are theirs (small's, then large's), walked once.
@@ -208,7 +214,7 @@ figures figures_of(const A& a, const figures_request& request = {}) {
     f.all.knows_counters = true;
   }
   // A wrapper's blocks and a segregator's come from below (the same blocks, walked once).
-  if constexpr (introspectable_allocator<A> && !segregator_shaped<A> && !requires { a.figures_below(request); }) {
+  if constexpr (introspectable_allocator<A> && !segregator_shaped<A> && !answers_figures_below<A>) {
     if (request.blocks) f.all.blocks = measure_blocks(a, request.max_split);
   }
   if constexpr (requires { a.movable_statistics(); }) {
@@ -219,14 +225,8 @@ figures figures_of(const A& a, const figures_request& request = {}) {
     f.offload = offload_statistics(a.offload_stats());
     f.knows_offload = true;
   }
-  if constexpr (requires {
-                  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
-                })
-    f.bytes_limit = smallest_limit(a.bytes_limit(), 0);
-  if constexpr (requires {
-                  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
-                })
-    f.reservable_limit = smallest_limit(a.bytes_reservable_limit(), 0);
+  if constexpr (reports_bytes_limit<A>) f.bytes_limit = smallest_limit(a.bytes_limit(), 0);
+  if constexpr (reports_bytes_reservable_limit<A>) f.reservable_limit = smallest_limit(a.bytes_reservable_limit(), 0);
   if constexpr (reports_max_split_size<A>) f.max_split = smallest_limit(max_split_of(a), 0);
   if constexpr (reports_stream_order<A>) f.all_stream_synchronizations = a.order_counters().all_stream_synchronizations;
   return f;

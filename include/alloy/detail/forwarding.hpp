@@ -49,22 +49,7 @@ namespace alloy::detail {
 
 // ---- the capabilities, listed once ---------------------------------------------------------------
 
-template <class A>
-concept reports_bytes_in_use = requires(const A& a) {
-  { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
-};
-template <class A>
-concept reports_requested_bytes = requires(const A& a) {
-  { a.requested_bytes() } -> std::convertible_to<std::size_t>;
-};
-template <class A>
-concept reports_bytes_limit = requires(const A& a) {
-  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
-};
-template <class A>
-concept reports_bytes_reservable_limit = requires(const A& a) {
-  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
-};
+// (`reports_bytes_in_use`, `reports_requested_bytes` and the limits: detail/walk.hpp.)
 template <class A>
 concept has_size_of = movable_allocator<A> && requires(const A& a, handle h) {
   { a.size_of(h) } -> std::convertible_to<std::size_t>;

@@ -4,6 +4,7 @@
 // parts requests draw on) and the statistics (`detail::figures_of`: all parts) go through it.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <tuple>
 #include <type_traits>
@@ -12,6 +13,27 @@
 #include <alloy/concepts.hpp>
 
 namespace alloy::detail {
+
+// ---- what a part reports (the informal capabilities every walker reads) -------------------------
+
+template <class A>
+concept reports_bytes_in_use = requires(const A& a) {
+  { a.bytes_in_use() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept reports_requested_bytes = requires(const A& a) {
+  { a.requested_bytes() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept reports_bytes_limit = requires(const A& a) {
+  { a.bytes_limit() } -> std::convertible_to<std::size_t>;
+};
+template <class A>
+concept reports_bytes_reservable_limit = requires(const A& a) {
+  { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
+};
+
+// ---- the walk -------------------------------------------------------------------------------------
 
 /// A part with a device side and a host side (`host_spill_reclaimer`).
 template <class A>

@@ -14,6 +14,7 @@
 #include <alloy/concepts.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/movable_bookkeeping.hpp>
+#include <alloy/detail/walk.hpp>
 #include <alloy/movable.hpp>
 
 namespace alloy {
@@ -502,14 +503,10 @@ class host_spill_reclaimer {
 
   bool could_ever_fit(std::size_t bytes) const noexcept {
     if (detail::round_up(bytes, movable_alignment) == 0 && bytes != 0) return false;
-    if constexpr (requires {
-                    { device_.bytes_limit() } -> std::convertible_to<std::size_t>;
-                  }) {
+    if constexpr (detail::reports_bytes_limit<Device>) {
       if (bytes > device_.bytes_limit()) return false;
     }
-    if constexpr (requires {
-                    { device_.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
-                  }) {
+    if constexpr (detail::reports_bytes_reservable_limit<Device>) {
       if (bytes > device_.bytes_reservable_limit()) return false;
     }
     return true;

@@ -14,6 +14,13 @@ namespace alloy {
 
 namespace detail {
 
+/// A pool shaped as `size_class_pool`: a static `max_size()` and `natural_alignment`.
+template <class Part>
+concept size_class_shaped = requires {
+  { Part::max_size() } -> std::convertible_to<std::size_t>;
+  { Part::natural_alignment } -> std::convertible_to<std::size_t>;
+};
+
 /// Whether `part` takes a request of `bytes` at `alignment` at all, by its contract (before any
 /// memory is sought). A part says so with `serves(bytes, alignment)`
 /// (`request_screening_allocator`); a pool shaped as
@@ -24,10 +31,7 @@ template <class Part>
 constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t alignment) noexcept {
   if constexpr (request_screening_allocator<Part>) {
     return part.serves(bytes, alignment);
-  } else if constexpr (requires {
-                         { Part::max_size() } -> std::convertible_to<std::size_t>;
-                         { Part::natural_alignment } -> std::convertible_to<std::size_t>;
-                       }) {
+  } else if constexpr (size_class_shaped<Part>) {
     if (alignment <= Part::natural_alignment) return bytes <= Part::max_size();
     const std::size_t most = Part::max_size();
     return alignment <= most && bytes <= most &&
