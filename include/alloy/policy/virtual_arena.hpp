@@ -363,9 +363,15 @@ class virtual_arena {
     const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
     if (granules_[first].piece == 0) [[unlikely]]
       forget_saved(granules_[first].tag, addr, size);  // an offloaded tag's
-    for (std::size_t g = first; g <= last; ++g)
-      if (--granules_[g].live == 0 && granules_[g].piece != 0) push_free(g);
-    trim(kept_free_bytes());
+    bool freed_granule = false;
+    for (std::size_t g = first; g <= last; ++g) {
+      if (--granules_[g].live == 0 && granules_[g].piece != 0) {
+        push_free(g);
+        freed_granule = true;
+      }
+    }
+    // With no granule freed, what is kept can only have grown (the peak may have): nothing to trim.
+    if (freed_granule) trim(kept_free_bytes());
     return true;
   }
 
@@ -919,7 +925,8 @@ class virtual_arena {
     rec.chunks.clear();
   }
 
-  std::uint32_t find_fit(std::size_t rounded, std::size_t need, std::size_t alignment) const noexcept {
+  [[gnu::always_inline]] std::uint32_t find_fit(std::size_t rounded, std::size_t need,
+                                                std::size_t alignment) const noexcept {
     std::uint32_t c = index_.best_fit(pool_, rounded);
     if (c == detail::best_fit_npos) return c;
     if (alignment > opts_.rounding && !fits_aligned(c, rounded, alignment)) c = index_.best_fit(pool_, need);
@@ -971,7 +978,8 @@ class virtual_arena {
 
   /// Makes granules [first, last] mapped and counts the new chunk among their users. On failure
   /// undoes everything (false).
-  bool map_granules(std::size_t first, std::size_t last, bool may_release, std::uint16_t t) noexcept {
+  [[gnu::always_inline]] bool map_granules(std::size_t first, std::size_t last, bool may_release,
+                                           std::uint16_t t) noexcept {
     std::size_t to_map = 0;
     for (std::size_t g = first; g <= last; ++g) {
       granule& r = granules_[g];
@@ -983,8 +991,11 @@ class virtual_arena {
       }
       ++r.live;
     }
-    if (to_map == 0) [[likely]]
-      return true;
+    return to_map == 0 || map_new_granules(first, last, may_release, to_map);
+  }
+  /// `map_granules`' driver calls: `to_map` granules of [first, last] have no physical piece.
+  [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release,
+                                          std::size_t to_map) noexcept {
     const std::size_t g_bytes = opts_.granularity;
     // What the backend could give at most if every free mapped granule went back: when even
     // that is too little, fail now and keep the cache.
