@@ -125,15 +125,13 @@ struct alignas(64) thread_slot {
 ///   cannot be seen.
 /// - Movable (not while in use), not copyable; the shards stay where they are (one allocation).
 /// - Measured (bench/threads, `sharded<default_allocator>` against one `default_allocator` per
-///   thread and the synchronized peers; 2-core VM, quiet, two runs of 2026-11-24, history in
-///   bench/threads/README.md): at 2 threads 9.8-15.0x the best synchronized peer on W2, 2.7-3.7x
-///   on W1, 10.8x on producer/consumer (2.3-6.6x at 4 and 8 threads); 2T/1T throughput 1.92x on
-///   W2 and 1.75-1.95x on W1 where one unshared allocator per thread scales 1.74-1.85x; peak
-///   reserved / peak live at 4 threads 0.84-0.89x the 1-thread one. One thread, CPU time against
-///   the bare allocator, since the owner's gate (six runs, four on a busy VM): 0.61-0.77x on W2,
-///   1.07-1.14x on W1 (1.07 and 1.10 in the two less loaded runs; 1.16-1.25x before, when its
-///   large blocks took the mutex); counted, 585 instructions a W1 pair against the bare
-///   allocator's 533 (666 before).
+///   thread and the synchronized peers; 2-core VM, three full runs on a quiet VM of 2026-11-24,
+///   history in bench/threads/README.md): at 2 threads 11.6-15.4x the best synchronized peer on
+///   W2, 2.6-4.1x on W1, 4.7-10.3x on producer/consumer at 2-8 threads; 2T/1T throughput 1.01-1.30
+///   of the scaling of one unshared allocator per thread on W2, 0.84-1.01 on W1 (under 0.9 in one
+///   run); peak reserved / peak live at 4 threads 0.83-0.87x the 1-thread one. One thread, CPU
+///   time against the bare allocator: 0.65-0.68x on W2, 0.97-1.08x on W1 (1.07-1.14x on a busy
+///   VM); counted, 585 instructions a W1 pair against the bare allocator's 533.
 template <allocator Inner, class Mutex = std::mutex>
 class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using queries = detail::forwards_queries<sharded<Inner, Mutex>, Inner>;
