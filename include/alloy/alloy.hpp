@@ -17,6 +17,7 @@
 #include <alloy/upstream/host_upstream.hpp>
 #include <alloy/upstream/null_upstream.hpp>
 #include <alloy/vmm/host_vmm.hpp>
+#include <alloy/vmm/synchronized_vmm.hpp>
 #include <alloy/vmm/virtual_memory.hpp>
 #if ALLOY_HAS_CUDA
 #  include <alloy/cuda_info.hpp>

@@ -50,6 +50,7 @@
 #include <alloy/upstream/pinned_host_upstream.hpp>
 #include <alloy/vmm/cuda_vmm.hpp>
 #include <alloy/vmm/host_vmm.hpp>
+#include <alloy/vmm/synchronized_vmm.hpp>
 #include <alloy/vmm/virtual_memory.hpp>
 
 #include <cstddef>

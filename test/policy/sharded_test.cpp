@@ -27,6 +27,7 @@
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
 #include <alloy/vmm/host_vmm.hpp>
+#include <alloy/vmm/synchronized_vmm.hpp>
 
 #include "support/conformance.hpp"
 #include "support/sanitizers.hpp"
@@ -602,54 +603,10 @@ BOOST_AUTO_TEST_CASE(foreign_free_is_refused) {
 
 namespace {
 
-/// `vmm_ref` with a lock: shards call the one backend from their threads at once (backends are
-/// not synchronized; their calls are system or driver calls, so one lock costs little).
-template <alloy::virtual_memory V>
-class locked_vmm_ref {
- public:
-  static constexpr bool host_accessible = V::host_accessible;
-  static constexpr bool device_accessible = V::device_accessible;
-  locked_vmm_ref(V& target, std::mutex& m) noexcept : target_(&target), mutex_(&m) {}
-
-  std::size_t granularity() const noexcept {
-    return locked([&] { return target_->granularity(); });
-  }
-  alloy::address_range reserve(std::size_t bytes) noexcept {
-    return locked([&] { return target_->reserve(bytes); });
-  }
-  void unreserve(alloy::address_range range) noexcept {
-    locked([&] { target_->unreserve(range); });
-  }
-  alloy::physical_memory create(std::size_t bytes) noexcept {
-    return locked([&] { return target_->create(bytes); });
-  }
-  void release(alloy::physical_memory piece) noexcept {
-    locked([&] { target_->release(piece); });
-  }
-  bool map(void* at, alloy::physical_memory piece) noexcept {
-    return locked([&] { return target_->map(at, piece); });
-  }
-  void unmap(void* at, std::size_t bytes) noexcept {
-    locked([&] { target_->unmap(at, bytes); });
-  }
-  std::size_t capacity() const noexcept {
-    return locked([&] { return target_->capacity(); });
-  }
-  std::size_t physical_bytes() const noexcept {
-    return locked([&] { return target_->physical_bytes(); });
-  }
-
- private:
-  template <class F>
-  decltype(auto) locked(F f) const {
-    std::lock_guard lock(*mutex_);
-    return f();
-  }
-  V* target_;
-  std::mutex* mutex_;
-};
-
-using shared_arena = alloy::virtual_arena<locked_vmm_ref<alloy::host_vmm>>;
+/// Shards call the one backend from their threads at once: through `synchronized_vmm`.
+using shared_backend = alloy::synchronized_vmm<alloy::host_vmm>;
+static_assert(alloy::virtual_memory<shared_backend>);
+using shared_arena = alloy::virtual_arena<alloy::vmm_ref<shared_backend>>;
 
 /// Runs `f` on a thread of its own and waits for it.
 template <class F>
@@ -659,14 +616,84 @@ void on_new_thread(F f) {
 
 }  // namespace
 
+/// Four threads at once, each allocating and freeing its own blocks through `Sharded` (four
+/// shards over one `synchronized_vmm` of `capacity`): contents stay intact, the backend never
+/// holds more than its capacity, and everything goes back at the end. Failures are expected
+/// (the threads compete for the capacity) and counted, not asserted on, inside the threads.
+template <class Sharded>
+void hammer_one_physical_pool(Sharded& a, shared_backend& backend, std::size_t capacity) {
+  constexpr int threads = 4, ops = 4'000;
+  std::atomic<int> corrupt{0}, over_capacity{0}, served{0}, failed{0};
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::mt19937_64 rng(0x5eed + static_cast<std::uint64_t>(t));
+        std::uniform_real_distribution<double> log_size(std::log(256.0), std::log(512.0 * 1024));
+        std::vector<item> live;
+        std::uint64_t next_id = static_cast<std::uint64_t>(t) << 40;
+        for (int i = 0; i < ops; ++i) {
+          if (live.empty() || rng() % 5 < 3) {  // more allocations than frees: the capacity runs out
+            const auto bytes = static_cast<std::size_t>(std::exp(log_size(rng)));
+            const alloy::block b = a.allocate(bytes, 256);
+            if (!b) {
+              ++failed;
+              continue;
+            }
+            ++served;
+            live.push_back({b, next_id++});
+            fill(live.back());
+          } else {
+            const std::size_t k = rng() % live.size();
+            if (!intact(live[k])) ++corrupt;
+            a.deallocate(live[k].b);
+            live[k] = live.back();
+            live.pop_back();
+          }
+          if (backend.physical_bytes() > capacity) ++over_capacity;
+        }
+        for (const item& it : live) {
+          if (!intact(it)) ++corrupt;
+          a.deallocate(it.b);
+        }
+      });
+    }
+  }
+  BOOST_TEST_MESSAGE("one physical pool: " << served.load() << " served, " << failed.load() << " failed");
+  BOOST_TEST(corrupt.load() == 0);
+  BOOST_TEST(over_capacity.load() == 0);
+  BOOST_TEST(served.load() > threads * ops / 4, "served " << served.load() << ", failed " << failed.load());
+  a.release();
+  BOOST_TEST(a.refused_frees() == 0u);
+  BOOST_TEST(a.reserved_bytes() == 0u);
+  BOOST_TEST(backend.physical_bytes() == 0u);
+}
+
+// Threads call one backend at once through their shards (`synchronized_vmm`; TSan checks it).
+BOOST_AUTO_TEST_CASE(shards_map_from_their_threads_at_once) {
+  constexpr std::size_t capacity = 24_MiB;
+  {
+    shared_backend backend{alloy::host_vmm{{.capacity = capacity, .granularity = 64_KiB}}};
+    alloy::sharded<shared_arena> a{[&](std::size_t) { return shared_arena{alloy::vmm_ref<shared_backend>{backend}}; },
+                                   {.shards = 4, .thread_cache = 0}};
+    hammer_one_physical_pool(a, backend, capacity);
+  }
+  {
+    using shared_allocator = alloy::virtual_allocator<alloy::vmm_ref<shared_backend>>;
+    shared_backend backend{alloy::host_vmm{{.capacity = capacity, .granularity = 64_KiB}}};
+    alloy::sharded<shared_allocator> a{
+        [&](std::size_t) { return shared_allocator{alloy::vmm_ref<shared_backend>{backend}}; }, {.shards = 4}};
+    hammer_one_physical_pool(a, backend, capacity);
+  }
+}
+
 // Two shards over one 64 MiB backend: memory one shard's thread has freed serves the other's.
 BOOST_AUTO_TEST_CASE(shards_share_one_physical_pool) {
   for (const std::size_t threshold : {std::size_t{0}, std::size_t{32} << 20}) {
     BOOST_TEST_CONTEXT("release_threshold " << threshold) {
-      alloy::host_vmm backend{{.capacity = 64_MiB}};
-      std::mutex backend_lock;
+      shared_backend backend{alloy::host_vmm{{.capacity = 64_MiB}}};
       alloy::sharded<shared_arena> a{[&](std::size_t) {
-                                       return shared_arena{locked_vmm_ref<alloy::host_vmm>{backend, backend_lock},
+                                       return shared_arena{alloy::vmm_ref<shared_backend>{backend},
                                                            {.release_threshold = threshold, .keep_up_to_peak = false}};
                                      },
                                      {.shards = 2, .thread_cache = 0}};

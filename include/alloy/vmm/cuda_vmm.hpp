@@ -56,7 +56,8 @@ struct cuda_driver_status {
 ///   reason is in `last_error()`, and every call fails.
 /// - Thread safety: as the driver (safe), apart from `physical_bytes()`, `calls()` and
 ///   `last_error()`, which are plain members. Movable, not copyable (it keeps the physical-byte
-///   count); several users share one through `vmm_ref<cuda_vmm>`.
+///   count); several users share one through `vmm_ref<cuda_vmm>`, several threads through
+///   `synchronized_vmm<cuda_vmm>`.
 /// - Memory kind: device only.
 class cuda_vmm {
  public:

@@ -46,7 +46,7 @@ namespace alloy {
 /// - Metadata: the free offset ranges in a `std::map` (one entry per gap).
 /// - Counters (`calls()`): creates, releases, maps, unmaps, reserves, unreserves, failures.
 /// - Thread safety: none. Movable, not copyable (it owns the file); several users share one
-///   through `vmm_ref<host_vmm>`.
+///   through `vmm_ref<host_vmm>`, several threads through `synchronized_vmm<host_vmm>`.
 /// - Memory kind: host only.
 class host_vmm {
  public:

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+// alloy/vmm/synchronized_vmm.hpp
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include <alloy/vmm/virtual_memory.hpp>
+
+namespace alloy {
+
+/// `synchronized_vmm<V, Mutex>`: a virtual-memory backend that several threads may call at once
+/// (DESIGN §13: shards over one physical pool).
+///
+/// - What it is for: `host_vmm` is not synchronized, and `cuda_vmm` keeps its physical-byte
+///   count in a plain member, while arenas in different shards of `sharded<>` call their backend
+///   from their own threads under their own locks. Share one `synchronized_vmm` through
+///   `vmm_ref` and the shards share its capacity safely:
+///   `sharded<virtual_arena<vmm_ref<synchronized_vmm<host_vmm>>>>`.
+/// - Under the lock: every call of the `virtual_memory` concept, one at a time (they are system
+///   or driver calls, microseconds each, so the lock costs little beside them; nothing else is
+///   done under it). `with_lock(f)` runs `f(backend)` under the lock for several calls or for what
+///   the concept does not name (`calls()`, `last_error()`); `backend()` is unlocked.
+/// - Failure: as `V`'s (every call is noexcept); the lock adds none.
+/// - Owns its backend; not movable (the mutex stays where it is): construct it in place and
+///   hand out `vmm_ref`s, which must not outlive it.
+template <virtual_memory V, class Mutex = std::mutex>
+class synchronized_vmm {
+ public:
+  static constexpr bool host_accessible = V::host_accessible;
+  static constexpr bool device_accessible = V::device_accessible;
+
+  synchronized_vmm()
+    requires std::default_initializable<V>
+  = default;
+  explicit synchronized_vmm(V backend) noexcept(std::is_nothrow_move_constructible_v<V>)
+      : backend_(std::move(backend)) {}
+  synchronized_vmm(const synchronized_vmm&) = delete;
+  synchronized_vmm& operator=(const synchronized_vmm&) = delete;
+
+  std::size_t granularity() const noexcept {
+    return locked([](const V& v) { return v.granularity(); });
+  }
+  address_range reserve(std::size_t bytes) noexcept {
+    return locked([&](V& v) { return v.reserve(bytes); });
+  }
+  void unreserve(address_range range) noexcept {
+    locked([&](V& v) { v.unreserve(range); });
+  }
+  physical_memory create(std::size_t bytes) noexcept {
+    return locked([&](V& v) { return v.create(bytes); });
+  }
+  void release(physical_memory piece) noexcept {
+    locked([&](V& v) { v.release(piece); });
+  }
+  bool map(void* at, physical_memory piece) noexcept {
+    return locked([&](V& v) { return v.map(at, piece); });
+  }
+  void unmap(void* at, std::size_t bytes) noexcept {
+    locked([&](V& v) { v.unmap(at, bytes); });
+  }
+  std::size_t capacity() const noexcept {
+    return locked([](const V& v) { return v.capacity(); });
+  }
+  std::size_t physical_bytes() const noexcept {
+    return locked([](const V& v) { return v.physical_bytes(); });
+  }
+
+  /// Runs `f(backend)` with the lock held and returns what it returns.
+  template <class F>
+  decltype(auto) with_lock(F&& f) {
+    std::lock_guard lock(mutex_);
+    return std::forward<F>(f)(backend_);
+  }
+  template <class F>
+  decltype(auto) with_lock(F&& f) const {
+    std::lock_guard lock(mutex_);
+    return std::forward<F>(f)(backend_);
+  }
+  /// The backend itself, without the lock (for a single thread, or before sharing).
+  V& backend() noexcept { return backend_; }
+  const V& backend() const noexcept { return backend_; }
+
+ private:
+  template <class F>
+  decltype(auto) locked(F&& f) noexcept {
+    std::lock_guard lock(mutex_);
+    return f(backend_);
+  }
+  template <class F>
+  decltype(auto) locked(F&& f) const noexcept {
+    std::lock_guard lock(mutex_);
+    return f(backend_);
+  }
+
+  V backend_;
+  mutable Mutex mutex_;
+};
+
+}  // namespace alloy
