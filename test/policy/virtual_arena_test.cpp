@@ -333,6 +333,37 @@ BOOST_AUTO_TEST_CASE(keep_up_to_peak_holds_what_the_peak_needed_and_no_more) {
   BOOST_TEST(a.check_invariants());
 }
 
+// Mapping without trimming first (allocate_keeping_cache) can leave more free mapped granules
+// than the rule keeps: the next free trims them, also one that frees no granule itself.
+BOOST_AUTO_TEST_CASE(a_free_trims_what_a_keeping_cache_allocation_left_over_the_rule) {
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0}};
+  const block s1 = a.allocate(256, 256), s2 = a.allocate(256, 256);  // both in granule 0
+  const block big = a.allocate(256_KiB, 64_KiB);                     // granules 1-4
+  const block pin = a.allocate(64_KiB, 64_KiB);                      // granule 5: the hole stays one
+  BOOST_REQUIRE((s1 && s2 && big && pin));
+  BOOST_TEST(a.counters().num_maps == 6u);
+  a.deallocate(big);  // peak 320.5 KiB, 128 KiB touched: three of the four granules stay
+  BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
+  BOOST_TEST(a.counters().num_unmaps == 1u);
+  // 512 KiB does not fit the 256 KiB hole: eight new granules after the pin, nothing trimmed.
+  const block wide = a.allocate_keeping_cache(512_KiB, 64_KiB);
+  BOOST_REQUIRE(wide);
+  BOOST_TEST(a.counters().num_maps == 14u);
+  BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
+  // Granule 0 keeps s2, so this free frees no granule; the peak (576.5 KiB) is below the 640 KiB
+  // touched, so the rule keeps nothing: the three free granules go.
+  a.deallocate(s1);
+  BOOST_TEST(a.free_mapped_bytes() == 0u);
+  BOOST_TEST(a.counters().num_unmaps == 4u);
+  BOOST_TEST(a.check_invariants());
+  a.deallocate(s2);
+  a.deallocate(pin);
+  a.deallocate(wide);
+  a.release();
+  BOOST_TEST(a.mapped_bytes() == 0u);
+  BOOST_TEST(a.counters().num_maps == a.counters().num_unmaps);
+}
+
 // ---- capacity -----------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(capacity_exhausted_freed_and_served_again) {

@@ -274,6 +274,7 @@ class virtual_arena {
   /// failure nothing is mapped and the host copy is kept: it can be retried.
   offload_status restore(tag t) noexcept {
     if (state(t) == tag_state::resident) return offload_status::already_resident;
+    trim_due_ = true;  // granules touched again: the rule may keep fewer free ones
     tag_record& rec = tags_[t.value];
     std::size_t to_map = 0;
     for (const granule& r : granules_) to_map += r.live != 0 && r.tag == t.value && r.piece == 0;
@@ -370,8 +371,9 @@ class virtual_arena {
         freed_granule = true;
       }
     }
-    // With no granule freed, what is kept can only have grown (the peak may have): nothing to trim.
-    if (freed_granule) trim(kept_free_bytes());
+    // With no granule freed, what is kept can only have grown (the peak may have), so there is
+    // nothing to trim unless a call that skips the trim left too many (`trim_due_`).
+    if (freed_granule || trim_due_) trim(kept_free_bytes());
     return true;
   }
 
@@ -859,6 +861,7 @@ class virtual_arena {
       offload_stats_.bytes_copied_to_host += total;
     }
     const std::size_t unmapped = unmap_tag(t);
+    trim_due_ = true;  // fewer granules touched: the rule may keep fewer free ones
     rec.state = copy ? tag_state::offloaded : tag_state::discarded;
     rec.host = host;
     rec.host_bytes = total;
@@ -996,6 +999,7 @@ class virtual_arena {
   /// `map_granules`' driver calls: `to_map` granules of [first, last] have no physical piece.
   [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release,
                                           std::size_t to_map) noexcept {
+    if (!may_release) trim_due_ = true;  // maps without trimming first: the next free trims
     const std::size_t g_bytes = opts_.granularity;
     // What the backend could give at most if every free mapped granule went back: when even
     // that is too little, fail now and keep the cache.
@@ -1100,6 +1104,7 @@ class virtual_arena {
   void trim(std::size_t keep_bytes) noexcept {
     const std::size_t keep = keep_bytes >> gshift_;
     if (free_mapped_ > keep) trim_count(free_mapped_ - keep);
+    trim_due_ = false;
   }
   void trim_count(std::size_t n) noexcept {
     for (; n != 0 && oldest_ != no_granule; --n) {
@@ -1249,6 +1254,7 @@ class virtual_arena {
     misuses_ = other.misuses_;
     tags_ = std::move(other.tags_);
     tags_in_use_ = other.tags_in_use_;
+    trim_due_ = other.trim_due_;
     last_of_tag_ = std::move(other.last_of_tag_);
     offloaded_in_use_ = other.offloaded_in_use_;
     current_tag_ = other.current_tag_;
@@ -1284,6 +1290,7 @@ class virtual_arena {
   std::size_t offloaded_in_use_ = 0;         ///< rounded bytes of live chunks of tags not resident
   std::vector<std::uintptr_t> last_of_tag_;  ///< by tag: the address of its last block (a hint; 0: none)
   bool tags_in_use_ = false;                 ///< a tag other than 0 was ever allocated with (else no granule check)
+  bool trim_due_ = false;  ///< free mapped granules may pass what the rule keeps (a map or offload skipped the trim)
   tag current_tag_{};
   offload_statistics offload_stats_{};
   copy_engine copier_{};
