@@ -13,6 +13,7 @@
 #include <alloy/literals.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/vmm/cuda_vmm.hpp>
+#include <alloy/vmm/synchronized_vmm.hpp>
 
 #include "support/device_pattern.cuh"
 #include "support/gpu.hpp"
@@ -20,6 +21,7 @@
 using namespace alloy::literals;
 
 static_assert(alloy::virtual_memory<alloy::cuda_vmm>);
+static_assert(alloy::virtual_memory<alloy::vmm_ref<alloy::synchronized_vmm<alloy::cuda_vmm>>>);
 
 namespace {
 

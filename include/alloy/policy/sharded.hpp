@@ -103,10 +103,9 @@ struct alignas(64) thread_slot {
 ///   `flush_thread_caches()` (or a new thread that gets the same id).
 /// - One physical pool: shards of `virtual_arena` (or `virtual_allocator`) over one backend
 ///   (`vmm_ref<synchronized_vmm<V>>`: the backends themselves are not synchronized) share its
-///   capacity; memory one shard freed and unmapped
-///   serves another, and a shard that cannot map more hands the request to the others, which
-///   may hold it mapped (test/policy/sharded_test.cpp, `shards_share_one_physical_pool`,
-///   `shards_map_from_their_threads_at_once`).
+///   capacity; memory one shard freed and unmapped serves another, and a shard that cannot map
+///   more hands the request to the others, which may hold it mapped (test/policy/sharded_test.cpp:
+///   `shards_share_one_physical_pool`, `shards_map_from_their_threads_at_once`).
 /// - Capabilities, each when `Inner` has it: the queries (`owns`, `release`, `reserved_bytes`,
 ///   `counters`, `for_each_block`, `bytes_in_use`, `requested_bytes`, limits) through
 ///   `detail::forwards_queries`, whose guard hook runs them on every shard under its lock and adds

@@ -24,6 +24,8 @@ namespace alloy {
 ///   or driver calls, microseconds each, so the lock costs little beside them; nothing else is
 ///   done under it). `with_lock(f)` runs `f(backend)` under the lock for several calls or for what
 ///   the concept does not name (`calls()`, `last_error()`); `backend()` is unlocked.
+/// - Cost: one lock per backend call, uncontended tens of nanoseconds beside calls that take
+///   microseconds (a system call per map over `host_vmm`, a driver call over `cuda_vmm`).
 /// - Failure: as `V`'s (every call is noexcept); the lock adds none.
 /// - Owns its backend; not movable (the mutex stays where it is): construct it in place and
 ///   hand out `vmm_ref`s, which must not outlive it.
