@@ -217,7 +217,7 @@ figures figures_of(const A& a, const figures_request& request = {}) {
   if constexpr (introspectable_allocator<A> && !segregator_shaped<A> && !answers_figures_below<A>) {
     if (request.blocks) f.all.blocks = measure_blocks(a, request.max_split);
   }
-  if constexpr (requires { a.movable_statistics(); }) {
+  if constexpr (has_movable_statistics<A>) {
     f.movable = a.movable_statistics();
     f.knows_movable = true;
   }
@@ -238,7 +238,7 @@ figures figures_of(const A& a, const figures_request& request = {}) {
 /// `stats<>::reset_peak()` reaches a reclaimer below a `segregator` or a `synchronized` too.
 template <class A>
 void reset_movable_peaks(A& a) noexcept {
-  if constexpr (requires { a.reset_movable_peak(); }) {
+  if constexpr (has_reset_movable_peak<A>) {
     a.reset_movable_peak();
   } else if constexpr (requires { a.reset_movable_peaks_below(); }) {
     a.reset_movable_peaks_below();

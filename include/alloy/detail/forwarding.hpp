@@ -49,15 +49,12 @@ namespace alloy::detail {
 
 // ---- the capabilities, listed once ---------------------------------------------------------------
 
-// (`reports_bytes_in_use`, `reports_requested_bytes` and the limits: detail/walk.hpp.)
+// (`reports_bytes_in_use`, `reports_requested_bytes`, the limits and the movable figures:
+// detail/walk.hpp.)
 template <class A>
 concept has_size_of = movable_allocator<A> && requires(const A& a, handle h) {
   { a.size_of(h) } -> std::convertible_to<std::size_t>;
 };
-template <class A>
-concept has_movable_statistics = requires(const A& a) { a.movable_statistics(); };
-template <class A>
-concept has_reset_movable_peak = requires(A& a) { a.reset_movable_peak(); };
 template <class A>
 concept has_is_live = requires(const A& a, handle h) {
   { a.is_live(h) } -> std::convertible_to<bool>;

@@ -32,6 +32,10 @@ template <class A>
 concept reports_bytes_reservable_limit = requires(const A& a) {
   { a.bytes_reservable_limit() } -> std::convertible_to<std::size_t>;
 };
+template <class A>
+concept has_movable_statistics = requires(const A& a) { a.movable_statistics(); };
+template <class A>
+concept has_reset_movable_peak = requires(A& a) { a.reset_movable_peak(); };
 
 // ---- the walk -------------------------------------------------------------------------------------
 

@@ -341,7 +341,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
     return inner_.movable_statistics();
   }
   void reset_movable_peak() noexcept
-    requires requires(Inner& i) { i.reset_movable_peak(); }
+    requires detail::has_reset_movable_peak<Inner>
   {
     inner_.reset_movable_peak();
   }

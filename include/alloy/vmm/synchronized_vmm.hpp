@@ -44,31 +44,31 @@ class synchronized_vmm {
   synchronized_vmm& operator=(const synchronized_vmm&) = delete;
 
   std::size_t granularity() const noexcept {
-    return locked([](const V& v) { return v.granularity(); });
+    return with_lock([](const V& v) { return v.granularity(); });
   }
   address_range reserve(std::size_t bytes) noexcept {
-    return locked([&](V& v) { return v.reserve(bytes); });
+    return with_lock([&](V& v) { return v.reserve(bytes); });
   }
   void unreserve(address_range range) noexcept {
-    locked([&](V& v) { v.unreserve(range); });
+    with_lock([&](V& v) { v.unreserve(range); });
   }
   physical_memory create(std::size_t bytes) noexcept {
-    return locked([&](V& v) { return v.create(bytes); });
+    return with_lock([&](V& v) { return v.create(bytes); });
   }
   void release(physical_memory piece) noexcept {
-    locked([&](V& v) { v.release(piece); });
+    with_lock([&](V& v) { v.release(piece); });
   }
   bool map(void* at, physical_memory piece) noexcept {
-    return locked([&](V& v) { return v.map(at, piece); });
+    return with_lock([&](V& v) { return v.map(at, piece); });
   }
   void unmap(void* at, std::size_t bytes) noexcept {
-    locked([&](V& v) { v.unmap(at, bytes); });
+    with_lock([&](V& v) { v.unmap(at, bytes); });
   }
   std::size_t capacity() const noexcept {
-    return locked([](const V& v) { return v.capacity(); });
+    return with_lock([](const V& v) { return v.capacity(); });
   }
   std::size_t physical_bytes() const noexcept {
-    return locked([](const V& v) { return v.physical_bytes(); });
+    return with_lock([](const V& v) { return v.physical_bytes(); });
   }
 
   /// Runs `f(backend)` with the lock held and returns what it returns.
@@ -87,17 +87,6 @@ class synchronized_vmm {
   const V& backend() const noexcept { return backend_; }
 
  private:
-  template <class F>
-  decltype(auto) locked(F&& f) noexcept {
-    std::lock_guard lock(mutex_);
-    return f(backend_);
-  }
-  template <class F>
-  decltype(auto) locked(F&& f) const noexcept {
-    std::lock_guard lock(mutex_);
-    return f(backend_);
-  }
-
   V backend_;
   mutable Mutex mutex_;
 };
