@@ -217,6 +217,11 @@ struct toy {
   {
     return 0;
   }
+  bool release_detached(alloy::detached_segments&) noexcept
+    requires(on(capability::detaching_release))
+  {
+    return true;
+  }
 };
 
 /// The capabilities of `A`, as a mask.
@@ -310,10 +315,9 @@ struct w_sharded {
   template <class A>
   using type = alloy::sharded<A>;
   static constexpr unsigned own = 0;
-  // documented: no stream-ordered calls (a thread's cache has no stream) and no handles; a
-  // planned growth is used inside (the upstream call without the shard's lock), not offered
-  static constexpr unsigned not_passed = movable_group | bit(capability::stream_ordered) |
-                                         bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth);
+  // documented: no handles (a handle does not name its shard); a planned growth is used inside
+  // (the upstream call without the shard's lock), not offered
+  static constexpr unsigned not_passed = movable_group | bit(capability::planned_growth);
 };
 
 /// Capabilities where `W<toy<Mask>>` differs from what it should have (0 when it is right).
@@ -412,6 +416,11 @@ static_assert((mask_of<alloy::fallback<varena, arena>>() & tag_group) == 0);
 static_assert(alloy::growth_planning_allocator<alloy::stats<alloy::default_allocator<alloy::host_upstream>>>);
 static_assert(alloy::growth_planning_allocator<alloy::caching_allocator<alloy::host_upstream>>);
 static_assert(!alloy::growth_planning_allocator<alloy::size_class_pool<alloy::ref<arena>>>);  // not thread safe
+// So does the two-phase release: `synchronized` and `sharded` give the segments back without
+// their lock through `stats<>` too.
+static_assert(alloy::detaching_release_allocator<alloy::stats<alloy::default_allocator<alloy::host_upstream>>>);
+static_assert(
+    alloy::detaching_release_allocator<alloy::sharded<alloy::stats<alloy::default_allocator<alloy::host_upstream>>>>);
 
 }  // namespace
 

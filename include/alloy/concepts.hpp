@@ -180,7 +180,8 @@ struct detached_segments {
 /// `out`, and returns true when none is left, false when `out` filled first; without the lock
 /// the caller runs `out.give_back()`, and repeats while the answer was false. Offered by
 /// `best_fit_arena` and `size_class_pool` over a `thread_safe_upstream`, passed on by
-/// `segregator` and `fallback` (both parts), used by `synchronized` and `sharded`.
+/// `segregator` and `fallback` (both parts) and every wrapper (`stats<>` among them: a detached
+/// segment is off the books it reads), used by `synchronized` and `sharded`.
 template <class A>
 concept detaching_release_allocator = allocator<A> && requires(A& a, detached_segments& out) {
   { a.release_detached(out) } noexcept -> std::same_as<bool>;

@@ -5,14 +5,19 @@
 // freed by another thread than the one that allocated them (handed over through a locked queue),
 // a fill pattern on every block checked when it is freed, and exact statistics at the end,
 // through `sharded<stats<...>>`, `synchronized<stats<sharded<...>>>` and the shards' own
-// counters; and shards of virtual_arena over one host_vmm sharing its physical capacity.
+// counters; stream-ordered calls through the shards (a free from another thread reaches the
+// owner and keeps the stream order: a directed case and a 2-thread, 2-stream one with content
+// checks on the streams); and shards of virtual_arena over one host_vmm sharing its physical
+// capacity.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -20,9 +25,11 @@
 #include <thread>
 #include <vector>
 
+#include <alloy/host_stream.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stats.hpp>
+#include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
@@ -599,6 +606,176 @@ BOOST_AUTO_TEST_CASE(foreign_free_is_refused) {
   BOOST_TEST(a.reserved_bytes() == 0u);
 }
 
+// ---- stream-ordered calls -------------------------------------------------------------------------
+
+namespace {
+
+using alloy::host_stream;
+using ordered_arena = alloy::stream_ordered<alloy::best_fit_arena<locked_checking_upstream>, host_stream*>;
+using ordered_shards = alloy::sharded<ordered_arena>;
+
+/// Two shards of a stream-ordered 1 MiB arena each (thread caches on: stream calls go past them).
+ordered_shards make_ordered_shards(const locked_checking_upstream& up) {
+  return ordered_shards(
+      [&](std::size_t) {
+        return ordered_arena{
+            alloy::best_fit_arena<locked_checking_upstream>{up, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
+      },
+      {.shards = 2});
+}
+
+/// Runs `f` on a thread of its own and waits for it.
+template <class F>
+void on_new_thread(F f) {
+  std::jthread t(f);
+}
+
+std::size_t shard_bytes_in_use(ordered_shards& a, std::size_t i) {
+  return a.with_shard(i, [](ordered_arena& in) { return in.bytes_in_use(); });
+}
+
+}  // namespace
+
+// A block allocated on stream A by one thread and freed on A by another goes back to the shard
+// that handed it out, and its reuse on stream B from there waits, on B, for A's work on it.
+BOOST_AUTO_TEST_CASE(stream_ordered_free_from_another_thread_reaches_the_owner_and_keeps_the_order) {
+  using namespace std::chrono_literals;
+  locked_checking_upstream up;
+  {
+    ordered_shards alloc = make_ordered_shards(up);
+    host_stream a, b;
+    const std::size_t mine = alloc.my_shard();
+    alloc.deallocate(alloc.allocate(256, 256, &b), &b);  // two streams seen: events from here on
+    const alloy::block x = alloc.allocate(200_KiB, 256, &a);
+    BOOST_REQUIRE(x);
+    BOOST_TEST(shard_bytes_in_use(alloc, mine) == 200_KiB);
+    std::promise<void> gate;
+    a.enqueue([g = gate.get_future().share()] { g.wait(); });
+    a.enqueue([x] { std::memset(x.ptr, 0xA1, x.size); });
+    std::size_t other = 0;
+    on_new_thread([&] {
+      other = alloc.my_shard();
+      alloc.deallocate(x, &a);  // from the other shard's thread: to the owner
+    });
+    BOOST_TEST(other != mine);
+    BOOST_TEST(shard_bytes_in_use(alloc, mine) == 0u);
+    BOOST_TEST(shard_bytes_in_use(alloc, other) == 0u);
+    BOOST_TEST(alloc.refused_frees() == 0u);
+    const std::size_t waits =
+        alloc.with_shard(mine, [](ordered_arena& in) { return in.order_counters().stream_waits; });
+
+    const alloy::block y = alloc.allocate(200_KiB, 256, &b);  // returns while A's work waits
+    BOOST_REQUIRE(y.ptr == x.ptr);
+    BOOST_TEST(alloc.with_shard(mine, [](ordered_arena& in) { return in.order_counters().stream_waits; }) == waits + 1);
+    std::atomic<bool> b_ran{false};
+    bool saw_a_pattern = false;
+    b.enqueue([&, y] {
+      saw_a_pattern = std::all_of(static_cast<unsigned char*>(y.ptr), static_cast<unsigned char*>(y.ptr) + y.size,
+                                  [](unsigned char c) { return c == 0xA1; });
+      b_ran = true;
+    });
+    std::this_thread::sleep_for(20ms);
+    BOOST_TEST(!b_ran.load(), "B's work ran before A's work on the same memory was done");
+    gate.set_value();
+    b.synchronize();
+    BOOST_TEST(saw_a_pattern);
+
+    alignas(256) static unsigned char elsewhere[4096];
+    BOOST_TEST(!alloc.try_deallocate(alloy::block{elsewhere, 4096}, &b), "no shard owns it");
+    BOOST_TEST(alloc.refused_frees() == 1u);
+    BOOST_TEST(alloc.try_deallocate(y, &b));
+    a.synchronize();
+    b.synchronize();
+  }
+  BOOST_TEST(up.records()->live.empty());
+  BOOST_TEST(up.records()->errors.empty());
+}
+
+// Two threads allocate on either of two streams (each block filled by its stream's work) and hand
+// every block to the other thread, which enqueues a check of the fill on the block's stream and
+// frees it there: a block reused on the other stream before that check ran would fail it.
+BOOST_AUTO_TEST_CASE(stream_ordered_blocks_freed_by_the_other_thread_keep_their_content) {
+  constexpr int operations = under_tsan ? 3000 : 20000;
+  locked_checking_upstream up;
+  {
+    ordered_shards alloc = make_ordered_shards(up);
+    host_stream streams[2];
+    struct handed {
+      alloy::block b;
+      int stream;
+      unsigned char pattern;
+    };
+    std::mutex queue_mutex;
+    std::deque<handed> queues[2];
+    std::atomic<std::size_t> mismatches{0}, failed{0};
+    std::atomic<int> finished{0};
+    std::latch start(2);
+    // Each thread makes `operations` blocks; a request the full shards refuse waits for the other
+    // thread's frees. A thread that made all of its blocks frees what it is handed until both did.
+    auto worker = [&](int me) {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(2026 + me));
+      int made = 0;
+      start.arrive_and_wait();
+      for (;;) {
+        handed h{};
+        bool have = false;
+        {
+          std::lock_guard lock(queue_mutex);
+          if (!queues[me].empty() && (made == operations || queues[me].size() > 24 || rng() % 2 == 0)) {
+            h = queues[me].front();
+            queues[me].pop_front();
+            have = true;
+          }
+        }
+        if (have) {
+          streams[h.stream].enqueue([&mismatches, h] {
+            const auto* p = static_cast<const unsigned char*>(h.b.ptr);
+            if (!std::all_of(p, p + h.b.size, [&](unsigned char c) { return c == h.pattern; })) mismatches.fetch_add(1);
+          });
+          alloc.deallocate(h.b, &streams[h.stream]);
+          continue;
+        }
+        if (made == operations) {
+          if (finished.load() == 2) return;
+          std::this_thread::yield();
+          continue;
+        }
+        const int on = static_cast<int>(rng() % 2);
+        const std::size_t bytes = 256 + rng() % (40 * 1024);
+        const alloy::block b = alloc.allocate(bytes, 256, &streams[on]);
+        if (!b) {  // the shards are full: the other thread frees
+          failed.fetch_add(1);
+          std::this_thread::yield();
+          continue;
+        }
+        const auto pattern = static_cast<unsigned char>(1 + (made * 2 + me) % 251);
+        streams[on].enqueue([b, pattern] { std::memset(b.ptr, pattern, b.size); });
+        {
+          std::lock_guard lock(queue_mutex);
+          queues[1 - me].push_back({b, on, pattern});
+        }
+        if (++made == operations) finished.fetch_add(1);
+      }
+    };
+    { std::jthread t0(worker, 0), t1(worker, 1); }
+    for (auto& q : queues) {
+      for (const handed& h : q) alloc.deallocate(h.b, &streams[h.stream]);
+    }
+    for (auto& s : streams) s.synchronize();
+    BOOST_TEST(mismatches.load() == 0u);
+    BOOST_TEST_MESSAGE("requests refused while the shards were full: " << failed.load());
+    BOOST_TEST(alloc.refused_frees() == 0u);
+    std::size_t waits = 0;
+    for (std::size_t i = 0; i < alloc.shard_count(); ++i) {
+      BOOST_TEST(shard_bytes_in_use(alloc, i) == 0u);
+      waits += alloc.with_shard(i, [](ordered_arena& in) { return in.order_counters().stream_waits; });
+    }
+    BOOST_TEST(waits > 10u, "blocks should have been reused across the streams");
+  }
+  BOOST_TEST(up.records()->live.empty());
+  BOOST_TEST(up.records()->errors.empty());
+}
+
 // ---- one physical pool -----------------------------------------------------------------------------
 
 namespace {
@@ -607,12 +784,6 @@ namespace {
 using shared_backend = alloy::synchronized_vmm<alloy::host_vmm>;
 static_assert(alloy::virtual_memory<shared_backend>);
 using shared_arena = alloy::virtual_arena<alloy::vmm_ref<shared_backend>>;
-
-/// Runs `f` on a thread of its own and waits for it.
-template <class F>
-void on_new_thread(F f) {
-  std::jthread t(f);
-}
 
 }  // namespace
 

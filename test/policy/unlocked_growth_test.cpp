@@ -331,6 +331,47 @@ BOOST_AUTO_TEST_CASE(sharded_serves_the_same_shard_while_release_frees_on_the_up
   BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
 }
 
+// Through `stats<>` (below the lock, or between the lock and the shards: the recipe for exact
+// statistics over shards), the segments leave the books under the locks and go back without
+// them, and the statistics read what is left.
+BOOST_AUTO_TEST_CASE(release_through_stats_frees_on_the_upstream_without_the_lock) {
+  using dflt = alloy::default_allocator<gated_upstream>;
+  gated_upstream up;
+  {
+    alloy::synchronized<alloy::stats<dflt>> alloc{alloy::stats<dflt>{dflt{up}}};
+    BOOST_TEST(others_proceed_during_release(alloc, up), "a cached allocate waited for another thread's cudaFree");
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.bytes_in_use == 0u);
+    BOOST_TEST(st.num_device_free == 1u);  // the 3 MiB segment, counted once
+    BOOST_TEST(st.bytes_reserved == static_cast<std::size_t>(up.state()->live_bytes.load()));
+    BOOST_TEST(st.peak_bytes_reserved >= st.bytes_reserved + (std::size_t{3} << 20));
+    alloc.release();
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.statistics().bytes_reserved; }) == 0u);
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+  {
+    alloy::synchronized<alloy::stats<alloy::sharded<dflt>>> alloc{alloy::stats<alloy::sharded<dflt>>{
+        alloy::sharded<dflt>([&](std::size_t) { return dflt{up}; }, {.shards = 1, .thread_cache = 0})}};
+    BOOST_TEST(others_proceed_during_release(alloc, up), "a cached allocate waited for another thread's cudaFree");
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.bytes_in_use == 0u);
+    BOOST_TEST(st.bytes_reserved == static_cast<std::size_t>(up.state()->live_bytes.load()));
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+  {
+    alloy::sharded<alloy::stats<dflt>> alloc([&](std::size_t) { return alloy::stats<dflt>{dflt{up}}; }, {.shards = 1});
+    BOOST_TEST(others_proceed_during_release(alloc, up), "a cached allocate waited for the shard's cudaFree");
+    BOOST_TEST(alloc.statistics().num_device_free == 1u);
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+}
+
 // The sensitivity check: over an upstream that is not thread safe, release() holds the lock
 // across the upstream's frees as before, and the same script sees the other thread wait.
 BOOST_AUTO_TEST_CASE(release_over_an_upstream_that_is_not_thread_safe_holds_the_lock_and_the_test_sees_it) {

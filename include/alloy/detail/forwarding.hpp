@@ -92,19 +92,20 @@ enum class capability : unsigned {
   reset_movable_peak,
   is_live,
   serves,
-  planned_growth,   ///< `allocate_or_plan` + `allocate_planned` (growth_planning_allocator)
-  current_tag,      ///< `current_tag` + `set_current_tag` (tag_holding: `scoped_tag` works)
-  tagged_allocate,  ///< `allocate(bytes, alignment, tag)`
-  offload,          ///< `offload`, `discard`, `restore`, `state`, `offload_stats` (offloading_allocator)
-  offload_all,      ///< `offload_all()`
-  tag_figures,      ///< `host_bytes(tag)`, `mapped_bytes(tag)`, `live_bytes(tag)` (tag_reporting_allocator)
-  count_            ///< not a capability: how many there are
+  planned_growth,     ///< `allocate_or_plan` + `allocate_planned` (growth_planning_allocator)
+  current_tag,        ///< `current_tag` + `set_current_tag` (tag_holding: `scoped_tag` works)
+  tagged_allocate,    ///< `allocate(bytes, alignment, tag)`
+  offload,            ///< `offload`, `discard`, `restore`, `state`, `offload_stats` (offloading_allocator)
+  offload_all,        ///< `offload_all()`
+  tag_figures,        ///< `host_bytes(tag)`, `mapped_bytes(tag)`, `live_bytes(tag)` (tag_reporting_allocator)
+  detaching_release,  ///< `release_detached(out)` (detaching_release_allocator)
+  count_              ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 26;
+inline constexpr unsigned forwarded_capabilities = 27;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
@@ -140,6 +141,7 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::offload) return offloading_allocator<A>;
   else if constexpr (C == capability::offload_all) return has_offload_all<A>;
   else if constexpr (C == capability::tag_figures) return tag_reporting_allocator<A>;
+  else if constexpr (C == capability::detaching_release) return detaching_release_allocator<A>;
   else static_assert(no_such_capability<A>, "capability without a test in has_capability");
 }
 
@@ -189,6 +191,13 @@ class forwards_queries {
     requires releasing_allocator<Inner>
   {
     call([](auto& in) { in.release(); });
+  }
+  /// Through the guard too: a lock around it is held while the segments leave the books, not
+  /// while the caller gives them back.
+  bool release_detached(detached_segments& out) noexcept
+    requires detaching_release_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.release_detached(out); });
   }
   std::size_t reserved_bytes() const noexcept
     requires reserving_allocator<Inner>

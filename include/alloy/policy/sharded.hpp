@@ -79,7 +79,7 @@ struct alignas(64) thread_slot {
 ///   way for one block when it got none). `release()` takes each shard's free segments off its
 ///   books under the shard's lock (up to 32 at a time) and returns them to the upstream without
 ///   it, when `Inner` can detach them (`detaching_release_allocator`: `default_allocator` over a
-///   `thread_safe_upstream`; not through `stats<>`). Still under the lock: a growth that needs
+///   `thread_safe_upstream`, and wrappers of it such as `stats<>`). Still under the lock: a growth that needs
 ///   more than one plain upstream call (failure, release and retry), `allocate_keeping_cache`,
 ///   frees, `release()` of an `Inner` that cannot detach; over an `Inner` without planned growth
 ///   (`virtual_arena`'s maps), every upstream call. The table and the caches take no lock; a
@@ -112,8 +112,11 @@ struct alignas(64) thread_slot {
 ///   the answers up (owns: any shard); `record_use` on the owning shard; `try_deallocate`;
 ///   `allocate_keeping_cache` (past the thread cache); `statistics()` (the shards' added up;
 ///   peaks as the sum of the shards' peaks, an upper bound); tags and offload, each call reaching
-///   every shard (all or nothing for `offload`/`discard`; "tags and offload" below). Not passed
-///   on: stream-ordered calls and movable handles. `Inner` must have `owns`. Blocks in a thread's cache are in use as far
+///   every shard (all or nothing for `offload`/`discard`; "tags and offload" below);
+///   stream-ordered calls (past the thread cache, which has no stream: the thread's shard
+///   allocates, the owning shard frees, as for large blocks); `release_detached` (each shard
+///   under its lock in turn). Not passed on: movable handles (a handle does not name its shard).
+///   `Inner` must have `owns`. Blocks in a thread's cache are in use as far
 ///   as the shards (and their `bytes_in_use`) can tell; `release()` first gives back the calling
 ///   thread's cache, `flush_thread_caches()` every thread's (only while no other thread uses the
 ///   object; the destructor does it). Exact statistics: `stats<sharded<...>>` (counts what
@@ -233,6 +236,28 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         shard_of(me), index_of(me), bytes, alignment,
         [](Inner& in, std::size_t n, std::size_t a) { return in.allocate_keeping_cache(n, a); });
   }
+  /// As `allocate`, through `Inner`'s stream-ordered allocate, past the thread cache (a cached
+  /// block has no stream): the thread's shard, then the others in turn.
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    const slot* me = my_slot();
+    return allocate_direct<false>(
+        shard_of(me), index_of(me), bytes, alignment,
+        [stream](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, stream); });
+  }
+  /// A stream-ordered free, from any thread, to the shard that owns the block (never a cache).
+  template <class Stream>
+    requires stream_ordered_allocator<Inner, Stream>
+  void deallocate(block b, Stream stream) noexcept {
+    (void)free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
+  }
+  /// As `deallocate(b, stream)`; false when no shard owns the block or its owner refused it.
+  template <class Stream>
+    requires checked_stream_deallocating_allocator<Inner, Stream>
+  bool try_deallocate(block b, Stream stream) noexcept {
+    return free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
+  }
 
   // ---- tags and offload (DESIGN §12), over every shard -------------------------------------------
   // A tag is one thing to the caller: its blocks are in every shard, so each call below reaches
@@ -324,6 +349,20 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     } else {
       queries::release();
     }
+  }
+  /// `release()` in two phases (`detaching_release_allocator`), for a lock or wrapper around this
+  /// object: the calling thread's cache goes back, then each shard in turn detaches its free
+  /// segments into `out` under its own lock; false when `out` filled first (call again).
+  bool release_detached(detached_segments& out) noexcept
+    requires detaching_release_allocator<Inner>
+  {
+    flush_thread_cache();
+    const std::size_t caller = caller_index();
+    for (std::size_t i = 0; i < count_; ++i) {
+      shard_lock lock(shards_[i], caller);
+      if (!shards_[i].inner.release_detached(out)) return false;
+    }
+    return true;
   }
   /// `Inner::record_use` on the shard that owns the block.
   template <class Stream>
@@ -679,21 +718,33 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         return true;
       }
     }
+    return free_to_owner(b, [](Inner& in, block x) { return detail::free_in(in, x); }, me);
+  }
+  /// Frees `b` (not through a cache) in the shard that owns it, through `free(inner, block)`
+  /// (a `detail::free_outcome`): the thread's own shard when it remembers handing the block out,
+  /// else each shard in turn asked `owns`.
+  template <class Free>
+  bool free_to_owner(block b, Free free, slot* me) noexcept {
+    if (b.ptr == nullptr) return b.size == 0;
     const block inner = inner_block(b);
     const std::size_t first = shard_of(me);
-    if (count_ > 1) {  // the thread's own shard, when it remembers handing the block out
+    if (count_ > 1) {
       shard& s = shards_[first];
       shard_lock lock(s, index_of(me));
       void*& entry = s.recent[recent_index(inner.ptr)];
       if (entry == inner.ptr) {
         entry = nullptr;
-        if (detail::free_in(s.inner, inner) != detail::free_outcome::refused) return true;
+        if (free(s.inner, inner) != detail::free_outcome::refused) return true;
         refuse(inner);
         return false;
       }
     }
     void* p = inner.ptr;
-    return give_back(first, index_of(me), inner.size, &p, 1) == 0;
+    return give_back(first, index_of(me), inner.size, &p, 1, nullptr, free) == 0;
+  }
+  template <class Free>
+  bool free_to_owner(block b, Free free) noexcept {
+    return free_to_owner(b, free, my_slot());
   }
 
   /// Gives back `n` blocks of `bytes` each to the shards that own them, the shard `first` asked
@@ -701,11 +752,17 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// owns them, or the owner refused them), each reported.
   std::size_t give_back(std::size_t first, std::size_t caller, std::size_t bytes, void** ptrs, std::size_t n,
                         std::size_t* taker = nullptr) noexcept {
+    return give_back(first, caller, bytes, ptrs, n, taker, [](Inner& in, block x) { return detail::free_in(in, x); });
+  }
+  /// As above, each free through `free(inner, block)` (a `detail::free_outcome`).
+  template <class Free>
+  std::size_t give_back(std::size_t first, std::size_t caller, std::size_t bytes, void** ptrs, std::size_t n,
+                        std::size_t* taker, Free free) noexcept {
     std::size_t lost = 0;
     if (count_ == 1 && !ALLOY_CHECKED) {
       shard_lock lock(shards_[0], caller);
       for (std::size_t i = 0; i < n; ++i) {
-        if (detail::free_in(shards_[0].inner, block{ptrs[i], bytes}) == detail::free_outcome::refused) {
+        if (free(shards_[0].inner, block{ptrs[i], bytes}) == detail::free_outcome::refused) {
           refuse(block{ptrs[i], bytes});
           ++lost;
         }
@@ -721,7 +778,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         if (taker != nullptr) *taker = shard_after(first, k);
         if (void*& entry = s.recent[recent_index(b.ptr)]; entry == b.ptr) entry = nullptr;
         ptrs[i] = ptrs[--n];
-        if (detail::free_in(s.inner, b) == detail::free_outcome::refused) {
+        if (free(s.inner, b) == detail::free_outcome::refused) {
           refuse(b);
           ++lost;
         }

@@ -359,6 +359,15 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
     inner_.release();
     check_reserved();
   }
+  /// As `release()`, in two phases (`detaching_release_allocator`): a lock around this object is
+  /// not held while the detached segments go back.
+  bool release_detached(detached_segments& out) noexcept
+    requires detaching_release_allocator<Inner>
+  {
+    const bool done = inner_.release_detached(out);
+    check_reserved();
+    return done;
+  }
 
   // ---- statistics --------------------------------------------------------------------------------
 

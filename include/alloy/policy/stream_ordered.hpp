@@ -67,10 +67,11 @@ struct stream_order_counters {
 /// - Bad frees: over an `Inner` with checked frees (`try_deallocate`, e.g. `best_fit_arena`), a
 ///   free `Inner` refuses records no pending range, and `try_deallocate` (both forms) says so, so
 ///   decorators above count only accepted frees.
-/// - Capabilities: the queries of `Inner` (`detail::forwards_queries`; `release` synchronizes
-///   first), checked frees when `Inner` has them, `record_use`, and `order_counters()`; tags and
-///   offload when `Inner` has them (the current tag tags the stream-ordered allocations:
-///   `scoped_tag` on this object), but no per-call tag. Memory kind: `Inner`'s.
+/// - Capabilities: the queries of `Inner` (`detail::forwards_queries`; `release` and
+///   `release_detached` synchronize first), checked frees when `Inner` has them, `record_use`, and
+///   `order_counters()`; tags and offload when `Inner` has them (the current tag tags the
+///   stream-ordered allocations: `scoped_tag` on this object), but no per-call tag. Memory kind:
+///   `Inner`'s.
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable.
 template <cache_keeping_allocator Inner, stream Stream>
 class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Stream>, Inner> {
@@ -154,6 +155,13 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   {
     synchronize_all();
     inner_.release();
+  }
+  /// As `release()`, in two phases (`detaching_release_allocator`): each call synchronizes first.
+  bool release_detached(detached_segments& out) noexcept
+    requires detaching_release_allocator<Inner>
+  {
+    synchronize_all();
+    return inner_.release_detached(out);
   }
 
   const stream_order_counters& order_counters() const noexcept { return counters_; }

@@ -32,8 +32,8 @@ namespace alloy {
 ///   and every free (a free never calls the upstream, except through `release()`). `release()`
 ///   takes the lock to take the free segments off `Inner`'s books (up to 32 at a time) and
 ///   returns them to the upstream (`cudaFree`) without it, when `Inner` can detach them
-///   (`detaching_release_allocator`: the same parts as above, and `segregator`/`fallback` of
-///   them; not through a decorator such as `stats<>`, where all of `release()` is locked).
+///   (`detaching_release_allocator`: the same parts as above and every wrapper or composite of
+///   them, `stats<default_allocator<...>>` included).
 ///   Over a `virtual_arena` (`virtual_allocator`) the `cuMemMap`s of a growth still happen
 ///   under the lock: its parts offer no planned growth (their upstream, `ref<virtual_arena>`, is
 ///   not `thread_safe_upstream`).
