@@ -99,56 +99,6 @@ concept cache_keeping_allocator = allocator<A> && requires(A& a, std::size_t byt
 template <class U>
 concept thread_safe_upstream = requires { requires static_cast<bool>(U::thread_safe); };
 
-/// One upstream call a policy wants made for it (a new segment or slab), planned under a lock and
-/// made outside it (`growth_planning_allocator`). Filled by the policy; `fetch()` and
-/// `give_back_unused()` are what the caller runs without its lock.
-struct growth_plan {
-  std::size_t bytes = 0;      ///< bytes to ask the upstream for; 0: no plan
-  std::size_t alignment = 0;  ///< alignment to ask for
-  void* upstream = nullptr;   ///< the policy's upstream (`thread_safe_upstream`)
-  block (*take)(void*, std::size_t, std::size_t) noexcept = nullptr;
-  void (*give)(void*, block) noexcept = nullptr;
-  block got{};  ///< what the upstream handed out (empty: not asked yet, or it failed)
-
-  explicit operator bool() const noexcept { return bytes != 0; }
-  /// The upstream call (no lock held).
-  void fetch() noexcept { got = take(upstream, bytes, alignment); }
-  /// Returns what the policy did not adopt (no lock held).
-  void give_back_unused() noexcept {
-    if (got) give(upstream, got);
-    got = {};
-  }
-  /// A plan for `up.allocate(bytes, alignment)`.
-  template <class Upstream>
-  static growth_plan of(Upstream& up, std::size_t bytes, std::size_t alignment) noexcept {
-    return {bytes,
-            alignment,
-            &up,
-            [](void* u, std::size_t n, std::size_t a) noexcept { return static_cast<Upstream*>(u)->allocate(n, a); },
-            [](void* u, block b) noexcept { static_cast<Upstream*>(u)->deallocate(b); },
-            block{}};
-  }
-};
-
-/// Growth in two phases, so that a lock need not be held across a slow upstream call
-/// (`cudaMalloc` of a new segment or slab; DESIGN §13). Under the caller's lock:
-/// `allocate_or_plan(bytes, alignment, plan)` returns a block when it can serve the request
-/// without its upstream; otherwise it changes nothing and returns an empty block, with `plan`
-/// filled when one upstream call would let it serve the request (else `plan` stays empty and the
-/// caller calls `allocate`, which does everything today's way: last resorts, release and retry,
-/// OOM). Without the lock: `plan.fetch()`. Under the lock again: `allocate_planned(plan, bytes,
-/// alignment)` adopts `plan.got` (as cache, even when another thread grew meanwhile; not when a
-/// limit would be passed) and then allocates exactly as `allocate` does (an upstream that failed
-/// gets today's answer: ask again, release, retry). Without the lock: `plan.give_back_unused()`.
-/// `detail::allocate_growing_unlocked` runs the whole sequence. Offered by `best_fit_arena` and
-/// `size_class_pool` over a `thread_safe_upstream`, passed on by every wrapper and composite.
-template <class A>
-concept growth_planning_allocator =
-    allocator<A> && requires(A& a, std::size_t bytes, std::size_t alignment, growth_plan& plan) {
-      { a.allocate_or_plan(bytes, alignment, plan) } noexcept -> std::same_as<block>;
-      { a.allocate_planned(plan, bytes, alignment) } noexcept -> std::same_as<block>;
-    };
-
 /// Segments (slabs) a policy took off its books under the caller's lock, to be returned to
 /// their upstream after the lock is released (`detaching_release_allocator`). Holds at most
 /// `capacity`; `give_back()` (no lock held) returns them and empties the list.
@@ -173,6 +123,107 @@ struct detached_segments {
     count = 0;
   }
 };
+
+/// One upstream call a policy wants made for it (a new segment or slab), planned under a lock and
+/// made outside it (`growth_planning_allocator`). Filled by the policy; `fetch(under_lock)` and
+/// `give_back_unused()` are what the caller runs without its lock.
+struct growth_plan {
+  std::size_t bytes = 0;      ///< bytes to ask the upstream for; 0: no plan
+  std::size_t alignment = 0;  ///< alignment to ask for
+  void* upstream = nullptr;   ///< the policy's upstream (`thread_safe_upstream`)
+  block (*take)(void*, std::size_t, std::size_t) noexcept = nullptr;
+  void (*give)(void*, block) noexcept = nullptr;
+  block got{};  ///< what the upstream handed out (empty: not asked yet, or it failed)
+  /// The policy's answer to a failed call, made here without the lock: a smaller segment that
+  /// still serves (`min_bytes`, when below `bytes`), then the policy's wholly free segments
+  /// detached (`detach(part, out)`, under the lock) and given back, and one more call.
+  std::size_t min_bytes = 0;
+  void* part = nullptr;
+  bool (*detach)(void*, detached_segments&) noexcept = nullptr;
+  bool retried = false;  ///< the free segments went back and the call was made again
+
+  explicit operator bool() const noexcept { return bytes != 0; }
+  /// The upstream call (no lock held).
+  void fetch() noexcept { got = take(upstream, bytes, alignment); }
+  /// The upstream call and, when it fails and the policy said how, its release-and-retry (no
+  /// lock held; `under_lock(f)` runs `f()` under the caller's lock and returns what it returns).
+  /// Afterwards `allocate_planned` makes no upstream call when `retried`.
+  template <class UnderLock>
+  void fetch(UnderLock&& under_lock) noexcept {
+    fetch();
+    if (got || detach == nullptr) return;
+    if (min_bytes != 0 && min_bytes < bytes) {
+      bytes = min_bytes;
+      fetch();
+      if (got) return;
+    }
+    for (bool done = false; !done;) {
+      detached_segments out;
+      done = under_lock([&] { return detach(part, out); });
+      out.give_back();
+    }
+    retried = true;
+    fetch();
+  }
+  /// Returns what the policy did not adopt (no lock held).
+  void give_back_unused() noexcept {
+    if (got) give(upstream, got);
+    got = {};
+  }
+  /// A plan for `up.allocate(bytes, alignment)`.
+  template <class Upstream>
+  static growth_plan of(Upstream& up, std::size_t bytes, std::size_t alignment) noexcept {
+    growth_plan plan;
+    plan.bytes = bytes;
+    plan.alignment = alignment;
+    plan.upstream = &up;
+    plan.take = [](void* u, std::size_t n, std::size_t a) noexcept {
+      return static_cast<Upstream*>(u)->allocate(n, a);
+    };
+    plan.give = [](void* u, block b) noexcept { static_cast<Upstream*>(u)->deallocate(b); };
+    return plan;
+  }
+  /// The same, and on failure `policy.release_detached` (see `fetch(under_lock)`).
+  template <class Upstream, class Policy>
+  static growth_plan of(Upstream& up, std::size_t bytes, std::size_t alignment, Policy& policy,
+                        std::size_t min_bytes = 0) noexcept {
+    growth_plan plan = of(up, bytes, alignment);
+    plan.min_bytes = min_bytes;
+    plan.part = &policy;
+    plan.detach = [](void* p, detached_segments& out) noexcept {
+      return static_cast<Policy*>(p)->release_detached(out);
+    };
+    return plan;
+  }
+};
+
+namespace detail {
+/// How far an allocation may go for memory: keep the cache (fail when the upstream fails), give
+/// free segments back and retry, or (the caller made the upstream calls) not call the upstream.
+enum class growth_mode : unsigned char { keeping_cache, releasing, cache_only };
+}  // namespace detail
+
+/// Growth in two phases, so that a lock need not be held across a slow upstream call
+/// (`cudaMalloc` of a new segment or slab; DESIGN §13). Under the caller's lock:
+/// `allocate_or_plan(bytes, alignment, plan)` returns a block when it can serve the request
+/// without its upstream; otherwise it changes nothing and returns an empty block, with `plan`
+/// filled when one upstream call would let it serve the request (else `plan` stays empty and the
+/// caller calls `allocate`, which does everything today's way: last resorts, release and retry,
+/// OOM). Without the lock: `plan.fetch(under_lock)`: the call and, when it fails, the policy's
+/// answer (a smaller segment; its free segments detached under the lock and given back without
+/// it; the call again). Under the lock again: `allocate_planned(plan, bytes, alignment)` adopts
+/// `plan.got` (as cache, even when another thread grew meanwhile; not when a limit would be
+/// passed) and then allocates as `allocate` does, except that after a release-and-retry
+/// (`plan.retried`, counted in `num_alloc_retries`) it calls the upstream no more: what is free
+/// serves, or the request fails. Without the lock: `plan.give_back_unused()`.
+/// `detail::allocate_growing_unlocked` runs the whole sequence. Offered by `best_fit_arena` and
+/// `size_class_pool` over a `thread_safe_upstream`, passed on by every wrapper and composite.
+template <class A>
+concept growth_planning_allocator =
+    allocator<A> && requires(A& a, std::size_t bytes, std::size_t alignment, growth_plan& plan) {
+      { a.allocate_or_plan(bytes, alignment, plan) } noexcept -> std::same_as<block>;
+      { a.allocate_planned(plan, bytes, alignment) } noexcept -> std::same_as<block>;
+    };
 
 /// `release()` in two phases, so that a lock need not be held across the upstream's frees
 /// (`cudaFree`; DESIGN §13). Under the caller's lock, `release_detached(out)` takes wholly free

@@ -16,7 +16,9 @@
 //   upstream byte balance.
 // - release() (the same gate, in the upstream's free): thread A releases and waits in the free of
 //   a wholly free segment while another thread allocates and frees from cache on the same object;
-//   more free segments than one detached list holds are returned in turns.
+//   more free segments than one detached list holds are returned in turns; the same through
+//   `stats<>`. A growth that fails: its release-and-retry (a wholly free segment given back,
+//   gated) runs without the lock too, and a retry that fails is one OOM with no further call.
 // - Randomized, multi-threaded: 4 threads over a slow upstream that fails one call in seven,
 //   periodic release() so that growth keeps happening, blocks handed to other threads to free;
 //   fill patterns, exact statistics and upstream byte balance at the end.
@@ -328,6 +330,96 @@ BOOST_AUTO_TEST_CASE(sharded_serves_the_same_shard_while_release_frees_on_the_up
     BOOST_TEST(alloc.reserved_bytes() == 0u);
   }
   BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+}
+
+/// Thread A's growth fails at the upstream; its release-and-retry gives a wholly free segment
+/// back (A waits inside that free) while another thread allocates from cache and frees on the
+/// same object; then A's second call serves it. Returns whether the other thread finished while
+/// A was still in the upstream's free.
+template <class Alloc, class Upstream>
+bool others_proceed_during_retry(Alloc& alloc, const Upstream& up) {
+  const auto& s = up.state();
+  const alloy::block small = alloc.allocate(1000, 256);
+  const alloy::block large = alloc.allocate(300 << 10, 256);
+  const alloy::block huge = alloc.allocate(3 << 20, 256);
+  BOOST_REQUIRE(small);
+  BOOST_REQUIRE(large);
+  BOOST_REQUIRE(huge);
+  alloc.deallocate(huge);  // its segment is wholly free: the retry gives it back
+  const std::size_t frees_before = s->deallocations.load(), calls_before = s->calls.load();
+
+  s->fail_at = calls_before;  // A's first call (32 MiB: a segment of its own size) fails
+  s->arm(s->on_free);
+  alloy::block got;
+  std::thread a([&] { got = alloc.allocate(32 << 20, 256); });
+  const bool a_inside = s->wait_inside(s->on_free, 10s);
+  BOOST_TEST(a_inside, "thread A never reached the upstream's free");
+  auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
+  const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
+  s->open(s->on_free);
+  a.join();
+  s->fail_at = SIZE_MAX;
+  BOOST_TEST(b.get(), "the other thread's blocks were wrong");
+  BOOST_REQUIRE(got);
+  fill(got, 9);
+  BOOST_TEST(intact(got, 9));
+  BOOST_TEST(s->calls.load() == calls_before + 2, "A's failed call and its retry, nothing for the other thread");
+  BOOST_TEST(s->deallocations.load() == frees_before + 1, "the free segment went back");
+  alloc.deallocate(got);
+  alloc.deallocate(small);
+  alloc.deallocate(large);
+  return finished;
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_growth_releases_and_retries_without_the_lock) {
+  using dflt = alloy::default_allocator<gated_upstream>;
+  gated_upstream up;
+  {
+    alloy::synchronized<alloy::stats<dflt>> alloc{alloy::stats<dflt>{dflt{up}}};
+    BOOST_TEST(others_proceed_during_retry(alloc, up), "a cached allocate waited for a retry's cudaFree");
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.num_alloc_retries == 1u);
+    BOOST_TEST(st.num_ooms == 0u);
+    BOOST_TEST(st.bytes_in_use == 0u);
+    BOOST_TEST(st.num_device_free == 1u);
+    BOOST_TEST(st.num_device_alloc == 4u);  // slab, 2 MiB and 3 MiB segments, then 32 MiB
+    BOOST_TEST(st.bytes_reserved == static_cast<std::size_t>(up.state()->live_bytes.load()));
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+  {
+    alloy::sharded<dflt> alloc([&](std::size_t) { return dflt{up}; }, {.shards = 1, .thread_cache = 0});
+    BOOST_TEST(others_proceed_during_retry(alloc, up), "a cached allocate waited for the shard's retry");
+    BOOST_TEST(alloc.counters().num_alloc_retries == 1u);
+    BOOST_TEST(alloc.counters().num_ooms == 0u);
+    BOOST_TEST(alloc.bytes_in_use() == 0u);
+  }
+  BOOST_TEST(up.state()->live_bytes.load() == 0);
+  BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
+}
+
+// When the retry fails too, the request fails at once under the lock: no third call, one OOM,
+// one retry, and what was free went back.
+BOOST_AUTO_TEST_CASE(a_growth_that_fails_after_its_retry_is_one_oom) {
+  using dflt = alloy::default_allocator<gated_upstream>;
+  gated_upstream up;
+  {
+    alloy::synchronized<alloy::stats<dflt>> alloc{alloy::stats<dflt>{dflt{up}}};
+    const alloy::block huge = alloc.allocate(3 << 20, 256);
+    BOOST_REQUIRE(huge);
+    alloc.deallocate(huge);
+    const std::size_t calls_before = up.state()->calls.load();
+    up.state()->fail_one_in = 1;  // every call fails
+    BOOST_TEST(!alloc.allocate(32 << 20, 256));
+    up.state()->fail_one_in = 0;
+    BOOST_TEST(up.state()->calls.load() == calls_before + 2);
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.num_alloc_retries == 1u);
+    BOOST_TEST(st.num_ooms == 1u);
+    BOOST_TEST(st.bytes_reserved == 0u);
+    BOOST_TEST(up.state()->live_bytes.load() == 0);
+  }
   BOOST_TEST(up.state()->allocations.load() == up.state()->deallocations.load());
 }
 

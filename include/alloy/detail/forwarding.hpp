@@ -808,12 +808,16 @@ class two_parts {
 
 // ---- growth outside a lock ------------------------------------------------------------------------
 
-/// The rest of a planned growth, `plan` made under `mutex` (now not held): the upstream call,
-/// then adoption and allocation under the lock, then the give-back of what was not adopted.
+/// The rest of a planned growth, `plan` made under `mutex` (now not held): the upstream call
+/// (and, when it fails, the release-and-retry, detaching under the lock), then adoption and
+/// allocation under the lock, then the give-back of what was not adopted.
 template <class Mutex, class Inner>
 [[gnu::noinline]] block finish_growth_unlocked(Mutex& mutex, Inner& inner, growth_plan& plan, std::size_t bytes,
                                                std::size_t alignment) noexcept {
-  plan.fetch();
+  plan.fetch([&](auto&& f) {
+    std::lock_guard lock(mutex);
+    return f();
+  });
   block b;
   {
     std::lock_guard lock(mutex);

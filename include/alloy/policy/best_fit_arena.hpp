@@ -105,7 +105,10 @@ using arena_misuse_counts = misuse_counts;
 ///   (changing nothing), `allocate_planned` adopts it as a free chunk (also when another thread
 ///   grew meanwhile: more cache; refused past `maximum_size` or when host metadata cannot grow,
 ///   then handed back, counted as taken and freed) and allocates as `allocate`; so that
-///   `synchronized` and `sharded` make the upstream call without their lock. Likewise
+///   `synchronized` and `sharded` make the upstream call without their lock, and when it fails
+///   the rest of `allocate`'s answer too (a segment of the request's size; the wholly free
+///   segments detached under the lock, given back and that size asked again without it; the
+///   oversize-chunk last resort then comes after the release, not before). Likewise
 ///   `release_detached` (`detaching_release_allocator`): `release()` without the upstream's
 ///   frees, the wholly free segments taken off the books into a list the caller returns after
 ///   its lock is released.
@@ -194,37 +197,45 @@ class best_fit_arena {
 
   // ---- the allocator ---------------------------------------------------------------------------
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept { return allocate_impl(bytes, alignment, true); }
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, detail::growth_mode::releasing);
+  }
   /// As `allocate`, but an upstream failure is not answered by releasing free segments and
   /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`, whose
   /// free memory may still be in use on a stream; it then waits and calls `allocate`).
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
-    return allocate_impl(bytes, alignment, false);
+    return allocate_impl(bytes, alignment, detail::growth_mode::keeping_cache);
   }
 
   /// Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only): a block
   /// when a free chunk serves the request; else an empty block, the arena unchanged, with `plan`
   /// set to the segment `allocate` would take first (the preferred size, within
-  /// `maximum_size`), or left empty when the request needs more than one plain upstream call
-  /// (the caller then calls `allocate`).
+  /// `maximum_size`; on failure the request's own size, then the free segments released and that
+  /// size again), or left empty when the request needs more than plain upstream calls (the
+  /// caller then calls `allocate`).
   block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
     requires thread_safe_upstream<Upstream>
   {
-    return allocate_impl(bytes, alignment, true, &plan);
+    return allocate_impl(bytes, alignment, detail::growth_mode::releasing, &plan);
   }
   /// Adopts `plan.got` as a new segment (a free chunk: cache, whatever happened meanwhile),
   /// unless that would pass `maximum_size` or host metadata cannot grow (it is then left in
   /// `plan.got` for the caller to give back, counted as taken and given back), then allocates as
-  /// `allocate` does.
+  /// `allocate` does; after the caller's release-and-retry (`plan.retried`) without calling the
+  /// upstream again (the last resorts only).
   block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
     requires thread_safe_upstream<Upstream>
   {
     if (plan.got) adopt_segment(plan, detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding));
-    return allocate_impl(bytes, alignment, true);
+    if (plan.retried) [[unlikely]] {
+      ++counters_.num_alloc_retries;
+      return allocate_impl(bytes, alignment, detail::growth_mode::cache_only);
+    }
+    return allocate_impl(bytes, alignment, detail::growth_mode::releasing);
   }
 
  private:
-  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
+  [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, detail::growth_mode mode,
                                              growth_plan* plan = nullptr) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
     const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
@@ -244,10 +255,10 @@ class best_fit_arena {
         plan_growth(rounded, need, *plan);
         return {};
       }
-      c = grow_for(rounded, need, may_release);
+      c = grow_for(rounded, need, mode);
     }
     if (c == detail::best_fit_npos) {
-      if (may_release) ++counters_.num_ooms;  // else the caller retries with release
+      if (mode != detail::growth_mode::keeping_cache) ++counters_.num_ooms;  // else the caller retries with release
       return {};
     }
     std::uintptr_t start = pool_[c].addr;
@@ -533,7 +544,8 @@ class best_fit_arena {
     if (need > room) return;
     bool advances = false;
     const std::size_t preferred = std::min(preferred_growth(rounded, need, advances), room);
-    plan = growth_plan::of(upstream_, preferred, opts_.rounding);
+    if constexpr (thread_safe_upstream<Upstream>)
+      plan = growth_plan::of(upstream_, preferred, opts_.rounding, *this, need);
   }
 
   /// Makes `plan.got` a segment (see `allocate_planned`); `rounded` is the request's size.
@@ -583,13 +595,14 @@ class best_fit_arena {
     if (released != 0) std::erase_if(segments_, [](const segment& s) { return s.size == 0; });
     return released;
   }
-  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, bool may_release) noexcept {
+  [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, detail::growth_mode mode) noexcept {
     const std::size_t max_split = opts_.max_split_size;
     bool advances = false;
     const std::size_t preferred = preferred_growth(rounded, need, advances);
 
     bool upstream_failed = false;
-    std::uint32_t c = grow_by(preferred, need, upstream_failed);
+    std::uint32_t c = detail::best_fit_npos;
+    if (mode != detail::growth_mode::cache_only) c = grow_by(preferred, need, upstream_failed);
     if (c != detail::best_fit_npos) {
       if (advances && next_growth_ < opts_.max_growth_size)
         next_growth_ = next_growth_ > opts_.max_growth_size / 2 ? opts_.max_growth_size : next_growth_ * 2;
@@ -600,7 +613,7 @@ class best_fit_arena {
       c = index_.best_fit(pool_, need);
       if (c != detail::best_fit_npos) return c;
     }
-    if (!may_release) return detail::best_fit_npos;
+    if (mode != detail::growth_mode::releasing) return detail::best_fit_npos;
     const std::size_t released = release();
     if (released == 0 && !upstream_failed) return detail::best_fit_npos;
     ++counters_.num_alloc_retries;

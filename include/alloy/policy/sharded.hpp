@@ -79,9 +79,10 @@ struct alignas(64) thread_slot {
 ///   way for one block when it got none). `release()` takes each shard's free segments off its
 ///   books under the shard's lock (up to 32 at a time) and returns them to the upstream without
 ///   it, when `Inner` can detach them (`detaching_release_allocator`: `default_allocator` over a
-///   `thread_safe_upstream`, and wrappers of it such as `stats<>`). Still under the lock: a growth that needs
-///   more than one plain upstream call (failure, release and retry), `allocate_keeping_cache`,
-///   frees, `release()` of an `Inner` that cannot detach; over an `Inner` without planned growth
+///   `thread_safe_upstream`, and wrappers of it such as `stats<>`). A failed growth's
+///   release-and-retry runs the same way (free segments detached under the lock, freed and the
+///   call made again without it). Still under the lock: `allocate_keeping_cache`, frees,
+///   `release()` of an `Inner` that cannot detach; over an `Inner` without planned growth
 ///   (`virtual_arena`'s maps), every upstream call. The table and the caches take no lock; a
 ///   thread's first call claims its entry with one compare-exchange.
 /// - The shard's lock, held the cheap way: the thread a shard was first given to holds it
@@ -691,7 +692,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
                                         std::size_t alignment) noexcept
     requires growth_planning_allocator<Inner>
   {
-    plan.fetch();
+    plan.fetch([&](auto&& f) {
+      shard_lock lock(s, caller);
+      return f();
+    });
     block b;
     {
       shard_lock lock(s, caller);

@@ -282,7 +282,9 @@ struct size_class_usage {
 ///   `allocate_planned` installs the slab when the class still has no free or uncarved block
 ///   (else, or when host metadata cannot grow, hands it back, counted as taken and freed) and
 ///   allocates as `allocate`; so that `synchronized` and `sharded` make the upstream call
-///   without their lock. Likewise `release_detached` (`detaching_release_allocator`): `release()`
+///   without their lock, and when it fails the release-and-retry too (the empty slabs detached
+///   under the lock, given back and the slab asked again without it; `allocate_planned` then
+///   calls the upstream no more). Likewise `release_detached` (`detaching_release_allocator`): `release()`
 ///   without the upstream's frees, the empty slabs taken off the books into a list the caller
 ///   returns after its lock is released.
 /// - Thread safety: none (wrap in `synchronized`).
@@ -374,7 +376,9 @@ class size_class_pool {
     }
   }
 
-  block allocate(std::size_t bytes, std::size_t alignment) noexcept { return allocate_impl(bytes, alignment, true); }
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, detail::growth_mode::releasing);
+  }
 
   /// Whether a request is one the pool takes at all, by the rules above (size up to the largest
   /// class, an alignment A above 256 needing `bytes + A - 256` of a class), before any memory is
@@ -389,7 +393,7 @@ class size_class_pool {
   /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`, which
   /// then makes its streams' work finish and calls `allocate`).
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
-    return allocate_impl(bytes, alignment, false);
+    return allocate_impl(bytes, alignment, detail::growth_mode::keeping_cache);
   }
 
   /// Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only): a block
@@ -398,7 +402,7 @@ class size_class_pool {
   block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
     requires thread_safe_upstream<Upstream>
   {
-    return allocate_impl(bytes, alignment, true, &plan);
+    return allocate_impl(bytes, alignment, detail::growth_mode::releasing, &plan);
   }
   /// Adopts `plan.got` as the class's new slab when the class still has no free or uncarved
   /// block (else, or when host metadata cannot grow, it is left in `plan.got` for the caller to
@@ -407,7 +411,11 @@ class size_class_pool {
     requires thread_safe_upstream<Upstream>
   {
     if (plan.got) adopt_slab(plan, bytes, alignment);
-    return allocate_impl(bytes, alignment, true);
+    if (plan.retried) [[unlikely]] {
+      ++counters_.num_alloc_retries;
+      return allocate_impl(bytes, alignment, detail::growth_mode::cache_only);
+    }
+    return allocate_impl(bytes, alignment, detail::growth_mode::releasing);
   }
 
  private:
@@ -440,7 +448,7 @@ class size_class_pool {
     ++counters_.num_device_free;  // the caller gives it back
   }
 
-  block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
+  block allocate_impl(std::size_t bytes, std::size_t alignment, detail::growth_mode mode,
                       growth_plan* plan = nullptr) noexcept {
     const std::size_t ci = class_for(bytes, alignment);
     if (ci == no_class) return {};
@@ -457,10 +465,11 @@ class size_class_pool {
       if (cls.bump_next == slabs_[id].capacity) cls.bump_slab = none;
     } else {
       if (plan != nullptr) {
-        *plan = growth_plan::of(upstream_, cls.next_slab, natural_alignment);
+        if constexpr (thread_safe_upstream<Upstream>)
+          *plan = growth_plan::of(upstream_, cls.next_slab, natural_alignment, *this);
         return {};
       }
-      if (!new_slab(ci, may_release)) return {};
+      if (!new_slab(ci, mode)) return {};
       id = cls.bump_slab;
       index = cls.bump_next++;
       if (cls.bump_next == slabs_[id].capacity) cls.bump_slab = none;
@@ -648,10 +657,14 @@ class size_class_pool {
 
   /// Takes a slab for class `ci` and makes it the class's bump slab. Leaves everything as it was
   /// on failure (upstream or host metadata).
-  bool new_slab(std::size_t ci, bool may_release) noexcept {
+  bool new_slab(std::size_t ci, detail::growth_mode mode) noexcept {
+    if (mode == detail::growth_mode::cache_only) {  // the caller asked the upstream already
+      ++counters_.num_ooms;
+      return false;
+    }
     const std::size_t bytes = classes_[ci].next_slab;
     block got = upstream_.allocate(bytes, natural_alignment);
-    if (!got && !may_release) return false;  // not an OOM yet: the caller retries with release
+    if (!got && mode == detail::growth_mode::keeping_cache) return false;  // the caller retries with release
     if (!got) {
       ++counters_.num_alloc_retries;
       release();

@@ -26,9 +26,11 @@ namespace alloy {
 ///   upstream call (`cudaMalloc`: milliseconds, while other threads allocate and free from the
 ///   cache), and takes it again to adopt the segment and allocate (another thread that grew
 ///   meanwhile just leaves more cache; limits hold, nothing leaks). A segment the part does not
-///   adopt goes back to the upstream after the lock is released. Still under the lock: a growth
-///   that needs more than one plain call (the upstream failed: ask again, release free segments
-///   and retry; the last resorts), `allocate_keeping_cache`, stream-ordered and movable calls,
+///   adopt goes back to the upstream after the lock is released. When that call fails, the
+///   part's answer runs the same way (a smaller segment, then its free segments taken off its
+///   books under the lock, freed without it, and the call again). Still under the lock: a
+///   growth that `Inner` does not plan (host metadata, the last resorts after a failure),
+///   `allocate_keeping_cache`, stream-ordered and movable calls,
 ///   and every free (a free never calls the upstream, except through `release()`). `release()`
 ///   takes the lock to take the free segments off `Inner`'s books (up to 32 at a time) and
 ///   returns them to the upstream (`cudaFree`) without it, when `Inner` can detach them
