@@ -315,9 +315,9 @@ struct w_sharded {
   template <class A>
   using type = alloy::sharded<A>;
   static constexpr unsigned own = 0;
-  // documented: no handles (a handle does not name its shard); a planned growth is used inside
-  // (the upstream call without the shard's lock), not offered
-  static constexpr unsigned not_passed = movable_group | bit(capability::planned_growth);
+  // documented: a planned growth is used inside (the upstream call without the shard's lock),
+  // not offered
+  static constexpr unsigned not_passed = bit(capability::planned_growth);
 };
 
 /// Capabilities where `W<toy<Mask>>` differs from what it should have (0 when it is right).

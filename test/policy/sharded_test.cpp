@@ -7,7 +7,8 @@
 // through `sharded<stats<...>>`, `synchronized<stats<sharded<...>>>` and the shards' own
 // counters; stream-ordered calls through the shards (a free from another thread reaches the
 // owner and keeps the stream order: a directed case and a 2-thread, 2-stream one with content
-// checks on the streams); and shards of virtual_arena over one host_vmm sharing its physical
+// checks on the streams); movable handles made, spilled, checked and freed across threads; and
+// shards of virtual_arena over one host_vmm sharing its physical
 // capacity.
 #include <boost/test/unit_test.hpp>
 
@@ -25,14 +26,18 @@
 #include <thread>
 #include <vector>
 
+#include <alloy/error.hpp>
 #include <alloy/host_stream.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/policy/host_spill_reclaimer.hpp>
+#include <alloy/policy/limited.hpp>
 #include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
+#include <alloy/upstream/host_upstream.hpp>
 #include <alloy/vmm/host_vmm.hpp>
 #include <alloy/vmm/synchronized_vmm.hpp>
 
@@ -771,6 +776,99 @@ BOOST_AUTO_TEST_CASE(stream_ordered_blocks_freed_by_the_other_thread_keep_their_
       waits += alloc.with_shard(i, [](ordered_arena& in) { return in.order_counters().stream_waits; });
     }
     BOOST_TEST(waits > 10u, "blocks should have been reused across the streams");
+  }
+  BOOST_TEST(up.records()->live.empty());
+  BOOST_TEST(up.records()->errors.empty());
+}
+
+// ---- movable handles -------------------------------------------------------------------------------
+
+namespace {
+
+/// A reclaimer whose device is a 256 KiB `limited` arena: handles spill to the host and come back.
+using spilling =
+    alloy::host_spill_reclaimer<alloy::limited<alloy::best_fit_arena<locked_checking_upstream>>, alloy::host_upstream>;
+
+spilling make_spilling(const locked_checking_upstream& up) {
+  using arena = alloy::best_fit_arena<locked_checking_upstream>;
+  return spilling{
+      alloy::limited<arena>{arena{up, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}, {.bytes_limit = 256_KiB}},
+      alloy::host_upstream{}};
+}
+
+}  // namespace
+
+// Three threads make movable blocks on their shards (more than the shards' devices hold, so
+// blocks spill), fill them, and hand them round: each thread locks, checks, unlocks and frees
+// blocks another thread made. A handle names its shard; contents survive the spills; the shards'
+// counters add up to exact totals.
+BOOST_AUTO_TEST_CASE(movable_handles_reach_their_shard_from_any_thread) {
+  constexpr int threads = 3, per_thread = under_tsan ? 60 : 200;
+  locked_checking_upstream up;
+  {
+    alloy::sharded<spilling> alloc([&](std::size_t) { return make_spilling(up); }, {.shards = threads});
+    std::mutex made_mutex;
+    std::vector<std::vector<alloy::handle>> made(threads);
+    std::atomic<std::size_t> wrong_shard{0}, bad_content{0}, refused{0};
+    std::latch all_made(threads);
+    auto worker = [&](int me) {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(77 + me));
+      const std::size_t shard = alloc.my_shard();
+      std::vector<alloy::handle> mine;
+      for (int i = 0; i < per_thread; ++i) {
+        const alloy::handle h = alloc.allocate_movable(1024 + rng() % (12 * 1024));
+        if (!h) {
+          refused.fetch_add(1);
+          continue;
+        }
+        if (h.id % threads != shard) wrong_shard.fetch_add(1);
+        void* p = alloc.lock(h);
+        if (p == nullptr) {
+          bad_content.fetch_add(1);
+          continue;
+        }
+        alloy::testing::fill_pattern({p, alloc.size_of(h)}, h.id);
+        alloc.unlock(h);
+        mine.push_back(h);
+      }
+      {
+        std::lock_guard lock(made_mutex);
+        made[static_cast<std::size_t>(me)] = std::move(mine);
+      }
+      all_made.arrive_and_wait();
+      // The next thread's blocks, checked and freed from here.
+      const std::vector<alloy::handle>& theirs = made[static_cast<std::size_t>((me + 1) % threads)];
+      for (const alloy::handle h : theirs) {
+        void* p = alloc.lock(h);
+        if (p == nullptr || !alloy::testing::has_pattern({p, alloc.size_of(h)}, h.id)) bad_content.fetch_add(1);
+        if (p != nullptr) alloc.unlock(h);
+        alloc.deallocate(h);
+        if (alloc.is_live(h)) bad_content.fetch_add(1);
+      }
+    };
+    {
+      std::vector<std::jthread> pool;
+      for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
+    }
+    BOOST_TEST(refused.load() == 0u);
+    BOOST_TEST(wrong_shard.load() == 0u, "a handle did not name the shard of the thread that made it");
+    BOOST_TEST(bad_content.load() == 0u);
+    const alloy::movable_counters c = alloc.movable_statistics();
+    BOOST_TEST(c.num_spills > 0u, "the devices should have been too small to hold every block");
+    BOOST_TEST(c.num_restores > 0u);
+    BOOST_TEST(c.bytes_active == 0u);
+    BOOST_TEST(c.bytes_inactive == 0u);
+    BOOST_TEST(c.bytes_spilled == 0u);
+    std::size_t spills = 0;
+    for (std::size_t i = 0; i < alloc.shard_count(); ++i) {
+      spills += alloc.with_shard(i, [](spilling& in) {
+        BOOST_TEST(in.movable_count() == 0u);
+        return in.movable_statistics().num_spills;
+      });
+    }
+    BOOST_TEST(spills == c.num_spills);
+    BOOST_TEST(!alloc.is_live(alloy::handle{}));
+    BOOST_CHECK_THROW(alloc.lock(alloy::handle{}), alloy::logic_error);  // as the shard says
   }
   BOOST_TEST(up.records()->live.empty());
   BOOST_TEST(up.records()->errors.empty());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -116,8 +117,9 @@ struct alignas(64) thread_slot {
 ///   every shard (all or nothing for `offload`/`discard`; "tags and offload" below);
 ///   stream-ordered calls (past the thread cache, which has no stream: the thread's shard
 ///   allocates, the owning shard frees, as for large blocks); `release_detached` (each shard
-///   under its lock in turn). Not passed on: movable handles (a handle does not name its shard).
-///   `Inner` must have `owns`. Blocks in a thread's cache are in use as far
+///   under its lock in turn); movable handles (made by the thread's shard, whose index the
+///   handle's id carries: lock, unlock and free from any thread reach it, and only its lock is
+///   taken; spills and compactions stay within a shard). `Inner` must have `owns`. Blocks in a thread's cache are in use as far
 ///   as the shards (and their `bytes_in_use`) can tell; `release()` first gives back the calling
 ///   thread's cache, `flush_thread_caches()` every thread's (only while no other thread uses the
 ///   object; the destructor does it). Exact statistics: `stats<sharded<...>>` (counts what
@@ -258,6 +260,79 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires checked_stream_deallocating_allocator<Inner, Stream>
   bool try_deallocate(block b, Stream stream) noexcept {
     return free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
+  }
+
+  // ---- movable handles (DESIGN §4), each naming its shard ----------------------------------------
+  // A handle is made by the thread's shard (or the others in turn) and carries the shard's index
+  // in its id (`id = inner id * shards + shard`; the same id with one shard), so that any thread's
+  // lock, unlock or free reaches the shard that owns it, under that shard's lock, without a
+  // search. Spills and compactions stay within a shard.
+
+  /// A movable block from the thread's shard, or from the others in turn; empty when none can.
+  handle allocate_movable(std::size_t bytes) noexcept(noexcept(std::declval<Inner&>().allocate_movable(bytes)))
+    requires movable_allocator<Inner>
+  {
+    const slot* me = my_slot();
+    const std::size_t first = shard_of(me), caller = index_of(me);
+    for (std::size_t n = 0; n < count_; ++n) {
+      const std::size_t i = shard_after(first, n);
+      shard_lock lock(shards_[i], caller);
+      const handle h = shards_[i].inner.allocate_movable(bytes);
+      if (!h) continue;
+      if (h.id > (std::numeric_limits<std::uint64_t>::max() - i) / count_) [[unlikely]] {
+        shards_[i].inner.deallocate(h);  // its id cannot carry the shard: never in practice
+        continue;
+      }
+      return handle{h.id * count_ + i};
+    }
+    return {};
+  }
+  void* lock(handle h)
+    requires movable_allocator<Inner>
+  {
+    return on_owner(h, [](Inner& in, handle x) { return in.lock(x); });
+  }
+  void unlock(handle h)
+    requires movable_allocator<Inner>
+  {
+    on_owner(h, [](Inner& in, handle x) { in.unlock(x); });
+  }
+  void deallocate(handle h)
+    requires movable_allocator<Inner>
+  {
+    on_owner(h, [](Inner& in, handle x) { in.deallocate(x); });
+  }
+  std::size_t size_of(handle h) const
+    requires detail::has_size_of<Inner>
+  {
+    return on_owner(h, [](const Inner& in, handle x) { return static_cast<std::size_t>(in.size_of(x)); });
+  }
+  bool is_live(handle h) const noexcept
+    requires detail::has_is_live<Inner>
+  {
+    return on_owner(h, [](const Inner& in, handle x) { return static_cast<bool>(in.is_live(x)); });
+  }
+  /// The shards' counters added up (the peak: the sum of the shards' peaks, an upper bound).
+  auto movable_statistics() const noexcept
+    requires detail::has_movable_statistics<Inner>
+  {
+    using result = decltype(std::declval<const Inner&>().movable_statistics());
+    result sum{};
+    const std::size_t caller = caller_index();
+    for (std::size_t i = 0; i < count_; ++i) {
+      shard_lock lock(shards_[i], caller);
+      sum += shards_[i].inner.movable_statistics();
+    }
+    return sum;
+  }
+  void reset_movable_peak() noexcept
+    requires detail::has_reset_movable_peak<Inner>
+  {
+    const std::size_t caller = caller_index();
+    for (std::size_t i = 0; i < count_; ++i) {
+      shard_lock lock(shards_[i], caller);
+      shards_[i].inner.reset_movable_peak();
+    }
   }
 
   // ---- tags and offload (DESIGN §12), over every shard -------------------------------------------
@@ -520,6 +595,24 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     const shard& shard_;
     bool gated_ = false;
   };
+
+  /// `f(inner, inner handle)` on the shard a handle names, under its lock. An empty handle (or
+  /// one of no shard) reaches shard 0 as the empty handle, which every part answers as empty.
+  template <class Self, class F>
+  static decltype(auto) on_owner_of(Self& self, handle h, F& f) {
+    const std::size_t i = h ? static_cast<std::size_t>(h.id % self.count_) : 0;
+    const handle inner{h.id / self.count_};
+    shard_lock lock(self.shards_[i], self.caller_index());
+    return f(self.shards_[i].inner, inner);
+  }
+  template <class F>
+  decltype(auto) on_owner(handle h, F f) {
+    return on_owner_of(*this, h, f);
+  }
+  template <class F>
+  decltype(auto) on_owner(handle h, F f) const {
+    return on_owner_of(*this, h, f);
+  }
 
   void destroy_shards(std::size_t n) noexcept {
     for (std::size_t i = n; i-- > 0;) shards_[i].~shard();
