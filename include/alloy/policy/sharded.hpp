@@ -119,10 +119,12 @@ struct alignas(64) thread_slot {
 ///   allocates, the owning shard frees, as for large blocks); `release_detached` (each shard
 ///   under its lock in turn); movable handles (made by the thread's shard, whose index the
 ///   handle's id carries: lock, unlock and free from any thread reach it, and only its lock is
-///   taken; spills and compactions stay within a shard). `Inner` must have `owns`. Blocks in a thread's cache are in use as far
-///   as the shards (and their `bytes_in_use`) can tell; `release()` first gives back the calling
-///   thread's cache, `flush_thread_caches()` every thread's (only while no other thread uses the
-///   object; the destructor does it). Exact statistics: `stats<sharded<...>>` (counts what
+///   taken; spills and compactions stay within a shard; movable statistics added up). Every
+///   capability of `Inner` but planned growth, which is used inside (above), not offered
+///   (test/capability_matrix_test.cpp). `Inner` must have `owns`. Blocks in a thread's cache
+///   are in use as far as the shards (and their `bytes_in_use`) can tell; `release()` first gives
+///   back the calling thread's cache, `flush_thread_caches()` every thread's (only while no
+///   other thread uses the object; the destructor does it). Exact statistics: `stats<sharded<...>>` (counts what
 ///   callers see; serialise it, e.g. `synchronized<stats<sharded<...>>>`, or read it from one
 ///   thread), or `sharded<stats<...>>` (the cache is off by default there).
 /// - Failure: an empty block when every shard fails. A free no shard owns, or that its owner
