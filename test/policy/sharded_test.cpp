@@ -28,6 +28,7 @@
 
 #include <alloy/error.hpp>
 #include <alloy/host_stream.hpp>
+#include <alloy/memory_stats.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/limited.hpp>
@@ -596,6 +597,35 @@ BOOST_AUTO_TEST_CASE(more_threads_than_table_entries) {
 }
 
 // A free nobody owns is refused, counted, and changes nothing.
+// A type walk does not see into `sharded`; it says its parts' max split size itself, so the
+// statistics above it count oversize requests as they do without the shards.
+BOOST_AUTO_TEST_CASE(stats_over_sharded_know_the_max_split_size) {
+  using caching = alloy::caching_allocator<alloy::host_upstream>;
+  const caching::options opts{.max_split_size = 1_MiB};
+  alloy::stats<alloy::sharded<caching>> shards{
+      alloy::sharded<caching>([&](std::size_t) { return caching{alloy::host_upstream{}, opts}; }, {.shards = 2})};
+  alloy::stats<caching> alone{caching{alloy::host_upstream{}, opts}};
+  BOOST_TEST(shards.inner().max_split_size() == 1_MiB);
+  auto script = [](auto& a) {
+    const alloy::block big = a.allocate(4_MiB, 256), small = a.allocate(100_KiB, 256);
+    const alloy::block bigger = a.allocate(3_MiB, 256);
+    a.deallocate(big);
+    a.deallocate(small);
+    return bigger;
+  };
+  const alloy::block x = script(shards), y = script(alone);
+  const auto got = alloy::memory_stats(shards), expected = alloy::memory_stats(alone);
+  BOOST_TEST(got.at("max_split_size") == static_cast<std::int64_t>(1_MiB));
+  BOOST_TEST(got.at("oversize_allocations.allocated") == 2);
+  BOOST_TEST(got.at("oversize_allocations.current") == 1);
+  for (const char* key : {"max_split_size", "oversize_allocations.allocated", "oversize_allocations.current",
+                          "oversize_allocations.peak", "oversize_allocations.freed"}) {
+    BOOST_TEST(got.at(key) == expected.at(key), key);
+  }
+  shards.deallocate(x);
+  alone.deallocate(y);
+}
+
 BOOST_AUTO_TEST_CASE(foreign_free_is_refused) {
   checking_upstream up;
   using inner = dflt<checking_upstream>;

@@ -247,6 +247,10 @@ void reset_movable_peaks(A& a) noexcept {
   }
 }
 
+/// The trait of `reports_max_split_size`, for the type walks (`matches`).
+template <class A>
+struct has_max_split_size : std::bool_constant<reports_max_split_size<A>> {};
+
 /// Whether some part of `A` (itself included) satisfies the trait `Pred` (types only).
 template <template <class> class Pred>
 struct matches {

@@ -119,7 +119,8 @@ struct alignas(64) thread_slot {
 ///   allocates, the owning shard frees, as for large blocks); `release_detached` (each shard
 ///   under its lock in turn); movable handles (made by the thread's shard, whose index the
 ///   handle's id carries: lock, unlock and free from any thread reach it, and only its lock is
-///   taken; spills and compactions stay within a shard; movable statistics added up). Every
+///   taken; spills and compactions stay within a shard; movable statistics added up);
+///   `max_split_size` (the parts', for `stats<>`, whose type walk cannot see into shards). Every
 ///   capability of `Inner` but planned growth, which is used inside (above), not offered
 ///   (test/capability_matrix_test.cpp). `Inner` must have `owns`. Blocks in a thread's cache
 ///   are in use as far as the shards (and their `bytes_in_use`) can tell; `release()` first gives
@@ -492,6 +493,17 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       sum.num_device_free += s.num_device_free;
     }
     return sum;
+  }
+
+  /// The smallest max split size of the parts below (every shard has the same parts), so that
+  /// `stats<sharded<caching_allocator>>` counts oversize requests as `stats<caching_allocator>`
+  /// does. A type walk cannot see through `sharded` (it has no `parts()`), so it says this itself.
+  std::size_t max_split_size() const noexcept
+    requires(detail::contains<detail::all_parts, detail::matches<detail::has_max_split_size>, Inner>())
+  {
+    shard_lock lock(shards_[0], caller_index());
+    const std::size_t smallest = detail::figures_of(shards_[0].inner).max_split;
+    return smallest == 0 ? std::numeric_limits<std::size_t>::max() : smallest;
   }
 
   // ---- sharded's own -----------------------------------------------------------------------------

@@ -38,8 +38,6 @@ constexpr bool any_part() {
 template <class A>
 struct is_reserving : std::bool_constant<reserving_allocator<A>> {};
 template <class A>
-struct has_max_split_size : std::bool_constant<reports_max_split_size<A>> {};
-template <class A>
 struct is_segregator : std::bool_constant<segregator_shaped<A>> {};
 
 /// Whether both sides of the first segregator-shaped part of `Inner` are introspectable (then
