@@ -610,8 +610,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     bool gated_ = false;
   };
 
-  /// `f(inner, inner handle)` on the shard a handle names, under its lock. An empty handle (or
-  /// one of no shard) reaches shard 0 as the empty handle, which every part answers as empty.
+  /// `f(inner, inner handle)` on the shard a handle's id names, under its lock; that shard
+  /// answers a handle it did not make as the part's rules say (the empty handle goes to shard 0).
   template <class Self, class F>
   static decltype(auto) on_owner_of(Self& self, handle h, F& f) {
     const std::size_t i = h ? static_cast<std::size_t>(h.id % self.count_) : 0;
