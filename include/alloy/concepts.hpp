@@ -122,6 +122,16 @@ struct detached_segments {
     for (std::size_t i = 0; i < count; ++i) entries[i].give(entries[i].upstream, entries[i].taken);
     count = 0;
   }
+  /// The caller's loop: `detach(out)` (which takes the caller's lock around the policy's
+  /// `release_detached`), then `out.give_back()` without it, until `detach` says none is left.
+  template <class Detach>
+  static void give_back_all(Detach&& detach) noexcept {
+    for (bool done = false; !done;) {
+      detached_segments out;
+      done = detach(out);
+      out.give_back();
+    }
+  }
 };
 
 /// One upstream call a policy wants made for it (a new segment or slab), planned under a lock and
@@ -157,11 +167,8 @@ struct growth_plan {
       fetch();
       if (got) return;
     }
-    for (bool done = false; !done;) {
-      detached_segments out;
-      done = under_lock([&] { return detach(part, out); });
-      out.give_back();
-    }
+    detached_segments::give_back_all(
+        [&](detached_segments& out) { return under_lock([&] { return detach(part, out); }); });
     retried = true;
     fetch();
   }

@@ -37,6 +37,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <alloy/policy/best_fit_arena.hpp>
@@ -195,6 +196,38 @@ bool served_from_cache(Alloc& alloc) {
   return ok;
 }
 
+/// Runs `in_a` on thread A, which must stop at the upstream's gate `g`; meanwhile another thread
+/// allocates from cache and frees on the same object. Returns whether that thread finished
+/// while A was held (A is let go and joined either way).
+template <class Alloc, class F>
+bool others_proceed_while_a_waits(Alloc& alloc, upstream_state& s, upstream_state::gate& g, F in_a,
+                                  const char* a_never_arrived) {
+  s.arm(g);
+  std::thread a(in_a);
+  const bool a_inside = s.wait_inside(g, 10s);
+  BOOST_TEST(a_inside, a_never_arrived);
+  auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
+  const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
+  s.open(g);
+  a.join();
+  BOOST_TEST(b.get(), "the other thread's blocks were wrong");
+  return finished;
+}
+
+/// Kept live: a 1000-byte block (its slab stays) and 300 KiB (its 2 MiB segment stays, with
+/// room for the other thread's 300 KiB). Freed: 3 MiB in a segment of its own, wholly free.
+template <class Alloc>
+std::pair<alloy::block, alloy::block> keep_cache_and_free_a_segment(Alloc& alloc) {
+  const alloy::block small = alloc.allocate(1000, 256);
+  const alloy::block large = alloc.allocate(300 << 10, 256);
+  const alloy::block huge = alloc.allocate(3 << 20, 256);
+  BOOST_REQUIRE(small);
+  BOOST_REQUIRE(large);
+  BOOST_REQUIRE(huge);
+  alloc.deallocate(huge);
+  return {small, large};
+}
+
 /// Thread A grows (blocked in the upstream); another thread then allocates from cache and frees
 /// on the same object. Returns whether that thread finished while A was still blocked.
 template <class Alloc, class Upstream>
@@ -209,16 +242,10 @@ bool others_proceed_during_growth(Alloc& alloc, const Upstream& up) {
   alloc.deallocate(large);
   const std::size_t warm_calls = s->calls.load();
 
-  s->arm(s->on_allocate);
   alloy::block grown{};
-  std::thread a([&] { grown = alloc.allocate(3 << 20, 256); });  // more than the 2 MiB cached: grows
-  const bool a_inside = s->wait_inside(s->on_allocate, 10s);
-  BOOST_TEST(a_inside, "thread A never reached the upstream");
-  auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
-  const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  s->open(s->on_allocate);
-  a.join();
-  BOOST_TEST(b.get(), "the other thread's blocks were wrong");
+  const bool finished = others_proceed_while_a_waits(
+      alloc, *s, s->on_allocate, [&] { grown = alloc.allocate(3 << 20, 256); },  // more than the 2 MiB cached: grows
+      "thread A never reached the upstream");
   BOOST_REQUIRE(grown);
   fill(grown, 9);
   BOOST_TEST(intact(grown, 9));
@@ -278,26 +305,11 @@ BOOST_AUTO_TEST_CASE(over_an_upstream_that_is_not_thread_safe_the_lock_is_held_a
 template <class Alloc, class Upstream>
 bool others_proceed_during_release(Alloc& alloc, const Upstream& up) {
   const auto& s = up.state();
-  // Kept live: a 1000-byte block (its slab stays) and 300 KiB (its 2 MiB segment stays, with
-  // room for the other thread's 300 KiB). Freed: 3 MiB in a segment of its own, for release().
-  const alloy::block small = alloc.allocate(1000, 256);
-  const alloy::block large = alloc.allocate(300 << 10, 256);
-  const alloy::block huge = alloc.allocate(3 << 20, 256);
-  BOOST_REQUIRE(small);
-  BOOST_REQUIRE(large);
-  BOOST_REQUIRE(huge);
-  alloc.deallocate(huge);
+  const auto [small, large] = keep_cache_and_free_a_segment(alloc);  // the free one for release()
   const std::size_t frees_before = s->deallocations.load(), calls_before = s->calls.load();
 
-  s->arm(s->on_free);
-  std::thread a([&] { alloc.release(); });
-  const bool a_inside = s->wait_inside(s->on_free, 10s);
-  BOOST_TEST(a_inside, "thread A never reached the upstream's free");
-  auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
-  const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  s->open(s->on_free);
-  a.join();
-  BOOST_TEST(b.get(), "the other thread's blocks were wrong");
+  const bool finished = others_proceed_while_a_waits(
+      alloc, *s, s->on_free, [&] { alloc.release(); }, "thread A never reached the upstream's free");
   BOOST_TEST(s->calls.load() == calls_before, "the other thread's requests were served from cache");
   BOOST_TEST(s->deallocations.load() == frees_before + 1, "release() returned exactly the free segment");
   BOOST_TEST(alloc.reserved_bytes() == static_cast<std::size_t>(s->live_bytes.load()));
@@ -340,27 +352,15 @@ BOOST_AUTO_TEST_CASE(sharded_serves_the_same_shard_while_release_frees_on_the_up
 template <class Alloc, class Upstream>
 bool others_proceed_during_retry(Alloc& alloc, const Upstream& up) {
   const auto& s = up.state();
-  const alloy::block small = alloc.allocate(1000, 256);
-  const alloy::block large = alloc.allocate(300 << 10, 256);
-  const alloy::block huge = alloc.allocate(3 << 20, 256);
-  BOOST_REQUIRE(small);
-  BOOST_REQUIRE(large);
-  BOOST_REQUIRE(huge);
-  alloc.deallocate(huge);  // its segment is wholly free: the retry gives it back
+  const auto [small, large] = keep_cache_and_free_a_segment(alloc);  // the free one: the retry gives it back
   const std::size_t frees_before = s->deallocations.load(), calls_before = s->calls.load();
 
   s->fail_at = calls_before;  // A's first call (32 MiB: a segment of its own size) fails
-  s->arm(s->on_free);
   alloy::block got;
-  std::thread a([&] { got = alloc.allocate(32 << 20, 256); });
-  const bool a_inside = s->wait_inside(s->on_free, 10s);
-  BOOST_TEST(a_inside, "thread A never reached the upstream's free");
-  auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
-  const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  s->open(s->on_free);
-  a.join();
+  const bool finished = others_proceed_while_a_waits(
+      alloc, *s, s->on_free, [&] { got = alloc.allocate(32 << 20, 256); },
+      "thread A never reached the upstream's free");
   s->fail_at = SIZE_MAX;
-  BOOST_TEST(b.get(), "the other thread's blocks were wrong");
   BOOST_REQUIRE(got);
   fill(got, 9);
   BOOST_TEST(intact(got, 9));

@@ -416,14 +416,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       // back to the upstream without it.
       const std::size_t caller = caller_index();
       for (std::size_t i = 0; i < count_; ++i) {
-        for (bool done = false; !done;) {
-          detached_segments out;
-          {
-            shard_lock lock(shards_[i], caller);
-            done = shards_[i].inner.release_detached(out);
-          }
-          out.give_back();
-        }
+        detached_segments::give_back_all([&](detached_segments& out) {
+          shard_lock lock(shards_[i], caller);
+          return shards_[i].inner.release_detached(out);
+        });
       }
     } else {
       queries::release();

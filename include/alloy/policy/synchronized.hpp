@@ -70,14 +70,10 @@ class synchronized : public detail::forwards_everything<synchronized<Inner, Mute
     requires releasing_allocator<Inner>
   {
     if constexpr (detaching_release_allocator<Inner>) {
-      for (bool done = false; !done;) {
-        detached_segments out;
-        {
-          std::lock_guard lock(mutex_);
-          done = inner_.release_detached(out);
-        }
-        out.give_back();
-      }
+      detached_segments::give_back_all([&](detached_segments& out) {
+        std::lock_guard lock(mutex_);
+        return inner_.release_detached(out);
+      });
     } else {
       std::lock_guard lock(mutex_);
       inner_.release();
