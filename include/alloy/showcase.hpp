@@ -190,7 +190,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   statistics walker adds the arena to the slabs it holds.
 /// - Capabilities: `try_deallocate` (checked frees), `owns`, `release` (wholly free slabs to the
 ///   arena, then every free mapped granule to the backend), `reserved_bytes`, `mapped_bytes`,
-///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`. Memory kind: the backend's.
+///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`; over a `thread_safe_vmm`,
+///   planned growth for requests above 64 KiB (the arena's: `synchronized` and `sharded` map
+///   their granules without the lock; a small request's new slab is mapped under it). Memory
+///   kind: the backend's.
 /// - Chosen by measurement (`bench/virtual_memory candidates`, tables in bench/README.md,
 ///   "Virtual memory"): the arena alone and pools up to 16 KiB / 64 KiB / 256 KiB / 1 MiB with
 ///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,
@@ -265,6 +268,27 @@ class virtual_allocator {
       b = arena_->allocate(bytes, alignment, t);
       if (b && b.size <= threshold) tagged_small_ = true;
     }
+    if (!b) ++ooms_;
+    return b;
+  }
+  /// Planned growth (`growth_planning_allocator`, over a `thread_safe_vmm`): requests above
+  /// `threshold` plan their creates and maps as the arena does (`virtual_arena::allocate_or_plan`),
+  /// so that `synchronized` and `sharded` make them without their lock; small requests are served
+  /// at once (a new slab's granule is still mapped under the lock: one granule per 64-256 KiB slab).
+  block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
+    requires growth_planning_allocator<arena_type>
+  {
+    if (current_tag_.value != 0) [[unlikely]]
+      return {};  // the caller calls allocate
+    if (bytes <= threshold)
+      return arena_->state(current_tag_) == tag_state::resident ? heap_.allocate(bytes, alignment) : block{};
+    return arena_->allocate_or_plan(bytes, alignment, plan);
+  }
+  block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires growth_planning_allocator<arena_type>
+  {
+    block b = arena_->allocate_planned(plan, bytes, alignment);
+    if (!b && release_empty_slabs()) b = arena_->allocate(bytes, alignment);
     if (!b) ++ooms_;
     return b;
   }

@@ -36,9 +36,13 @@ namespace alloy {
 ///   returns them to the upstream (`cudaFree`) without it, when `Inner` can detach them
 ///   (`detaching_release_allocator`: the same parts as above and every wrapper or composite of
 ///   them, `stats<default_allocator<...>>` included).
-///   Over a `virtual_arena` (`virtual_allocator`) the `cuMemMap`s of a growth still happen
-///   under the lock: its parts offer no planned growth (their upstream, `ref<virtual_arena>`, is
-///   not `thread_safe_upstream`).
+///   Over a `virtual_arena` or `virtual_allocator` whose backend is `thread_safe_vmm`
+///   (`vmm_ref<synchronized_vmm<V>>`) a growth's creates and maps (`cuMemCreate`, `cuMemMap`) run
+///   the same way without the lock: the chunk is carved and its new granules marked pending under
+///   it, mapped without it, committed under it again. Still under the lock there: unmaps and
+///   releases (trims, `release()`), the fallback after a failed create or map, tagged requests,
+///   and `virtual_allocator`'s small requests (a new slab's granule). Over a backend that is not
+///   thread safe every call stays under the lock.
 /// - Capabilities: exactly those of `Inner` (every entry of `detail::capability`: queries such as
 ///   `counters()` and `bytes_in_use()`, checked frees, keeping-cache, stream-ordered and movable
 ///   calls), each one locked. They are passed on by `detail::forwards_everything`, with the lock

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <new>
 #include <tuple>
 #include <utility>
@@ -120,6 +121,23 @@ namespace alloy {
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
 ///   through `vmm_ref`.
+/// - Planned growth (`growth_planning_allocator`, over a `thread_safe_vmm` only, such as
+///   `vmm_ref<synchronized_vmm<V>>`): so that `synchronized` and `sharded` create and map new
+///   granules without their lock. Under the lock, `allocate_or_plan` places the block as
+///   `allocate` does, trims what the release rule no longer keeps, carves the chunk (not yet in
+///   use: not in `bytes_in_use`, a free of its address is a misuse, `for_each_block` shows it
+///   unmapped) and marks its unmapped granules *pending*; without the lock `plan.fetch()` creates
+///   and maps them (touching only a record the arena owns and reuses, and the backend); under the
+///   lock again `allocate_planned` adds them to the books and hands the block out. Meanwhile no
+///   placement touches a pending granule: a block whose first or last granule is pending goes to
+///   whole free granules instead (O(1) check, only while a growth is pending), so two threads
+///   never map one granule. When a create or map failed, the granules mapped are kept as free
+///   mapped ones, the chunk is freed and the request served as `allocate` serves it, under the
+///   lock (the release-and-retry under pressure is a last resort). Also under the lock: unmaps
+///   and releases (trims, `release()`), address-range growth, tagged requests (no plan is made
+///   once a tag other than 0 was used or any tag offloaded). Tested by
+///   test/policy/virtual_unlocked_growth_test.cpp (a gated map, a model with four growths
+///   pending, a failure at every call index, threads; under ThreadSanitizer too).
 /// - Today's figures (alloy-replay, the 15 shipped traces, 2 MiB granules, bench/README.md
 ///   "Virtual memory"; ratios and call counts are deterministic): smallest device ÷ peak live
 ///   1.000-1.145 (geometric mean 1.022); with the defaults and no limit, peak mapped ÷ peak live
@@ -219,6 +237,53 @@ class virtual_arena {
     return allocate_impl(bytes, alignment, false, current_tag_.value);
   }
 
+  /// Planned growth (`growth_planning_allocator`, over a `thread_safe_vmm` only), so that
+  /// `synchronized` and `sharded` create and map physical memory without their lock: a block when
+  /// the request's granules are mapped already; else, when it needs new granules, an empty block
+  /// and `plan` filled: the chunk is carved and its unmapped granules marked *pending* (no other
+  /// placement touches them until the commit), and `plan.fetch()` makes the creates and maps
+  /// without the lock. `plan` stays empty (the caller calls `allocate`) when no address range
+  /// holds the request, when the capacity cannot hold the granules even with the cache released,
+  /// when host metadata cannot grow, and with tags (`current_tag()` not 0, or any tag ever used,
+  /// offloaded or discarded).
+  block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
+    requires thread_safe_vmm<Vmm>
+  {
+    if (current_tag_.value != 0 || tags_in_use_ || !tags_.empty()) [[unlikely]]
+      return {};
+    return allocate_impl(bytes, alignment, true, 0, &plan);
+  }
+  /// Commits a plan of `allocate_or_plan`: the granules mapped without the lock join the books
+  /// and the block is handed out; when a create or map failed (or the tag went offloaded
+  /// meanwhile), what was mapped is kept as free mapped granules, the chunk is freed, and the
+  /// request is served as `allocate` serves it (free granules released and the create retried
+  /// under the lock: a last resort).
+  block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
+    requires thread_safe_vmm<Vmm>
+  {
+    plan.got = {};
+    planned_mapping& m = *static_cast<planned_mapping*>(plan.upstream);
+    for (std::size_t i = 0; i < m.at.size(); ++i) {
+      granule& r = granules_[granule_of(m.at[i])];
+      r.pending = false;
+      if (i >= m.mapped) continue;
+      r.piece = m.pieces[i];
+      ++mapped_;
+      ++counters_.num_device_alloc;
+      ++counters_.num_maps;
+    }
+    counters_.num_device_alloc += m.map_failures;  // created, not mapped, released at once
+    counters_.num_device_free += m.map_failures;
+    m.active = false;
+    --pending_plans_;
+    in_use_ += m.rounded;
+    requested_ += m.bytes;
+    if (m.mapped == m.at.size() && state(tag{m.tag}) == tag_state::resident) [[likely]]
+      return {reinterpret_cast<void*>(m.start), m.bytes};
+    free_chunk(map_.take(pool_, m.start), m.start);
+    return allocate_impl(bytes, alignment, true, m.tag);
+  }
+
   // ---- tags and offload ------------------------------------------------------------------------
 
   tag current_tag() const noexcept { return current_tag_; }
@@ -277,13 +342,13 @@ class virtual_arena {
     trim_due_ = true;  // granules touched again: the rule may keep fewer free ones
     tag_record& rec = tags_[t.value];
     std::size_t to_map = 0;
-    for (const granule& r : granules_) to_map += r.live != 0 && r.tag == t.value && r.piece == 0;
+    for (const granule& r : granules_) to_map += r.live != 0 && r.tag == t.value && r.piece == 0 && !r.pending;
     const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
     const std::size_t headroom = vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
     if (to_map > headroom / opts_.granularity) return offload_status::device_out_of_memory;
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       granule& r = granules_[g];
-      if (r.live == 0 || r.tag != t.value || r.piece != 0) continue;
+      if (r.live == 0 || r.tag != t.value || r.piece != 0 || r.pending) continue;
       physical_memory piece = vmm_.create(opts_.granularity);
       if (!piece && free_mapped_ != 0) {
         trim_count(std::min(free_mapped_, to_map));
@@ -335,11 +400,22 @@ class virtual_arena {
       report(classify_unknown(addr), b);
       return false;
     }
-    if (pool_[c].requested() != b.size) [[unlikely]] {
+    if (pool_[c].requested() != b.size || (pending_plans_ != 0 && pending_chunk(addr))) [[unlikely]] {
       map_.insert(addr, c);  // it stays allocated (the entry just freed makes room)
-      report(misuse::wrong_size, b);
+      report(pool_[c].requested() != b.size ? misuse::wrong_size : misuse::foreign_pointer,
+             b);  // pending: not handed out
       return false;
     }
+    if (granules_[granule_of(addr)].piece == 0) [[unlikely]]
+      forget_saved(granules_[granule_of(addr)].tag, addr, pool_[c].size());  // an offloaded tag's
+    free_chunk(c, addr);
+    return true;
+  }
+
+ private:
+  /// Frees allocated chunk `c` at `addr` (taken off the address map): merged with its free
+  /// neighbours; its granules lose a user, those left with none are free mapped, then trimmed.
+  void free_chunk(std::uint32_t c, std::uintptr_t addr) noexcept {
     detail::best_fit_chunk& node = pool_[c];
     const std::size_t size = node.size();
     peak_in_use_ = std::max(peak_in_use_, in_use_);  // a peak ends with a free
@@ -362,8 +438,6 @@ class virtual_arena {
     index_.insert(pool_, c);
     // The chunk's granules lose one user; those left with none are free mapped, then trimmed.
     const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
-    if (granules_[first].piece == 0) [[unlikely]]
-      forget_saved(granules_[first].tag, addr, size);  // an offloaded tag's
     bool freed_granule = false;
     for (std::size_t g = first; g <= last; ++g) {
       if (--granules_[g].live == 0 && granules_[g].piece != 0) {
@@ -374,9 +448,9 @@ class virtual_arena {
     // With no granule freed, what is kept can only have grown (the peak may have), so there is
     // nothing to trim unless a call that skips the trim left too many (`trim_due_`).
     if (freed_granule || trim_due_) trim(kept_free_bytes());
-    return true;
   }
 
+ public:
   // ---- capabilities ----------------------------------------------------------------------------
 
   /// Whether the block's address lies in the reserved range.
@@ -480,8 +554,11 @@ class virtual_arena {
         ++free_chunks;
       } else {
         if (map_.find(pool_, node.addr) != c) return false;
-        in_use += node.size();
-        requested += node.requested();
+        const bool pending = pending_plans_ != 0 && pending_chunk(node.addr);
+        if (!pending) {
+          in_use += node.size();
+          requested += node.requested();
+        }
         ++allocated;
         const std::size_t g1 = granule_of(node.addr + node.size() - 1);
         if (g1 >= granules_.size()) return false;
@@ -490,7 +567,7 @@ class virtual_arena {
           ++users[g];
           if (granules_[g].tag != owner) return false;  // chunks of different tags never share a granule
         }
-        if (granules_[granule_of(node.addr)].piece == 0) offloaded_chunks += node.size();
+        if (!pending && granules_[granule_of(node.addr)].piece == 0) offloaded_chunks += node.size();
       }
       at += node.size();
       before = c;
@@ -503,16 +580,23 @@ class virtual_arena {
     if (offloaded != offloaded_in_use_ || offloaded != offloaded_chunks) return false;
     if (free_chunks != index_.size() || allocated != map_.size()) return false;
     if (pool_.live() != free_chunks + allocated) return false;
-    std::size_t mapped = 0, unused_mapped = 0;
+    std::size_t mapped = 0, unused_mapped = 0, pending = 0, planned = 0, active = 0;
+    for (const auto& m : plans_) {
+      if (!m->active) continue;
+      ++active;
+      planned += m->at.size();
+    }
+    if (active != pending_plans_) return false;
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       const granule& r = granules_[g];
       if (r.live != users[g] || r.fresh) return false;
       if (r.piece != 0) ++mapped;
-      if (r.live != 0 && r.piece == 0 && state(tag{r.tag}) == tag_state::resident) return false;
+      if (r.pending && (r.live == 0 || r.piece != 0 || ++pending > planned)) return false;
+      if (r.live != 0 && r.piece == 0 && !r.pending && state(tag{r.tag}) == tag_state::resident) return false;
       if (r.live != 0 && r.piece != 0 && state(tag{r.tag}) != tag_state::resident) return false;
       if (r.live == 0 && r.piece != 0) ++unused_mapped;
     }
-    if (mapped != mapped_ || unused_mapped != free_mapped_) return false;
+    if (mapped != mapped_ || unused_mapped != free_mapped_ || pending != planned) return false;
     std::size_t listed = 0;
     std::uint32_t previous = no_granule;
     for (std::uint32_t g = oldest_; g != no_granule; g = granules_[g].newer) {
@@ -538,6 +622,7 @@ class virtual_arena {
     std::uint32_t older = no_granule;  ///< least-recently-freed list (free mapped granules only)
     std::uint32_t newer = no_granule;
     bool fresh = false;     ///< mapped by the allocation under way (undone if it fails)
+    bool pending = false;   ///< a planned growth maps it outside the lock (unmapped in the books until its commit)
     std::uint16_t tag = 0;  ///< the tag of the chunks touching it (meaningful while live != 0)
   };
   /// One live chunk of an offloaded tag and where its bytes are in the host copy.
@@ -622,8 +707,10 @@ class virtual_arena {
     index_.insert(pool_, c);
   }
 
+  /// With `plan` (`allocate_or_plan`): granules to map are planned instead, and a failure is not
+  /// counted (the caller calls `allocate`).
   [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
-                                             std::uint16_t t) noexcept {
+                                             std::uint16_t t, growth_plan* plan = nullptr) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
     if (t < tags_.size() && tags_[t].state != tag_state::resident) [[unlikely]] {
       ++offload_stats_.num_refused_allocations;
@@ -639,13 +726,13 @@ class virtual_arena {
     }
     if (ranges_.empty()) reserve_initial();
     if (ranges_.empty() || !reserve_metadata()) [[unlikely]] {
-      ++counters_.num_ooms;
+      if (plan == nullptr) ++counters_.num_ooms;
       return {};
     }
     std::uint32_t c = find_fit(rounded, need, alignment);
     if (c == detail::best_fit_npos) c = grow_for(rounded, need, alignment);
     if (c == detail::best_fit_npos) {
-      ++counters_.num_ooms;
+      if (plan == nullptr) ++counters_.num_ooms;
       return {};
     }
     std::uintptr_t start = pool_[c].addr;
@@ -666,12 +753,132 @@ class virtual_arena {
       }
       if (t < last_of_tag_.size()) last_of_tag_[t] = start;  // where the next block of the tag looks first
     }
+    if (pending_plans_ != 0) [[unlikely]] {
+      // Another thread's growth maps a granule this block would share: whole free granules instead.
+      if (pending_granule(granule_of(start)) || pending_granule(granule_of(start + rounded - 1))) {
+        c = find_isolated(rounded, alignment);
+        if (c == detail::best_fit_npos) {
+          if (plan == nullptr) ++counters_.num_ooms;
+          return {};
+        }
+        const std::size_t step = std::max(alignment, opts_.granularity);
+        start = (pool_[c].addr + (step - 1)) & ~static_cast<std::uintptr_t>(step - 1);
+      }
+    }
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
-    if (!cover_granules(last + 1) || !map_granules(first, last, may_release, t)) {
-      if (may_release) ++counters_.num_ooms;
+    if (!cover_granules(last + 1)) [[unlikely]] {
+      if (plan == nullptr && may_release) ++counters_.num_ooms;
       return {};
     }
+    if (const std::size_t to_map = add_user(first, last, t); to_map != 0) {
+      if (plan != nullptr) return plan_mapping(*plan, c, start, rounded, bytes, first, last, to_map);
+      if (!map_new_granules(first, last, may_release, to_map)) {
+        if (may_release) ++counters_.num_ooms;
+        return {};
+      }
+    }
     return carve(c, start, rounded, bytes);
+  }
+
+  /// A granule a planned growth maps outside the lock (no placement may touch it meanwhile).
+  bool pending_granule(std::size_t g) const noexcept { return g < granules_.size() && granules_[g].pending; }
+  /// Whether the allocated chunk at `addr` belongs to a planned growth not committed yet.
+  bool pending_chunk(std::uintptr_t addr) const noexcept {
+    for (const auto& m : plans_)
+      if (m->active && m->start == addr) return true;
+    return false;
+  }
+  /// Physical memory a planned growth creates and maps without the lock (`plan.fetch()` runs
+  /// `map_all`); the arena owns these records and reuses them, so that after warm-up a growth
+  /// allocates no host memory.
+  struct planned_mapping {
+    Vmm* vmm = nullptr;
+    std::size_t granularity = 0;
+    std::vector<std::uintptr_t> at;     ///< the pending granules' addresses
+    std::vector<std::uint64_t> pieces;  ///< what was mapped at each (the first `mapped`)
+    std::size_t mapped = 0;
+    std::size_t map_failures = 0;  ///< pieces created whose map failed (released at once)
+    std::uintptr_t start = 0;      ///< the carved chunk
+    std::size_t rounded = 0, bytes = 0;
+    std::uint16_t tag = 0;
+    bool active = false;
+
+    /// The backend calls, in order, stopping at the first failure (no lock held: only this record
+    /// and the thread-safe backend are touched). The block when every granule was mapped.
+    static block map_all(void* self, std::size_t, std::size_t) noexcept {
+      planned_mapping& m = *static_cast<planned_mapping*>(self);
+      for (; m.mapped < m.at.size(); ++m.mapped) {
+        const physical_memory piece = m.vmm->create(m.granularity);
+        if (!piece) break;
+        if (!m.vmm->map(reinterpret_cast<void*>(m.at[m.mapped]), piece)) {
+          m.vmm->release(piece);
+          ++m.map_failures;
+          break;
+        }
+        m.pieces[m.mapped] = piece.id;
+      }
+      return m.mapped == m.at.size() ? block{reinterpret_cast<void*>(m.start), m.bytes} : block{};
+    }
+  };
+  /// `allocate_or_plan`'s growth: the block at `start` in free chunk `c` needs `to_map` granules
+  /// of [first, last] mapped (the users already counted). Carves the chunk (not counted in use
+  /// until the commit), marks those granules pending and fills `plan`; or, when the capacity
+  /// cannot hold them or host memory for the record runs out, undoes the users and leaves `plan`
+  /// empty. Returns an empty block either way.
+  [[gnu::noinline]] block plan_mapping(growth_plan& plan, std::uint32_t c, std::uintptr_t start, std::size_t rounded,
+                                       std::size_t bytes, std::size_t first, std::size_t last,
+                                       std::size_t to_map) noexcept {
+    const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
+    const std::size_t headroom = vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
+    planned_mapping* m = to_map <= headroom / opts_.granularity ? idle_record(to_map) : nullptr;
+    if (m == nullptr) {
+      unmap_fresh_and_drop(first, last);
+      return {};
+    }
+    trim(kept_free_bytes(to_map));  // as `map_new_granules`: mapped memory stays within the rule
+    std::size_t i = 0;
+    for (std::size_t g = first; g <= last; ++g) {
+      if (granules_[g].piece != 0) continue;
+      granules_[g].pending = true;
+      m->at[i++] = base_ + (g << gshift_);
+    }
+    (void)carve(c, start, rounded, bytes);
+    in_use_ -= rounded;  // counted at the commit, when memory is behind it
+    requested_ -= bytes;
+    m->start = start;
+    m->rounded = rounded;
+    m->bytes = bytes;
+    m->tag = 0;
+    m->mapped = m->map_failures = 0;
+    m->active = true;
+    ++pending_plans_;
+    plan = growth_plan{};
+    plan.bytes = to_map << gshift_;
+    plan.alignment = opts_.granularity;
+    plan.upstream = m;
+    plan.take = &planned_mapping::map_all;
+    plan.give = [](void*, block) noexcept {};  // `allocate_planned` adopts or frees everything
+    return {};
+  }
+  /// A record not in use, sized for `n` granules; null when host memory ran out.
+  planned_mapping* idle_record(std::size_t n) noexcept {
+    try {
+      planned_mapping* m = nullptr;
+      for (auto& r : plans_)
+        if (!r->active) m = r.get();
+      if (m == nullptr) {
+        detail::reserve_room(plans_, plans_.size() + 1);
+        plans_.push_back(std::make_unique<planned_mapping>());
+        m = plans_.back().get();
+      }
+      m->vmm = &vmm_;
+      m->granularity = opts_.granularity;
+      m->at.resize(n);
+      m->pieces.resize(n);
+      return m;
+    } catch (const std::bad_alloc&) {
+      return nullptr;
+    }
   }
 
   /// What placing a block on granules [first, last] costs, compared in this order: granules no
@@ -838,6 +1045,7 @@ class virtual_arena {
       for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
         const detail::best_fit_chunk& node = pool_[c];
         if (node.free() || granules_[granule_of(node.addr)].tag != t) continue;
+        if (pending_plans_ != 0 && pending_chunk(node.addr)) continue;  // not handed out: its commit sees the tag gone
         rounded += node.size();
         if (!copy) continue;
         chunks.push_back(saved_chunk{node.addr, node.requested(), total, true});
@@ -979,10 +1187,10 @@ class virtual_arena {
     return find_fit(rounded, need, alignment);
   }
 
-  /// Makes granules [first, last] mapped and counts the new chunk among their users. On failure
-  /// undoes everything (false).
-  [[gnu::always_inline]] bool map_granules(std::size_t first, std::size_t last, bool may_release,
-                                           std::uint16_t t) noexcept {
+  /// Counts the new chunk among the users of granules [first, last] (free mapped ones are in use
+  /// again); returns how many have no physical piece (`map_new_granules` maps them, or a plan;
+  /// `unmap_fresh_and_drop` undoes this).
+  [[gnu::always_inline]] std::size_t add_user(std::size_t first, std::size_t last, std::uint16_t t) noexcept {
     std::size_t to_map = 0;
     for (std::size_t g = first; g <= last; ++g) {
       granule& r = granules_[g];
@@ -994,9 +1202,9 @@ class virtual_arena {
       }
       ++r.live;
     }
-    return to_map == 0 || map_new_granules(first, last, may_release, to_map);
+    return to_map;
   }
-  /// `map_granules`' driver calls: `to_map` granules of [first, last] have no physical piece.
+  /// The driver calls of an allocate: `to_map` granules of [first, last] have no physical piece.
   [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release,
                                           std::size_t to_map) noexcept {
     if (!may_release) trim_due_ = true;  // maps without trimming first: the next free trims
@@ -1046,7 +1254,7 @@ class virtual_arena {
     return true;
   }
 
-  /// Undoes a failed `map_granules`: granules it mapped are unmapped and released, every
+  /// Undoes `add_user` and a failed `map_new_granules`: granules it mapped are unmapped and released, every
   /// granule of the span loses the user it gained, and those mapped before with no other user
   /// are free mapped again.
   void unmap_fresh_and_drop(std::size_t first, std::size_t last) noexcept {
@@ -1174,6 +1382,10 @@ class virtual_arena {
   void for_each_piece(F&& visit) const {
     for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
       const detail::best_fit_chunk& node = pool_[c];
+      if (!node.free() && pending_plans_ != 0 && pending_chunk(node.addr)) [[unlikely]] {
+        visit(node.addr, node.size(), 0, block_state::unmapped);  // being mapped, not handed out yet
+        continue;
+      }
       if (!node.free()) {
         visit(node.addr, node.size(), node.requested(),
               granules_[granule_of(node.addr)].piece != 0 ? block_state::allocated : block_state::offloaded);
@@ -1231,6 +1443,8 @@ class virtual_arena {
     tags_in_use_ = false;
     offloaded_in_use_ = 0;
     last_of_tag_.clear();
+    plans_.clear();
+    pending_plans_ = 0;
   }
   void take_state(virtual_arena& other) noexcept {
     index_ = std::move(other.index_);
@@ -1256,6 +1470,8 @@ class virtual_arena {
     tags_in_use_ = other.tags_in_use_;
     trim_due_ = other.trim_due_;
     last_of_tag_ = std::move(other.last_of_tag_);
+    plans_ = std::move(other.plans_);  // a moved arena has no growth under way (it is not shared)
+    pending_plans_ = other.pending_plans_;
     offloaded_in_use_ = other.offloaded_in_use_;
     current_tag_ = other.current_tag_;
     offload_stats_ = other.offload_stats_;
@@ -1291,6 +1507,8 @@ class virtual_arena {
   std::vector<std::uintptr_t> last_of_tag_;  ///< by tag: the address of its last block (a hint; 0: none)
   bool tags_in_use_ = false;                 ///< a tag other than 0 was ever allocated with (else no granule check)
   bool trim_due_ = false;  ///< free mapped granules may pass what the rule keeps (a map or offload skipped the trim)
+  std::vector<std::unique_ptr<planned_mapping>> plans_;  ///< planned growths' records (stable addresses, reused)
+  std::size_t pending_plans_ = 0;                        ///< of which planned and not committed yet
   tag current_tag_{};
   offload_statistics offload_stats_{};
   copy_engine copier_{};

@@ -34,6 +34,7 @@ class synchronized_vmm {
  public:
   static constexpr bool host_accessible = V::host_accessible;
   static constexpr bool device_accessible = V::device_accessible;
+  static constexpr bool thread_safe = true;  ///< `thread_safe_vmm`: arenas over it map without their callers' locks
 
   synchronized_vmm()
     requires std::default_initializable<V>

@@ -60,14 +60,22 @@ concept virtual_memory = memory_kind_aware<V> && requires(V& v, const V& cv, std
   { cv.physical_bytes() } noexcept -> std::same_as<std::size_t>;
 };
 
+/// A backend that several threads may call at once (`V::thread_safe` is true: `synchronized_vmm`,
+/// and `vmm_ref` of one). Only over such a backend does `virtual_arena` offer planned growth
+/// (`growth_planning_allocator`), whose creates and maps run outside the caller's lock.
+template <class V>
+concept thread_safe_vmm = virtual_memory<V> && requires { requires static_cast<bool>(V::thread_safe); };
+
 /// `vmm_ref<V>` refers to a backend owned elsewhere and forwards every call to it, so several
 /// policies share one backend and its `capacity` (as `ref` does for allocators; backends are not
-/// allocators). The backend must outlive the ref. Not synchronized.
+/// allocators). The backend must outlive the ref. Adds no synchronization: thread-safe exactly
+/// when `V` is (`thread_safe_vmm`).
 template <virtual_memory V>
 class vmm_ref {
  public:
   static constexpr bool host_accessible = V::host_accessible;
   static constexpr bool device_accessible = V::device_accessible;
+  static constexpr bool thread_safe = thread_safe_vmm<V>;
 
   explicit vmm_ref(V& target) noexcept : target_(&target) {}
 

@@ -1,0 +1,643 @@
+// SPDX-License-Identifier: Apache-2.0
+// Planned growth of virtual_arena and virtual_allocator (issue 20, DESIGN §13): over a thread-safe
+// backend, `synchronized` and `sharded` create and map physical memory without their lock.
+//
+// - A gated backend blocks inside `map` until the test opens it: thread A's allocation needs new
+//   granules and waits there; meanwhile another thread must allocate from mapped granules, fill,
+//   check and free on the same object within a timeout (so a held lock fails the test instead of
+//   hanging it). Over a backend that is not `thread_safe_vmm` the lock is still held, and the same
+//   script sees the other thread wait: the test can fail.
+// - The two phases called directly: a pending chunk is not handed out twice, its granules are
+//   avoided by other placements, a free of its address is a misuse; a model-based randomized run
+//   keeps up to four growths pending while it allocates, frees and releases around them, with
+//   creates and maps failing and a capacity limit, checking invariants, fill patterns and overlap
+//   after every step and exact balances at the end.
+// - Scripted failures: one create or map fails, at every call index of a script through
+//   synchronized<stats<virtual_arena>>: each request is still served, statistics exact.
+// - Threads: 4 threads over a small device with failing calls, blocks handed to other threads to
+//   free, through synchronized<stats<virtual_allocator>> and sharded<virtual_arena>; fill
+//   patterns, exact statistics and an empty backend at the end.
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <alloy/policy/sharded.hpp>
+#include <alloy/policy/stats.hpp>
+#include <alloy/policy/synchronized.hpp>
+#include <alloy/policy/virtual_arena.hpp>
+#include <alloy/showcase.hpp>
+#include <alloy/vmm/host_vmm.hpp>
+#include <alloy/vmm/synchronized_vmm.hpp>
+
+#include "support/conformance.hpp"
+#include "support/failing_vmm.hpp"
+#include "support/sanitizers.hpp"
+
+using namespace std::chrono_literals;
+using alloy::block;
+using alloy::testing::fill_pattern;
+using alloy::testing::has_pattern;
+using alloy::testing::under_tsan;
+
+namespace {
+
+constexpr std::size_t granule = std::size_t{64} << 10;
+
+/// What every copy of a `gated_vmm` shares: the backend (host memory, failures on chosen calls,
+/// one lock around each call) and a gate in `map`.
+struct vmm_state {
+  using failing = alloy::testing::failing_vmm<alloy::host_vmm>;
+  alloy::synchronized_vmm<failing> backend;
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool armed = false, inside = false, open = false;
+
+  explicit vmm_state(std::size_t capacity, failing::options fail = {})
+      : backend(failing(alloy::host_vmm({.capacity = capacity, .granularity = granule}), std::move(fail))) {}
+
+  void arm() {
+    std::lock_guard lock(mutex);
+    armed = true;
+    inside = open = false;
+  }
+  bool wait_inside(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, limit, [&] { return inside; });
+  }
+  void let_go() {
+    {
+      std::lock_guard lock(mutex);
+      open = true;
+    }
+    changed.notify_all();
+  }
+  /// Called by `map` before the backend's lock: blocks while the gate is armed, until opened.
+  void pass() {
+    std::unique_lock lock(mutex);
+    if (!armed) return;
+    armed = false;
+    inside = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return open; });
+  }
+  std::size_t maps() { return backend.with_lock([](failing& f) { return f.backend().calls().maps; }); }
+  alloy::host_vmm::call_counts calls() {
+    return backend.with_lock([](failing& f) { return f.backend().calls(); });
+  }
+};
+
+/// Host memory through a shared `vmm_state`; `thread_safe` as asked (false: the arena must keep
+/// its caller's lock around every call, and does).
+template <bool ThreadSafe>
+class basic_gated_vmm {
+ public:
+  static constexpr bool host_accessible = true;
+  static constexpr bool device_accessible = false;
+  static constexpr bool thread_safe = ThreadSafe;
+
+  explicit basic_gated_vmm(std::shared_ptr<vmm_state> s) : s_(std::move(s)) {}
+
+  std::size_t granularity() const noexcept { return s_->backend.granularity(); }
+  alloy::address_range reserve(std::size_t bytes) noexcept { return s_->backend.reserve(bytes); }
+  void unreserve(alloy::address_range r) noexcept { s_->backend.unreserve(r); }
+  alloy::physical_memory create(std::size_t bytes) noexcept { return s_->backend.create(bytes); }
+  void release(alloy::physical_memory p) noexcept { s_->backend.release(p); }
+  bool map(void* at, alloy::physical_memory p) noexcept {
+    s_->pass();
+    return s_->backend.map(at, p);
+  }
+  void unmap(void* at, std::size_t bytes) noexcept { s_->backend.unmap(at, bytes); }
+  std::size_t capacity() const noexcept { return s_->backend.capacity(); }
+  std::size_t physical_bytes() const noexcept { return s_->backend.physical_bytes(); }
+
+ private:
+  std::shared_ptr<vmm_state> s_;
+};
+using gated_vmm = basic_gated_vmm<true>;
+using unsafe_gated_vmm = basic_gated_vmm<false>;
+
+using arena = alloy::virtual_arena<gated_vmm>;
+using valloc = alloy::virtual_allocator<gated_vmm>;
+
+static_assert(alloy::thread_safe_vmm<gated_vmm> && !alloy::thread_safe_vmm<unsafe_gated_vmm>);
+static_assert(alloy::thread_safe_vmm<alloy::vmm_ref<alloy::synchronized_vmm<alloy::host_vmm>>>);
+static_assert(!alloy::thread_safe_vmm<alloy::host_vmm> && !alloy::thread_safe_vmm<alloy::vmm_ref<alloy::host_vmm>>);
+static_assert(alloy::growth_planning_allocator<arena>);
+static_assert(alloy::growth_planning_allocator<alloy::stats<arena>>);
+static_assert(alloy::growth_planning_allocator<valloc>);
+static_assert(alloy::growth_planning_allocator<alloy::virtual_arena<alloy::vmm_ref<alloy::synchronized_vmm<alloy::host_vmm>>>>);
+static_assert(!alloy::growth_planning_allocator<alloy::virtual_arena<unsafe_gated_vmm>>);
+static_assert(!alloy::growth_planning_allocator<alloy::virtual_arena<alloy::host_vmm>>);
+static_assert(!alloy::growth_planning_allocator<alloy::virtual_allocator<alloy::host_vmm>>);
+
+std::shared_ptr<vmm_state> device(std::size_t capacity = SIZE_MAX, vmm_state::failing::options fail = {}) {
+  return std::make_shared<vmm_state>(capacity, std::move(fail));
+}
+
+// ---- another thread is not held up by a map in progress ------------------------------------------
+
+/// Thread A allocates 1 MiB (16 new granules; the gate holds it in its first map) while a 40 KiB
+/// block keeps granule 0 mapped with room; another thread then allocates 8 KiB there three times,
+/// fills, checks and frees. Returns whether that thread finished while A was held; checks that it
+/// made no map and that A's block is whole.
+template <class Alloc>
+bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s) {
+  const block keep = alloc.allocate(40 << 10, 256);
+  BOOST_REQUIRE(keep);
+  fill_pattern(keep, 1);
+  const std::size_t maps_before = s.maps();
+
+  block grown{};
+  s.arm();
+  std::thread a([&] { grown = alloc.allocate(std::size_t{1} << 20, 256); });
+  BOOST_TEST(s.wait_inside(10s), "thread A never reached the backend's map");
+  auto other = std::async(std::launch::async, [&] {
+    bool ok = true;
+    for (std::uint64_t i = 0; i < 3; ++i) {
+      const block b = alloc.allocate(8 << 10, 256);
+      ok = ok && b;
+      if (!b) continue;
+      fill_pattern(b, 100 + i);
+      ok = ok && has_pattern(b, 100 + i);
+      alloc.deallocate(b);
+    }
+    return ok;
+  });
+  const bool finished = other.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
+  const std::size_t maps_while_a_waited = s.maps() - maps_before;
+  s.let_go();
+  a.join();
+  BOOST_TEST(other.get(), "the other thread's blocks were wrong");
+  BOOST_TEST(maps_while_a_waited == 0u, "the other thread mapped (its blocks belong in granule 0)");
+  BOOST_REQUIRE(grown);
+  fill_pattern(grown, 2);
+  BOOST_TEST(has_pattern(grown, 2));
+  BOOST_TEST(has_pattern(keep, 1));
+  BOOST_TEST(s.maps() - maps_before == 16u, "A's 1 MiB maps exactly its 16 granules");
+  alloc.deallocate(grown);
+  alloc.deallocate(keep);
+  return finished;
+}
+
+BOOST_AUTO_TEST_CASE(synchronized_arena_serves_mapped_granules_while_a_growth_maps) {
+  const auto s = device();
+  {
+    alloy::synchronized<alloy::stats<arena>> alloc{alloy::stats<arena>{arena{gated_vmm{s}}}};
+    BOOST_TEST(others_proceed_during_a_map(alloc, *s), "an allocate from mapped granules waited for another thread's map");
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.num_allocs == 5u);  // keep, A's, three by the other thread
+    BOOST_TEST(st.num_ooms == 0u);
+    BOOST_TEST(st.bytes_in_use == 0u);
+    BOOST_TEST(st.num_device_alloc == 17u);  // granule 0, A's 16
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.inner().check_invariants(); }));
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(sharded_arena_serves_the_same_shard_while_a_growth_maps) {
+  const auto s = device();
+  {
+    alloy::sharded<arena> alloc([&](std::size_t) { return arena{gated_vmm{s}}; }, {.shards = 1, .thread_cache = 0});
+    BOOST_TEST(others_proceed_during_a_map(alloc, *s), "an allocate from mapped granules waited for the shard's map");
+    BOOST_TEST(alloc.bytes_in_use() == 0u);
+    BOOST_TEST(alloc.counters().num_device_alloc == 17u);
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(synchronized_virtual_allocator_serves_the_pool_while_a_large_growth_maps) {
+  const auto s = device();
+  {
+    alloy::synchronized<valloc> alloc{valloc{gated_vmm{s}}};
+    const block small = alloc.allocate(8 << 10, 256);  // a slab for the other thread's 8 KiB blocks
+    BOOST_REQUIRE(small);
+    alloc.deallocate(small);  // the slab stays
+    BOOST_TEST(others_proceed_during_a_map(alloc, *s), "a pooled allocate waited for another thread's map");
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.bytes_in_use(); }) == 0u);
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.counters().num_ooms; }) == 0u);
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.arena().check_invariants(); }));
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+// The sensitivity check: over a backend that is not thread safe, the lock is held across the
+// map as before, and the same script sees the other thread wait.
+BOOST_AUTO_TEST_CASE(over_a_backend_that_is_not_thread_safe_the_lock_is_held_and_the_test_sees_it) {
+  const auto s = device();
+  {
+    using unsafe_arena = alloy::virtual_arena<unsafe_gated_vmm>;
+    alloy::synchronized<unsafe_arena> alloc{unsafe_arena{unsafe_gated_vmm{s}}};
+    BOOST_TEST(!others_proceed_during_a_map(alloc, *s));
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+// ---- the two phases, called directly ---------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(a_pending_chunk_is_neither_shared_nor_freed_and_commits_whole) {
+  const auto s = device();
+  arena a{gated_vmm{s}};
+  alloy::growth_plan plan;
+  BOOST_TEST(!a.allocate_or_plan(100 << 10, 256, plan));
+  BOOST_REQUIRE(static_cast<bool>(plan));
+  BOOST_TEST(plan.bytes == 2 * granule);  // granules 0 and 1, neither mapped
+  BOOST_TEST(a.check_invariants());
+  BOOST_TEST(a.bytes_in_use() == 0u);  // nothing handed out, nothing mapped yet
+  BOOST_TEST(a.reserved_bytes() == 0u);
+  BOOST_TEST(s->maps() == 0u);
+
+  // Best fit would put this right after the pending chunk, in its granule 1: whole free
+  // granules instead.
+  const block other = a.allocate(8 << 10, 256);
+  BOOST_REQUIRE(other);
+  fill_pattern(other, 3);
+
+  plan.fetch();
+  BOOST_REQUIRE(static_cast<bool>(plan.got));
+  const block mine = a.allocate_planned(plan, 100 << 10, 256);
+  plan.give_back_unused();
+  BOOST_REQUIRE(mine);
+  BOOST_TEST(mine.size == std::size_t{100} << 10);
+  const auto m = reinterpret_cast<std::uintptr_t>(mine.ptr), o = reinterpret_cast<std::uintptr_t>(other.ptr);
+  BOOST_TEST((o >= m + 2 * granule), "a block placed in a pending granule");
+  BOOST_TEST(o % granule == 0u);
+  fill_pattern(mine, 4);
+  BOOST_TEST(has_pattern(other, 3));
+  BOOST_TEST(a.check_invariants());
+  BOOST_TEST(a.reserved_bytes() == 3 * granule);
+  BOOST_TEST(a.bytes_in_use() == (std::size_t{100} << 10) + (8 << 10));
+  BOOST_TEST(a.counters().num_maps == 3u);
+  BOOST_TEST(a.counters().num_device_alloc == 3u);
+  a.deallocate(mine);
+  a.deallocate(other);
+  BOOST_TEST(a.check_invariants());
+}
+
+BOOST_AUTO_TEST_CASE(freeing_a_pending_chunk_is_a_misuse) {
+  const auto s = device();
+  arena a{gated_vmm{s}};
+  alloy::growth_plan plan;
+  BOOST_TEST(!a.allocate_or_plan(100 << 10, 256, plan));
+  BOOST_REQUIRE(static_cast<bool>(plan));
+  // The pending chunk is the first piece of the range.
+  const void* start = nullptr;
+  a.for_each_block([&](const alloy::block_info& info) {
+    if (start == nullptr) start = info.ptr;
+  });
+  BOOST_REQUIRE(start != nullptr);
+  BOOST_TEST(!a.try_deallocate(block{const_cast<void*>(start), std::size_t{100} << 10}));
+  BOOST_TEST(a.misuses().foreign_pointers == 1u);
+  BOOST_TEST(a.check_invariants());
+  plan.fetch();
+  const block mine = a.allocate_planned(plan, 100 << 10, 256);
+  BOOST_REQUIRE(mine);
+  BOOST_TEST(mine.ptr == start);
+  BOOST_TEST(a.try_deallocate(mine));
+  BOOST_TEST(a.check_invariants());
+}
+
+BOOST_AUTO_TEST_CASE(a_failed_map_outside_the_lock_falls_back_to_the_locked_path) {
+  // Calls numbered over creates and maps: 0 create, 1 map (fails) -> released; the commit frees
+  // the chunk and allocates as `allocate` does: 2 create, 3 map, 4 create, 5 map.
+  const auto s = device(SIZE_MAX, {.fail_at = {1}, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+  arena a{gated_vmm{s}};
+  alloy::growth_plan plan;
+  BOOST_TEST(!a.allocate_or_plan(100 << 10, 256, plan));
+  BOOST_REQUIRE(static_cast<bool>(plan));
+  plan.fetch();
+  BOOST_TEST(!plan.got);
+  const block b = a.allocate_planned(plan, 100 << 10, 256);
+  plan.give_back_unused();
+  BOOST_REQUIRE(b);
+  fill_pattern(b, 5);
+  BOOST_TEST(has_pattern(b, 5));
+  BOOST_TEST(a.check_invariants());
+  BOOST_TEST(a.counters().num_device_alloc == 3u);  // the failed map's piece, then two
+  BOOST_TEST(a.counters().num_device_free == 1u);
+  BOOST_TEST(a.counters().num_maps == 2u);
+  BOOST_TEST(a.counters().num_ooms == 0u);
+  BOOST_TEST(a.reserved_bytes() == s->backend.physical_bytes());
+  a.deallocate(b);
+}
+
+/// A live block with its pattern id.
+struct live_block {
+  block b;
+  std::uint64_t id;
+};
+
+bool overlaps_any(const std::vector<live_block>& live, block b) {
+  const auto s = reinterpret_cast<std::uintptr_t>(b.ptr);
+  return std::any_of(live.begin(), live.end(), [&](const live_block& l) {
+    const auto t = reinterpret_cast<std::uintptr_t>(l.b.ptr);
+    return s < t + std::max<std::size_t>(l.b.size, 1) && t < s + std::max<std::size_t>(b.size, 1);
+  });
+}
+
+/// Up to four growths pending at once while the arena allocates, frees and releases around them,
+/// up to 40 blocks live; creates and maps fail one call in eleven; the device holds 96 granules.
+/// With `keep_free` the arena's default release rule, else every wholly free granule is unmapped
+/// at once (many more growths).
+void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
+  std::set<std::size_t> fail_at;
+  for (std::size_t i = 5; i < 40 * steps; i += 11) fail_at.insert(i);
+  const auto s = device(96 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+  {
+    arena::options opts;
+    if (!keep_free) {
+      opts.release_threshold_divisor = 0;
+      opts.keep_up_to_peak = false;
+    }
+    arena a{gated_vmm{s}, opts};
+    std::mt19937_64 rng(seed);
+    std::vector<live_block> live;
+    struct pending {
+      alloy::growth_plan plan;
+      std::size_t bytes, alignment;
+    };
+    std::vector<pending> waiting;
+    std::uint64_t next_id = 1;
+    std::size_t planned = 0, committed = 0, served = 0, failed = 0;
+    const auto size = [&] {
+      const double e = std::uniform_real_distribution<double>(6.0, 19.0)(rng);  // 64 B - 512 KiB
+      return static_cast<std::size_t>(std::exp2(e));
+    };
+    const auto alignment = [&] { return std::size_t{256} << (rng() % 4 == 0 ? rng() % 10 : 0); };
+    const auto keep = [&](block b, std::size_t bytes, std::size_t al) {
+      if (!b) {
+        ++failed;
+        return;
+      }
+      ++served;
+      BOOST_TEST(b.size == bytes);
+      BOOST_TEST(reinterpret_cast<std::uintptr_t>(b.ptr) % al == 0u);
+      BOOST_TEST(!overlaps_any(live, b), "a block handed out twice (seed " << seed << ")");
+      fill_pattern(b, next_id);
+      live.push_back({b, next_id++});
+    };
+    for (std::size_t step = 0; step < steps; ++step) {
+      const unsigned r = live.size() >= 40 ? 80 : static_cast<unsigned>(rng() % 100);
+      if (r < 30 && waiting.size() < 4) {
+        pending p{{}, size(), alignment()};
+        const block b = a.allocate_or_plan(p.bytes, p.alignment, p.plan);
+        if (b) {
+          keep(b, p.bytes, p.alignment);
+        } else if (p.plan) {
+          ++planned;
+          waiting.push_back(p);
+        } else {
+          keep(a.allocate(p.bytes, p.alignment), p.bytes, p.alignment);
+        }
+      } else if (r < 50 && !waiting.empty()) {
+        const std::size_t i = rng() % waiting.size();
+        pending p = waiting[i];
+        waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+        p.plan.fetch();
+        const block b = a.allocate_planned(p.plan, p.bytes, p.alignment);
+        p.plan.give_back_unused();
+        ++committed;
+        keep(b, p.bytes, p.alignment);
+      } else if (r < 60) {
+        const std::size_t bytes = size(), al = alignment();
+        keep(a.allocate(bytes, al), bytes, al);
+      } else if (r < 97) {
+        if (live.empty()) continue;
+        const std::size_t i = rng() % live.size();
+        BOOST_TEST(has_pattern(live[i].b, live[i].id), "block " << live[i].id << " lost its content (seed " << seed << ")");
+        BOOST_TEST(a.try_deallocate(live[i].b));
+        live[i] = live.back();
+        live.pop_back();
+      } else {
+        a.release();
+      }
+      if (!a.check_invariants()) {
+        BOOST_TEST(false, "invariants broken at step " << step << " (seed " << seed << ")");
+        break;
+      }
+      // Creates and maps are made and committed in one step: every piece is mapped and counted.
+      if (a.reserved_bytes() != s->backend.physical_bytes()) {
+        BOOST_TEST(false, "mapped bytes differ from the backend's at step " << step);
+        break;
+      }
+    }
+    for (pending& p : waiting) {
+      p.plan.fetch();
+      keep(a.allocate_planned(p.plan, p.bytes, p.alignment), p.bytes, p.alignment);
+      ++committed;
+    }
+    for (const live_block& l : live) {
+      BOOST_TEST(has_pattern(l.b, l.id));
+      a.deallocate(l.b);
+    }
+    BOOST_TEST(a.check_invariants());
+    BOOST_TEST(a.bytes_in_use() == 0u);
+    BOOST_TEST(a.requested_bytes() == 0u);
+    BOOST_TEST(a.misuses().total() == 0u);
+    a.release();
+    BOOST_TEST(a.mapped_bytes() == 0u);
+    const alloy::allocator_counters c = a.counters();
+    BOOST_TEST(c.num_device_alloc == c.num_device_free);
+    BOOST_TEST(c.num_maps == c.num_unmaps);
+    BOOST_TEST(c.num_maps == s->calls().maps);
+    BOOST_TEST(planned == committed);
+    BOOST_TEST_MESSAGE("seed " << seed << ": " << planned << " planned, " << served << " served, " << failed << " failed");
+    BOOST_TEST(planned > steps / (keep_free ? 200 : 20), "too few growths were planned to test anything");
+    BOOST_TEST(failed > 0u, "the device never ran short");
+    BOOST_TEST(served > 10 * failed);
+  }
+  const alloy::host_vmm::call_counts calls = s->calls();
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+  BOOST_TEST(calls.creates == calls.releases);
+  BOOST_TEST(calls.maps == calls.unmaps);
+  BOOST_TEST(calls.reserves == calls.unreserves);
+}
+
+BOOST_AUTO_TEST_CASE(model_with_growths_pending_around_every_call) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) run_model(seed, under_tsan ? 20000 : 200000, seed == 1);
+}
+
+// ---- one failure at every call index -----------------------------------------------------------
+
+/// A fixed script through synchronized<stats<virtual_arena>> (every growth planned and mapped
+/// outside the lock) with call `fail_at` failing (creates and maps numbered together); returns
+/// how many calls were numbered.
+std::size_t run_script(std::size_t fail_at) {
+  const auto s = device(SIZE_MAX, {.fail_at = {fail_at}, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+  std::size_t numbered = 0;
+  {
+    alloy::synchronized<alloy::stats<arena>> alloc{alloy::stats<arena>{arena{gated_vmm{s}}}};
+    std::vector<live_block> live;
+    std::uint64_t id = 1;
+    const std::size_t sizes[] = {100 << 10, 3000, 700 << 10, 64 << 10, 40, 1 << 20, 200 << 10, 5 << 10};
+    for (int round = 0; round < 3; ++round) {
+      for (const std::size_t bytes : sizes) {
+        const block b = alloc.allocate(bytes, 256);
+        BOOST_TEST(static_cast<bool>(b), "allocate(" << bytes << ") failed with call " << fail_at << " failing");
+        if (!b) continue;
+        BOOST_TEST(!overlaps_any(live, b));
+        fill_pattern(b, id);
+        live.push_back({b, id++});
+      }
+      for (std::size_t i = static_cast<std::size_t>(round % 2); i < live.size(); i += 2) {
+        BOOST_TEST(has_pattern(live[i].b, live[i].id));
+        alloc.deallocate(live[i].b);
+        live[i].b = {};
+      }
+      std::erase_if(live, [](const live_block& l) { return !l.b; });
+      if (round == 1) alloc.release();
+    }
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.num_ooms == 0u);
+    BOOST_TEST(st.num_allocs == 24u);
+    BOOST_TEST(st.bytes_reserved == s->backend.physical_bytes());
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.inner().check_invariants(); }));
+    for (const live_block& l : live) {
+      BOOST_TEST(has_pattern(l.b, l.id));
+      alloc.deallocate(l.b);
+    }
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.bytes_in_use(); }) == 0u);
+    numbered = s->backend.with_lock([](vmm_state::failing& f) { return f.calls(); });
+  }
+  const alloy::host_vmm::call_counts calls = s->calls();
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+  BOOST_TEST(calls.creates == calls.releases);
+  BOOST_TEST(calls.maps == calls.unmaps);
+  return numbered;
+}
+
+BOOST_AUTO_TEST_CASE(one_create_or_map_failure_at_every_call_index) {
+  const std::size_t calls = run_script(SIZE_MAX);
+  BOOST_TEST(calls > 20u);
+  for (std::size_t k = 0; k <= calls; ++k) run_script(k);
+}
+
+// ---- threads ---------------------------------------------------------------------------------------
+
+/// 4 threads, each keeping up to 24 blocks of 64 B - 512 KiB, filled; a block is sometimes handed
+/// to the next thread, which checks and frees it; a device of 160 granules and one create or map
+/// in thirteen failing, so that growths, failures and the locked fallback all happen under load.
+template <class Alloc>
+void hammer(Alloc& alloc, std::size_t steps_per_thread, std::size_t& served, std::size_t& failed) {
+  constexpr int threads = 4;
+  std::mutex handoff_mutex;
+  std::vector<std::vector<live_block>> handoff(threads);
+  std::atomic<std::size_t> ok{0}, refused{0}, corrupt{0};
+  std::atomic<std::uint64_t> ids{1};
+  const auto run = [&](int me) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(me) * 7919 + 1);
+    std::vector<live_block> live;
+    const auto drop = [&](const live_block& l) {
+      if (!has_pattern(l.b, l.id)) ++corrupt;
+      alloc.deallocate(l.b);
+    };
+    for (std::size_t step = 0; step < steps_per_thread; ++step) {
+      if (step % 64 == 0) {
+        std::vector<live_block> mine;
+        {
+          std::lock_guard lock(handoff_mutex);
+          mine.swap(handoff[static_cast<std::size_t>(me)]);
+        }
+        for (const live_block& l : mine) drop(l);
+      }
+      if (live.size() < 24 && rng() % 2 == 0) {
+        const auto bytes = static_cast<std::size_t>(std::exp2(std::uniform_real_distribution<double>(6.0, 19.0)(rng)));
+        const block b = alloc.allocate(bytes, 256);
+        if (!b) {
+          ++refused;
+          continue;
+        }
+        ++ok;
+        const std::uint64_t id = ids.fetch_add(1);
+        fill_pattern(b, id);
+        live.push_back({b, id});
+      } else if (!live.empty()) {
+        const std::size_t i = rng() % live.size();
+        const live_block l = live[i];
+        live[i] = live.back();
+        live.pop_back();
+        if (rng() % 4 == 0) {
+          std::lock_guard lock(handoff_mutex);
+          handoff[static_cast<std::size_t>((me + 1) % threads)].push_back(l);
+        } else {
+          drop(l);
+        }
+      }
+    }
+    for (const live_block& l : live) drop(l);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(run, t);
+  for (std::thread& t : pool) t.join();
+  for (auto& h : handoff)
+    for (const live_block& l : h) {
+      if (!has_pattern(l.b, l.id)) ++corrupt;
+      alloc.deallocate(l.b);
+    }
+  BOOST_TEST(corrupt.load() == 0u, "blocks lost their content");
+  served = ok.load();
+  failed = refused.load();
+}
+
+std::shared_ptr<vmm_state> failing_device() {
+  std::set<std::size_t> fail_at;
+  for (std::size_t i = 3; i < 2'000'000; i += 13) fail_at.insert(i);
+  return device(160 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+}
+
+BOOST_AUTO_TEST_CASE(threads_through_synchronized_stats_virtual_allocator) {
+  const auto s = failing_device();
+  {
+    using inner = alloy::stats<valloc>;
+    alloy::synchronized<inner> alloc{inner{valloc{gated_vmm{s}}}};
+    std::size_t served = 0, failed = 0;
+    hammer(alloc, under_tsan ? 10000 : 250000, served, failed);
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.num_allocs == served);
+    BOOST_TEST(st.num_ooms == failed);
+    BOOST_TEST(st.bytes_in_use == 0u);
+    BOOST_TEST(served > failed);
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.inner().arena().check_invariants(); }));
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+  const alloy::host_vmm::call_counts calls = s->calls();
+  BOOST_TEST(calls.maps == calls.unmaps);
+  BOOST_TEST(calls.creates == calls.releases);
+}
+
+BOOST_AUTO_TEST_CASE(threads_through_sharded_arenas_over_one_backend) {
+  const auto s = failing_device();
+  {
+    alloy::sharded<arena> alloc([&](std::size_t) { return arena{gated_vmm{s}}; }, {.shards = 2, .thread_cache = 0});
+    std::size_t served = 0, failed = 0;
+    hammer(alloc, under_tsan ? 10000 : 250000, served, failed);
+    BOOST_TEST(served > failed);
+    BOOST_TEST(alloc.bytes_in_use() == 0u);
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+    const alloy::allocator_counters c = alloc.counters();
+    BOOST_TEST(c.num_maps - c.num_unmaps == alloc.reserved_bytes() / granule);
+    BOOST_TEST(c.num_device_alloc - c.num_device_free == alloc.reserved_bytes() / granule);
+    alloc.release();
+    BOOST_TEST(alloc.reserved_bytes() == 0u);
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+}  // namespace
