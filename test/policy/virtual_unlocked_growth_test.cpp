@@ -93,7 +93,9 @@ struct vmm_state {
     changed.notify_all();
     changed.wait(lock, [&] { return open; });
   }
-  std::size_t maps() { return backend.with_lock([](failing& f) { return f.backend().calls().maps; }); }
+  std::size_t maps() {
+    return backend.with_lock([](failing& f) { return f.backend().calls().maps; });
+  }
   alloy::host_vmm::call_counts calls() {
     return backend.with_lock([](failing& f) { return f.backend().calls(); });
   }
@@ -138,7 +140,8 @@ static_assert(!alloy::thread_safe_vmm<alloy::host_vmm> && !alloy::thread_safe_vm
 static_assert(alloy::growth_planning_allocator<arena>);
 static_assert(alloy::growth_planning_allocator<alloy::stats<arena>>);
 static_assert(alloy::growth_planning_allocator<valloc>);
-static_assert(alloy::growth_planning_allocator<alloy::virtual_arena<alloy::vmm_ref<alloy::synchronized_vmm<alloy::host_vmm>>>>);
+static_assert(
+    alloy::growth_planning_allocator<alloy::virtual_arena<alloy::vmm_ref<alloy::synchronized_vmm<alloy::host_vmm>>>>);
 static_assert(!alloy::growth_planning_allocator<alloy::virtual_arena<unsafe_gated_vmm>>);
 static_assert(!alloy::growth_planning_allocator<alloy::virtual_arena<alloy::host_vmm>>);
 static_assert(!alloy::growth_planning_allocator<alloy::virtual_allocator<alloy::host_vmm>>);
@@ -196,7 +199,8 @@ BOOST_AUTO_TEST_CASE(synchronized_arena_serves_mapped_granules_while_a_growth_ma
   const auto s = device();
   {
     alloy::synchronized<alloy::stats<arena>> alloc{alloy::stats<arena>{arena{gated_vmm{s}}}};
-    BOOST_TEST(others_proceed_during_a_map(alloc, *s), "an allocate from mapped granules waited for another thread's map");
+    BOOST_TEST(others_proceed_during_a_map(alloc, *s),
+               "an allocate from mapped granules waited for another thread's map");
     const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
     BOOST_TEST(st.num_allocs == 5u);  // keep, A's, three by the other thread
     BOOST_TEST(st.num_ooms == 0u);
@@ -356,7 +360,8 @@ bool overlaps_any(const std::vector<live_block>& live, block b) {
 void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
   std::set<std::size_t> fail_at;
   for (std::size_t i = 5; i < 40 * steps; i += 11) fail_at.insert(i);
-  const auto s = device(96 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+  const auto s =
+      device(96 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
   {
     arena::options opts;
     if (!keep_free) {
@@ -418,7 +423,8 @@ void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
       } else if (r < 97) {
         if (live.empty()) continue;
         const std::size_t i = rng() % live.size();
-        BOOST_TEST(has_pattern(live[i].b, live[i].id), "block " << live[i].id << " lost its content (seed " << seed << ")");
+        BOOST_TEST(has_pattern(live[i].b, live[i].id),
+                   "block " << live[i].id << " lost its content (seed " << seed << ")");
         BOOST_TEST(a.try_deallocate(live[i].b));
         live[i] = live.back();
         live.pop_back();
@@ -455,7 +461,8 @@ void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
     BOOST_TEST(c.num_maps == c.num_unmaps);
     BOOST_TEST(c.num_maps == s->calls().maps);
     BOOST_TEST(planned == committed);
-    BOOST_TEST_MESSAGE("seed " << seed << ": " << planned << " planned, " << served << " served, " << failed << " failed");
+    BOOST_TEST_MESSAGE("seed " << seed << ": " << planned << " planned, " << served << " served, " << failed
+                               << " failed");
     BOOST_TEST(planned > steps / (keep_free ? 200 : 20), "too few growths were planned to test anything");
     BOOST_TEST(failed > 0u, "the device never ran short");
     BOOST_TEST(served > 10 * failed);
@@ -477,7 +484,8 @@ BOOST_AUTO_TEST_CASE(model_with_growths_pending_around_every_call) {
 /// outside the lock) with call `fail_at` failing (creates and maps numbered together); returns
 /// how many calls were numbered.
 std::size_t run_script(std::size_t fail_at) {
-  const auto s = device(SIZE_MAX, {.fail_at = {fail_at}, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+  const auto s =
+      device(SIZE_MAX, {.fail_at = {fail_at}, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
   std::size_t numbered = 0;
   {
     alloy::synchronized<alloy::stats<arena>> alloc{alloy::stats<arena>{arena{gated_vmm{s}}}};
@@ -529,8 +537,8 @@ BOOST_AUTO_TEST_CASE(one_create_or_map_failure_at_every_call_index) {
 // ---- threads ---------------------------------------------------------------------------------------
 
 /// 4 threads, each keeping up to 24 blocks of 64 B - 512 KiB, filled; a block is sometimes handed
-/// to the next thread, which checks and frees it; a device of 160 granules and one create or map
-/// in thirteen failing, so that growths, failures and the locked fallback all happen under load.
+/// to the next thread (up to 32 waiting), which checks and frees it; a device of 320 granules
+/// (about the most live at once) and one create or map in thirteen failing, so that growths, failures and the locked fallback all happen under load.
 template <class Alloc>
 void hammer(Alloc& alloc, std::size_t steps_per_thread, std::size_t& served, std::size_t& failed) {
   constexpr int threads = 4;
@@ -570,12 +578,16 @@ void hammer(Alloc& alloc, std::size_t steps_per_thread, std::size_t& served, std
         const live_block l = live[i];
         live[i] = live.back();
         live.pop_back();
+        bool handed = false;
         if (rng() % 4 == 0) {
           std::lock_guard lock(handoff_mutex);
-          handoff[static_cast<std::size_t>((me + 1) % threads)].push_back(l);
-        } else {
-          drop(l);
+          auto& next = handoff[static_cast<std::size_t>((me + 1) % threads)];
+          if (next.size() < 32) {  // bounded, so a thread descheduled for long does not hold everything
+            next.push_back(l);
+            handed = true;
+          }
         }
+        if (!handed) drop(l);
       }
     }
     for (const live_block& l : live) drop(l);
@@ -596,7 +608,7 @@ void hammer(Alloc& alloc, std::size_t steps_per_thread, std::size_t& served, std
 std::shared_ptr<vmm_state> failing_device() {
   std::set<std::size_t> fail_at;
   for (std::size_t i = 3; i < 2'000'000; i += 13) fail_at.insert(i);
-  return device(160 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+  return device(320 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
 }
 
 BOOST_AUTO_TEST_CASE(threads_through_synchronized_stats_virtual_allocator) {
