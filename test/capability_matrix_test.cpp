@@ -418,16 +418,17 @@ static_assert(alloy::growth_planning_allocator<alloy::stats<alloy::default_alloc
 static_assert(alloy::growth_planning_allocator<alloy::caching_allocator<alloy::host_upstream>>);
 static_assert(!alloy::growth_planning_allocator<alloy::size_class_pool<alloy::ref<arena>>>);  // not thread safe
 // Over a thread-safe backend the virtual arena and virtual_allocator plan their growth (creates
-// and maps without the caller's lock) and every wrapper passes it on; over host_vmm they do not.
+// and maps without the caller's lock) and detach their release (unmaps without it), and every
+// wrapper passes both on; over host_vmm they do neither.
 using shared_vmm = alloy::vmm_ref<alloy::synchronized_vmm<alloy::host_vmm>>;
 using ts_varena = alloy::virtual_arena<shared_vmm>;
-static_assert(mask_of<ts_varena>() == (mask_of<varena>() | bit(capability::planned_growth)));
-static_assert((mask_of<varena>() & bit(capability::planned_growth)) == 0);
+constexpr unsigned unlocked_calls = bit(capability::planned_growth) | bit(capability::detaching_release);
+static_assert(mask_of<ts_varena>() == (mask_of<varena>() | unlocked_calls));
+static_assert((mask_of<varena>() & unlocked_calls) == 0);
 static_assert(mask_of<alloy::synchronized<ts_varena>>() == mask_of<ts_varena>());
 static_assert(mask_of<alloy::stats<ts_varena>>() == mask_of<ts_varena>());
 static_assert(mask_of<alloy::limited<ts_varena>>() == (mask_of<ts_varena>() | bit(capability::bytes_limit)));
-static_assert(mask_of<alloy::virtual_allocator<shared_vmm>>() ==
-              (mask_of<vallocator>() | bit(capability::planned_growth)));
+static_assert(mask_of<alloy::virtual_allocator<shared_vmm>>() == (mask_of<vallocator>() | unlocked_calls));
 static_assert(mask_of<alloy::synchronized<alloy::stats<alloy::virtual_allocator<shared_vmm>>>>() ==
               mask_of<alloy::virtual_allocator<shared_vmm>>());
 // So does the two-phase release: `synchronized` and `sharded` give the segments back without

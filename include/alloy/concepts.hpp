@@ -118,6 +118,10 @@ struct detached_segments {
   void add(Upstream& up, block b) noexcept {
     entries[count++] = {b, &up, [](void* u, block x) noexcept { static_cast<Upstream*>(u)->deallocate(x); }};
   }
+  /// `b` goes back through `give(context, b)` in `give_back` (`count < capacity`).
+  void add_call(void* context, block b, void (*give)(void*, block) noexcept) noexcept {
+    entries[count++] = {b, context, give};
+  }
   void give_back() noexcept {
     for (std::size_t i = 0; i < count; ++i) entries[i].give(entries[i].upstream, entries[i].taken);
     count = 0;

@@ -192,8 +192,8 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   arena, then every free mapped granule to the backend), `reserved_bytes`, `mapped_bytes`,
 ///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`; over a `thread_safe_vmm`,
 ///   planned growth for requests above 64 KiB (the arena's: `synchronized` and `sharded` map
-///   their granules without the lock; a small request's new slab is mapped under it). Memory
-///   kind: the backend's.
+///   their granules without the lock; a small request's new slab is mapped under it) and
+///   `release_detached` (the unmaps of `release()` without the lock). Memory kind: the backend's.
 /// - Chosen by measurement (`bench/virtual_memory candidates`, tables in bench/README.md,
 ///   "Virtual memory"): the arena alone and pools up to 16 KiB / 64 KiB / 256 KiB / 1 MiB with
 ///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,
@@ -328,6 +328,14 @@ class virtual_allocator {
   void release() noexcept {
     heap_.small().release();
     arena_->release();
+  }
+  /// `release()` with the arena's unmaps and releases left to the caller, without its lock
+  /// (`detaching_release_allocator`, over a `thread_safe_vmm`: `virtual_arena::release_detached`).
+  bool release_detached(detached_segments& out) noexcept
+    requires detaching_release_allocator<arena_type>
+  {
+    heap_.small().release();
+    return arena_->release_detached(out);
   }
 
   std::size_t reserved_bytes() const noexcept { return arena_->reserved_bytes(); }

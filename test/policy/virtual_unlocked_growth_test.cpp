@@ -57,41 +57,44 @@ namespace {
 constexpr std::size_t granule = std::size_t{64} << 10;
 
 /// What every copy of a `gated_vmm` shares: the backend (host memory, failures on chosen calls,
-/// one lock around each call) and a gate in `map`.
+/// one lock around each call) and a gate in `map` and one in `unmap`.
 struct vmm_state {
   using failing = alloy::testing::failing_vmm<alloy::host_vmm>;
   alloy::synchronized_vmm<failing> backend;
   std::mutex mutex;
   std::condition_variable changed;
-  bool armed = false, inside = false, open = false;
+  struct gate {
+    bool armed = false, inside = false, open = false;
+  };
+  gate on_map, on_unmap;
 
   explicit vmm_state(std::size_t capacity, failing::options fail = {})
       : backend(failing(alloy::host_vmm({.capacity = capacity, .granularity = granule}), std::move(fail))) {}
 
-  void arm() {
+  void arm(gate& g) {
     std::lock_guard lock(mutex);
-    armed = true;
-    inside = open = false;
+    g.armed = true;
+    g.inside = g.open = false;
   }
-  bool wait_inside(std::chrono::milliseconds limit) {
+  bool wait_inside(gate& g, std::chrono::milliseconds limit) {
     std::unique_lock lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return inside; });
+    return changed.wait_for(lock, limit, [&] { return g.inside; });
   }
-  void let_go() {
+  void let_go(gate& g) {
     {
       std::lock_guard lock(mutex);
-      open = true;
+      g.open = true;
     }
     changed.notify_all();
   }
-  /// Called by `map` before the backend's lock: blocks while the gate is armed, until opened.
-  void pass() {
+  /// Called by `map` or `unmap` before the backend's lock: blocks while `g` is armed, until opened.
+  void pass(gate& g) {
     std::unique_lock lock(mutex);
-    if (!armed) return;
-    armed = false;
-    inside = true;
+    if (!g.armed) return;
+    g.armed = false;
+    g.inside = true;
     changed.notify_all();
-    changed.wait(lock, [&] { return open; });
+    changed.wait(lock, [&] { return g.open; });
   }
   std::size_t maps() {
     return backend.with_lock([](failing& f) { return f.backend().calls().maps; });
@@ -118,10 +121,13 @@ class basic_gated_vmm {
   alloy::physical_memory create(std::size_t bytes) noexcept { return s_->backend.create(bytes); }
   void release(alloy::physical_memory p) noexcept { s_->backend.release(p); }
   bool map(void* at, alloy::physical_memory p) noexcept {
-    s_->pass();
+    s_->pass(s_->on_map);
     return s_->backend.map(at, p);
   }
-  void unmap(void* at, std::size_t bytes) noexcept { s_->backend.unmap(at, bytes); }
+  void unmap(void* at, std::size_t bytes) noexcept {
+    s_->pass(s_->on_unmap);
+    s_->backend.unmap(at, bytes);
+  }
   std::size_t capacity() const noexcept { return s_->backend.capacity(); }
   std::size_t physical_bytes() const noexcept { return s_->backend.physical_bytes(); }
 
@@ -164,9 +170,9 @@ bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s) {
   const std::size_t maps_before = s.maps();
 
   block grown{};
-  s.arm();
+  s.arm(s.on_map);
   std::thread a([&] { grown = alloc.allocate(std::size_t{1} << 20, 256); });
-  BOOST_TEST(s.wait_inside(10s), "thread A never reached the backend's map");
+  BOOST_TEST(s.wait_inside(s.on_map, 10s), "thread A never reached the backend's map");
   auto other = std::async(std::launch::async, [&] {
     bool ok = true;
     for (std::uint64_t i = 0; i < 3; ++i) {
@@ -181,7 +187,7 @@ bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s) {
   });
   const bool finished = other.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
   const std::size_t maps_while_a_waited = s.maps() - maps_before;
-  s.let_go();
+  s.let_go(s.on_map);
   a.join();
   BOOST_TEST(other.get(), "the other thread's blocks were wrong");
   BOOST_TEST(maps_while_a_waited == 0u, "the other thread mapped (its blocks belong in granule 0)");
@@ -247,6 +253,142 @@ BOOST_AUTO_TEST_CASE(over_a_backend_that_is_not_thread_safe_the_lock_is_held_and
     using unsafe_arena = alloy::virtual_arena<unsafe_gated_vmm>;
     alloy::synchronized<unsafe_arena> alloc{unsafe_arena{unsafe_gated_vmm{s}}};
     BOOST_TEST(!others_proceed_during_a_map(alloc, *s));
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+// ---- release() unmaps without the lock ------------------------------------------------------------
+
+/// Thread A releases 16 free mapped granules (the gate holds it in its first unmap) while a 40 KiB
+/// block keeps granule 0 mapped with room; another thread then allocates 8 KiB there three times,
+/// fills, checks and frees. Returns whether it finished while A was held; checks that exactly the
+/// free granules were unmapped and that the kept block is intact.
+template <class Alloc, class FreeGranules>
+bool others_proceed_during_a_release(Alloc& alloc, vmm_state& s, FreeGranules free_granules) {
+  const block keep = alloc.allocate(40 << 10, 256);
+  BOOST_REQUIRE(keep);
+  fill_pattern(keep, 1);
+  const block big = alloc.allocate(std::size_t{1} << 20, 256);  // 16 granules, most kept mapped once freed
+  BOOST_REQUIRE(big);
+  alloc.deallocate(big);
+  const std::size_t unmaps_before = s.calls().unmaps;
+  const std::size_t to_release = free_granules();
+  BOOST_TEST(to_release >= 15u);  // the arena's own rule may have unmapped one at the free
+
+  s.arm(s.on_unmap);
+  std::thread a([&] { alloc.release(); });
+  BOOST_TEST(s.wait_inside(s.on_unmap, 10s), "thread A never reached the backend's unmap");
+  auto other = std::async(std::launch::async, [&] {
+    bool ok = true;
+    for (std::uint64_t i = 0; i < 3; ++i) {
+      const block b = alloc.allocate(8 << 10, 256);
+      ok = ok && b;
+      if (!b) continue;
+      fill_pattern(b, 100 + i);
+      ok = ok && has_pattern(b, 100 + i);
+      alloc.deallocate(b);
+    }
+    return ok;
+  });
+  const bool finished = other.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
+  s.let_go(s.on_unmap);
+  a.join();
+  BOOST_TEST(other.get(), "the other thread's blocks were wrong");
+  BOOST_TEST(s.calls().unmaps - unmaps_before == to_release, "release() unmaps exactly the free granules");
+  BOOST_TEST(has_pattern(keep, 1));
+  alloc.deallocate(keep);
+  return finished;
+}
+
+BOOST_AUTO_TEST_CASE(synchronized_arena_serves_mapped_granules_while_release_unmaps) {
+  const auto s = device();
+  {
+    alloy::synchronized<alloy::stats<arena>> alloc{alloy::stats<arena>{arena{gated_vmm{s}}}};
+    BOOST_TEST(others_proceed_during_a_release(
+                   alloc, *s,
+                   [&] { return alloc.with_lock([](auto& in) { return in.inner().free_mapped_bytes(); }) / granule; }),
+               "an allocate from mapped granules waited for release()'s unmaps");
+    const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
+    BOOST_TEST(st.num_device_alloc == 17u);  // granule 0, the 16 of the 1 MiB block
+    BOOST_TEST(st.num_device_alloc - st.num_device_free == st.bytes_reserved / granule);
+    BOOST_TEST(st.bytes_in_use == 0u);
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.inner().check_invariants(); }));
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(sharded_arena_serves_the_same_shard_while_release_unmaps) {
+  const auto s = device();
+  {
+    alloy::sharded<arena> alloc([&](std::size_t) { return arena{gated_vmm{s}}; }, {.shards = 1, .thread_cache = 0});
+    BOOST_TEST(others_proceed_during_a_release(alloc, *s, [&] { return alloc.reserved_bytes() / granule - 1; }),
+               "an allocate from mapped granules waited for the shard's unmaps");  // all but granule 0
+    BOOST_TEST(alloc.counters().num_maps - alloc.counters().num_unmaps == alloc.reserved_bytes() / granule);
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(synchronized_virtual_allocator_serves_the_pool_while_release_unmaps) {
+  const auto s = device();
+  {
+    alloy::synchronized<valloc> alloc{valloc{gated_vmm{s}}};
+    const block small = alloc.allocate(8 << 10, 256);  // a slab for the other thread's 8 KiB blocks
+    BOOST_REQUIRE(small);
+    BOOST_TEST(others_proceed_during_a_release(
+                   alloc, *s,
+                   [&] { return alloc.with_lock([](auto& in) { return in.arena().free_mapped_bytes(); }) / granule; }),
+               "a pooled allocate waited for release()'s unmaps");
+    alloc.deallocate(small);
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.arena().check_invariants(); }));
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(over_a_backend_that_is_not_thread_safe_release_holds_the_lock_and_the_test_sees_it) {
+  const auto s = device();
+  {
+    using unsafe_arena = alloy::virtual_arena<unsafe_gated_vmm>;
+    alloy::synchronized<unsafe_arena> alloc{unsafe_arena{unsafe_gated_vmm{s}}};
+    BOOST_TEST(!others_proceed_during_a_release(alloc, *s, [&] { return alloc.reserved_bytes() / granule - 1; }));
+  }
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
+// A request that needs the granules being released waits until their unmaps are done (it holds
+// the lock meanwhile; the releasing thread needs none), then maps them afresh.
+BOOST_AUTO_TEST_CASE(a_placement_on_granules_being_released_waits_for_their_unmaps) {
+  const auto s = device();
+  {
+    alloy::synchronized<arena> alloc{arena{gated_vmm{s}}};
+    const block keep = alloc.allocate(40 << 10, 256);
+    BOOST_REQUIRE(keep);
+    const block big = alloc.allocate(std::size_t{1} << 20, 256);
+    BOOST_REQUIRE(big);
+    alloc.deallocate(big);  // granules 1-16 free mapped
+    s->arm(s->on_unmap);
+    std::thread a([&] { alloc.release(); });
+    BOOST_TEST(s->wait_inside(s->on_unmap, 10s));
+    auto again = std::async(std::launch::async, [&] { return alloc.allocate(std::size_t{1} << 20, 256); });
+    BOOST_TEST((again.wait_for(300ms) == std::future_status::timeout),
+               "a placement mapped over a granule still being released");
+    s->let_go(s->on_unmap);
+    a.join();
+    const block b = again.get();
+    BOOST_REQUIRE(b);
+    BOOST_TEST(b.ptr == big.ptr);  // the same place, mapped afresh
+    fill_pattern(b, 6);
+    BOOST_TEST(has_pattern(b, 6));
+    const alloy::allocator_counters c = alloc.counters();
+    BOOST_TEST(c.num_unmaps == 16u);
+    BOOST_TEST(c.num_maps == 33u);  // granule 0, 16, 16 again
+    BOOST_TEST(alloc.reserved_bytes() == 17 * granule);
+    BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
+    BOOST_TEST(alloc.with_lock([](auto& in) { return in.check_invariants(); }));
+    alloc.deallocate(b);
+    alloc.deallocate(keep);
   }
   BOOST_TEST(s->backend.physical_bytes() == 0u);
 }
@@ -428,8 +570,17 @@ void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
         BOOST_TEST(a.try_deallocate(live[i].b));
         live[i] = live.back();
         live.pop_back();
-      } else {
+      } else if (r < 99) {
         a.release();
+      } else {
+        // release()'s two phases, as synchronized runs them (no growth can be pending on a batch's
+        // granules in one thread: every call between detach and give-back would wait).
+        alloy::detached_segments::give_back_all([&](alloy::detached_segments& out) {
+          const bool done = a.release_detached(out);
+          if (!a.check_invariants())
+            BOOST_TEST(false, "invariants broken with a release batch out (seed " << seed << ")");
+          return done;
+        });
       }
       if (!a.check_invariants()) {
         BOOST_TEST(false, "invariants broken at step " << step << " (seed " << seed << ")");
@@ -536,7 +687,8 @@ BOOST_AUTO_TEST_CASE(one_create_or_map_failure_at_every_call_index) {
 
 // ---- threads ---------------------------------------------------------------------------------------
 
-/// 4 threads, each keeping up to 24 blocks of 64 B - 512 KiB, filled; a block is sometimes handed
+/// 4 threads, each keeping up to 24 blocks of 64 B - 512 KiB, filled (thread 0 also calls
+/// `release()` now and then); a block is sometimes handed
 /// to the next thread (up to 32 waiting), which checks and frees it; a device of 320 granules
 /// (about the most live at once) and one create or map in thirteen failing, so that growths, failures and the locked fallback all happen under load.
 template <class Alloc>
@@ -554,6 +706,7 @@ void hammer(Alloc& alloc, std::size_t steps_per_thread, std::size_t& served, std
       alloc.deallocate(l.b);
     };
     for (std::size_t step = 0; step < steps_per_thread; ++step) {
+      if (me == 0 && step % 4096 == 4095) alloc.release();  // unmaps beside the others' maps
       if (step % 64 == 0) {
         std::vector<live_block> mine;
         {

@@ -83,10 +83,10 @@ struct alignas(64) thread_slot {
 ///   `thread_safe_upstream`, and wrappers of it such as `stats<>`). A failed growth's
 ///   release-and-retry runs the same way (free segments detached under the lock, freed and the
 ///   call made again without it). `virtual_arena` and `virtual_allocator` over a
-///   `thread_safe_vmm` plan their growth too: the creates and maps of new granules run without
-///   the shard's lock. Still under the lock: `allocate_keeping_cache`, frees, `release()` of an
-///   `Inner` that cannot detach, a virtual arena's unmaps; over an `Inner` without planned growth,
-///   every upstream call. The table and the caches take no lock; a
+///   `thread_safe_vmm` plan their growth too (the creates and maps of new granules run without
+///   the shard's lock) and detach their release (the unmaps too). Still under the lock:
+///   `allocate_keeping_cache`, frees, `release()` of an `Inner` that cannot detach, a virtual
+///   arena's trims; over an `Inner` without planned growth, every upstream call. The table and the caches take no lock; a
 ///   thread's first call claims its entry with one compare-exchange.
 /// - The shard's lock, held the cheap way: the thread a shard was first given to holds it
 ///   through a gate (an atomic flag: one compare-exchange and one store, no `Mutex` call) for as

@@ -39,10 +39,11 @@ namespace alloy {
 ///   Over a `virtual_arena` or `virtual_allocator` whose backend is `thread_safe_vmm`
 ///   (`vmm_ref<synchronized_vmm<V>>`) a growth's creates and maps (`cuMemCreate`, `cuMemMap`) run
 ///   the same way without the lock: the chunk is carved and its new granules marked pending under
-///   it, mapped without it, committed under it again. Still under the lock there: unmaps and
-///   releases (trims, `release()`), the fallback after a failed create or map, tagged requests,
-///   and `virtual_allocator`'s small requests (a new slab's granule). Over a backend that is not
-///   thread safe every call stays under the lock.
+///   it, mapped without it, committed under it again; `release()` unmaps and releases the free
+///   granules without it. Still under the lock there: the trims of a free or an allocate, the
+///   fallback after a failed create or map, tagged requests, and `virtual_allocator`'s small
+///   requests (a new slab's granule). Over a backend that is not thread safe every call stays
+///   under the lock.
 /// - Capabilities: exactly those of `Inner` (every entry of `detail::capability`: queries such as
 ///   `counters()` and `bytes_in_use()`, checked frees, keeping-cache, stream-ordered and movable
 ///   calls), each one locked. They are passed on by `detail::forwards_everything`, with the lock

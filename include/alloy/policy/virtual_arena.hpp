@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -133,11 +134,14 @@ namespace alloy {
 ///   whole free granules instead (O(1) check, only while a growth is pending), so two threads
 ///   never map one granule. When a create or map failed, the granules mapped are kept as free
 ///   mapped ones, the chunk is freed and the request served as `allocate` serves it, under the
-///   lock (the release-and-retry under pressure is a last resort). Also under the lock: unmaps
-///   and releases (trims, `release()`), address-range growth, tagged requests (no plan is made
-///   once a tag other than 0 was used or any tag offloaded). Tested by
-///   test/policy/virtual_unlocked_growth_test.cpp (a gated map, a model with four growths
-///   pending, a failure at every call index, threads; under ThreadSanitizer too).
+///   lock (the release-and-retry under pressure is a last resort). Likewise `release()`
+///   (`release_detached`): free mapped granules leave the books under the lock, marked releasing,
+///   and are unmapped and released without it; a placement that needs one waits (holding the lock)
+///   until its batch is done. Still under the lock: the trims of a free or an allocate,
+///   address-range growth, tagged requests (no plan is made once a tag other than 0 was used or
+///   any tag offloaded). Tested by test/policy/virtual_unlocked_growth_test.cpp (a gated map and
+///   a gated unmap, a model with four growths pending and detached releases, a failure at every
+///   call index, threads; under ThreadSanitizer too).
 /// - Today's figures (alloy-replay, the 15 shipped traces, 2 MiB granules, bench/README.md
 ///   "Virtual memory"; ratios and call counts are deterministic): smallest device ÷ peak live
 ///   1.000-1.145 (geometric mean 1.022); with the defaults and no limit, peak mapped ÷ peak live
@@ -343,9 +347,7 @@ class virtual_arena {
     tag_record& rec = tags_[t.value];
     std::size_t to_map = 0;
     for (const granule& r : granules_) to_map += r.live != 0 && r.tag == t.value && r.piece == 0 && !r.pending;
-    const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
-    const std::size_t headroom = vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
-    if (to_map > headroom / opts_.granularity) return offload_status::device_out_of_memory;
+    if (to_map > headroom() / opts_.granularity) return offload_status::device_out_of_memory;
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       granule& r = granules_[g];
       if (r.live == 0 || r.tag != t.value || r.piece != 0 || r.pending) continue;
@@ -461,10 +463,48 @@ class virtual_arena {
 
   /// Unmaps and releases every free mapped granule; returns how many bytes went back.
   std::size_t release() noexcept {
+    finish_release_batch();
     const std::size_t before = free_mapped_;
     trim(0);
     peak_in_use_ = in_use_;
     return (before - free_mapped_) << gshift_;
+  }
+
+  /// `release()` without the backend's unmaps and releases (`detaching_release_allocator`, over a
+  /// `thread_safe_vmm`), so that `synchronized` and `sharded` return memory without their lock:
+  /// up to `detached_segments::capacity` free mapped granules leave the books into `out` (counted
+  /// as unmapped and released) and are marked releasing; `out.give_back()` makes the calls. A
+  /// placement that needs a releasing granule meanwhile waits (holding the caller's lock) until the
+  /// batch's calls are done, as does a request the capacity cannot serve before they are. Returns
+  /// false while it took any (the caller calls again, which closes the batch), true when none was
+  /// left; while another thread's batch is in flight, it releases the rest `release()`'s way.
+  bool release_detached(detached_segments& out) noexcept
+    requires thread_safe_vmm<Vmm>
+  {
+    finish_release_batch();
+    if (batch_.active || oldest_ == no_granule) {
+      trim(0);
+      peak_in_use_ = in_use_;
+      return true;
+    }
+    batch_.vmm = &vmm_;
+    batch_.granularity = opts_.granularity;
+    batch_.count = 0;
+    while (oldest_ != no_granule && !out.full() && batch_.count < release_batch::capacity) {
+      const std::uint32_t g = oldest_;
+      unlist(g);
+      granule& r = granules_[g];
+      out.add_call(&batch_, block{granule_address(g), static_cast<std::size_t>(r.piece)}, &release_batch::give);
+      batch_.granules[batch_.count++] = g;
+      r.piece = 0;
+      r.releasing = true;
+      --mapped_;
+      ++counters_.num_unmaps;
+      ++counters_.num_device_free;
+    }
+    batch_.remaining.store(batch_.count, std::memory_order_relaxed);
+    batch_.active = true;
+    return false;
   }
 
   /// Mapped bytes (granules with physical memory behind them).
@@ -580,7 +620,7 @@ class virtual_arena {
     if (offloaded != offloaded_in_use_ || offloaded != offloaded_chunks) return false;
     if (free_chunks != index_.size() || allocated != map_.size()) return false;
     if (pool_.live() != free_chunks + allocated) return false;
-    std::size_t mapped = 0, unused_mapped = 0, pending = 0, planned = 0, active = 0;
+    std::size_t mapped = 0, unused_mapped = 0, pending = 0, planned = 0, active = 0, releasing = 0;
     for (const auto& m : plans_) {
       if (!m->active) continue;
       ++active;
@@ -592,11 +632,14 @@ class virtual_arena {
       if (r.live != users[g] || r.fresh) return false;
       if (r.piece != 0) ++mapped;
       if (r.pending && (r.live == 0 || r.piece != 0 || ++pending > planned)) return false;
+      if (r.releasing && (r.live != 0 || r.piece != 0 || r.pending || !batch_.active || ++releasing > batch_.count))
+        return false;
       if (r.live != 0 && r.piece == 0 && !r.pending && state(tag{r.tag}) == tag_state::resident) return false;
       if (r.live != 0 && r.piece != 0 && state(tag{r.tag}) != tag_state::resident) return false;
       if (r.live == 0 && r.piece != 0) ++unused_mapped;
     }
     if (mapped != mapped_ || unused_mapped != free_mapped_ || pending != planned) return false;
+    if (batch_.active && releasing != batch_.count) return false;
     std::size_t listed = 0;
     std::uint32_t previous = no_granule;
     for (std::uint32_t g = oldest_; g != no_granule; g = granules_[g].newer) {
@@ -621,9 +664,10 @@ class virtual_arena {
     std::uint32_t live = 0;            ///< allocated chunks touching it
     std::uint32_t older = no_granule;  ///< least-recently-freed list (free mapped granules only)
     std::uint32_t newer = no_granule;
-    bool fresh = false;     ///< mapped by the allocation under way (undone if it fails)
-    bool pending = false;   ///< a planned growth maps it outside the lock (unmapped in the books until its commit)
-    std::uint16_t tag = 0;  ///< the tag of the chunks touching it (meaningful while live != 0)
+    bool fresh : 1 = false;      ///< mapped by the allocation under way (undone if it fails)
+    bool pending : 1 = false;    ///< a planned growth maps it outside the lock (unmapped in the books until its commit)
+    bool releasing : 1 = false;  ///< detached by `release_detached`: unmapped outside the lock, not reused until then
+    std::uint16_t tag = 0;       ///< the tag of the chunks touching it (meaningful while live != 0)
   };
   /// One live chunk of an offloaded tag and where its bytes are in the host copy.
   struct saved_chunk {
@@ -766,6 +810,8 @@ class virtual_arena {
       }
     }
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
+    if (batch_.active) [[unlikely]]
+      wait_if_releasing(first, last);
     if (!cover_granules(last + 1)) [[unlikely]] {
       if (plan == nullptr && may_release) ++counters_.num_ooms;
       return {};
@@ -787,6 +833,48 @@ class virtual_arena {
     for (const auto& m : plans_)
       if (m->active && m->start == addr) return true;
     return false;
+  }
+  /// Granules `release_detached` took off the books, unmapped and released by `give` (the
+  /// caller's `detached_segments::give_back`, no lock held; `block::size` carries the piece).
+  struct release_batch {
+    static constexpr std::size_t capacity = detached_segments::capacity;
+    Vmm* vmm = nullptr;
+    std::size_t granularity = 0;
+    std::uint32_t granules[capacity]{};
+    std::size_t count = 0;
+    std::atomic<std::size_t> remaining{0};  ///< calls not yet made
+    bool active = false;                    ///< its granules are marked releasing
+
+    static void give(void* self, block b) noexcept {
+      release_batch& batch = *static_cast<release_batch*>(self);
+      batch.vmm->unmap(b.ptr, batch.granularity);
+      batch.vmm->release(physical_memory{static_cast<std::uint64_t>(b.size), batch.granularity});
+      if (batch.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) batch.remaining.notify_all();
+    }
+  };
+  /// Closes a release batch whose calls are done: its granules are plain unmapped ones again.
+  void finish_release_batch() noexcept {
+    if (!batch_.active || batch_.remaining.load(std::memory_order_acquire) != 0) return;
+    for (std::size_t i = 0; i < batch_.count; ++i) granules_[batch_.granules[i]].releasing = false;
+    batch_.active = false;
+  }
+  /// Waits (the caller's lock held) until the batch in flight is unmapped, then closes it; false
+  /// when there was none. Its thread needs no lock for that, so this ends.
+  bool wait_for_release() noexcept {
+    if (!batch_.active) return false;
+    for (std::size_t left; (left = batch_.remaining.load(std::memory_order_acquire)) != 0;)
+      batch_.remaining.wait(left, std::memory_order_acquire);
+    finish_release_batch();
+    return true;
+  }
+  /// A block on granules [first, last] must not map a granule still being released.
+  void wait_if_releasing(std::size_t first, std::size_t last) noexcept {
+    for (std::size_t g = first; g <= last && g < granules_.size(); ++g) {
+      if (granules_[g].releasing) {
+        wait_for_release();
+        return;
+      }
+    }
   }
   /// Physical memory a planned growth creates and maps without the lock (`plan.fetch()` runs
   /// `map_all`); the arena owns these records and reuses them, so that after warm-up a growth
@@ -828,9 +916,7 @@ class virtual_arena {
   [[gnu::noinline]] block plan_mapping(growth_plan& plan, std::uint32_t c, std::uintptr_t start, std::size_t rounded,
                                        std::size_t bytes, std::size_t first, std::size_t last,
                                        std::size_t to_map) noexcept {
-    const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
-    const std::size_t headroom = vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
-    planned_mapping* m = to_map <= headroom / opts_.granularity ? idle_record(to_map) : nullptr;
+    planned_mapping* m = to_map <= headroom() / opts_.granularity ? idle_record(to_map) : nullptr;
     if (m == nullptr) {
       unmap_fresh_and_drop(first, last);
       return {};
@@ -961,6 +1047,11 @@ class virtual_arena {
   }
 
   std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> gshift_; }
+  /// What the backend could give at most if every free mapped granule went back.
+  std::size_t headroom() const noexcept {
+    const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
+    return vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
+  }
   void* granule_address(std::size_t g) const noexcept { return reinterpret_cast<void*>(base_ + (g << gshift_)); }
 
   /// Room for what one allocation adds: three nodes (front padding, the rest, a growth), one
@@ -1209,11 +1300,9 @@ class virtual_arena {
                                           std::size_t to_map) noexcept {
     if (!may_release) trim_due_ = true;  // maps without trimming first: the next free trims
     const std::size_t g_bytes = opts_.granularity;
-    // What the backend could give at most if every free mapped granule went back: when even
-    // that is too little, fail now and keep the cache.
-    const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
-    const std::size_t headroom = vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
-    if (to_map > headroom / g_bytes) {
+    // What the backend could give at most if every free mapped granule went back (and a release
+    // in flight finished): when even that is too little, fail now and keep the cache.
+    if (to_map > headroom() / g_bytes && !(wait_for_release() && to_map <= headroom() / g_bytes)) {
       unmap_fresh_and_drop(first, last);
       return false;
     }
@@ -1226,6 +1315,10 @@ class virtual_arena {
       if (r.piece != 0) continue;
       physical_memory piece = vmm_.create(g_bytes);
       while (!piece) {
+        if (may_release && wait_for_release()) {  // a batch in flight gives pieces back
+          piece = vmm_.create(g_bytes);
+          continue;
+        }
         if (!may_release || free_mapped_ == 0) {
           unmap_fresh_and_drop(first, last);
           return false;
@@ -1509,6 +1602,7 @@ class virtual_arena {
   bool trim_due_ = false;  ///< free mapped granules may pass what the rule keeps (a map or offload skipped the trim)
   std::vector<std::unique_ptr<planned_mapping>> plans_;  ///< planned growths' records (stable addresses, reused)
   std::size_t pending_plans_ = 0;                        ///< of which planned and not committed yet
+  release_batch batch_;  ///< `release_detached`'s granules in flight (not moved: idle when the arena moves)
   tag current_tag_{};
   offload_statistics offload_stats_{};
   copy_engine copier_{};
