@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Planned growth of virtual_arena and virtual_allocator (issue 20, DESIGN §13): over a thread-safe
-// backend, `synchronized` and `sharded` create and map physical memory without their lock.
+// Planned growth and detached release of virtual_arena and virtual_allocator (issue 20, DESIGN
+// §13): over a thread-safe backend, `synchronized` and `sharded` create and map physical memory,
+// and `release()` unmaps and releases it, without their lock.
 //
 // - A gated backend blocks inside `map` until the test opens it: thread A's allocation needs new
 //   granules and waits there; meanwhile another thread must allocate from mapped granules, fill,
 //   check and free on the same object within a timeout (so a held lock fails the test instead of
 //   hanging it). Over a backend that is not `thread_safe_vmm` the lock is still held, and the same
-//   script sees the other thread wait: the test can fail.
+//   script sees the other thread wait: the test can fail. The same with a gate in `unmap` while
+//   thread A runs `release()`; and a request on granules being released waits for their unmaps.
 // - The two phases called directly: a pending chunk is not handed out twice, its granules are
 //   avoided by other placements, a free of its address is a misuse; a model-based randomized run
 //   keeps up to four growths pending while it allocates, frees and releases around them, with

@@ -477,7 +477,9 @@ class virtual_arena {
   /// placement that needs a releasing granule meanwhile waits (holding the caller's lock) until the
   /// batch's calls are done, as does a request the capacity cannot serve before they are. Returns
   /// false while it took any (the caller calls again, which closes the batch), true when none was
-  /// left; while another thread's batch is in flight, it releases the rest `release()`'s way.
+  /// left; while another thread's batch is in flight, it releases the rest `release()`'s way. The
+  /// caller gives a batch back before its own next call on the arena (a call that needed its
+  /// granules would wait for itself), as `detached_segments::give_back_all` does.
   bool release_detached(detached_segments& out) noexcept
     requires thread_safe_vmm<Vmm>
   {
