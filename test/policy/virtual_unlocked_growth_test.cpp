@@ -160,6 +160,41 @@ std::shared_ptr<vmm_state> device(std::size_t capacity = SIZE_MAX, vmm_state::fa
 
 // ---- another thread is not held up by a map in progress ------------------------------------------
 
+/// The other thread's work while A is held in the backend: three rounds of an 8 KiB block (room in
+/// granule 0, beside a kept 40 KiB block), filled, checked and freed.
+template <class Alloc>
+bool reuse_granule_zero(Alloc& alloc) {
+  bool ok = true;
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    const block b = alloc.allocate(8 << 10, 256);
+    ok = ok && b;
+    if (!b) continue;
+    fill_pattern(b, 100 + i);
+    ok = ok && has_pattern(b, 100 + i);
+    alloc.deallocate(b);
+  }
+  return ok;
+}
+
+/// Runs `in_a` on thread A, which must stop at gate `g`; meanwhile another thread runs
+/// `reuse_granule_zero` on the same object. `while_held` runs once that thread finished or timed
+/// out, A still held. Returns whether the other thread finished while A was held (A is let go and
+/// joined either way).
+template <class Alloc, class InA, class WhileHeld>
+bool others_proceed_while_a_waits(Alloc& alloc, vmm_state& s, vmm_state::gate& g, InA in_a, WhileHeld while_held,
+                                  const char* a_never_arrived) {
+  s.arm(g);
+  std::thread a(in_a);
+  BOOST_TEST(s.wait_inside(g, 10s), a_never_arrived);
+  auto other = std::async(std::launch::async, [&] { return reuse_granule_zero(alloc); });
+  const bool finished = other.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
+  while_held();
+  s.let_go(g);
+  a.join();
+  BOOST_TEST(other.get(), "the other thread's blocks were wrong");
+  return finished;
+}
+
 /// Thread A allocates 1 MiB (16 new granules; the gate holds it in its first map) while a 40 KiB
 /// block keeps granule 0 mapped with room; another thread then allocates 8 KiB there three times,
 /// fills, checks and frees. Returns whether that thread finished while A was held; checks that it
@@ -172,26 +207,10 @@ bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s) {
   const std::size_t maps_before = s.maps();
 
   block grown{};
-  s.arm(s.on_map);
-  std::thread a([&] { grown = alloc.allocate(std::size_t{1} << 20, 256); });
-  BOOST_TEST(s.wait_inside(s.on_map, 10s), "thread A never reached the backend's map");
-  auto other = std::async(std::launch::async, [&] {
-    bool ok = true;
-    for (std::uint64_t i = 0; i < 3; ++i) {
-      const block b = alloc.allocate(8 << 10, 256);
-      ok = ok && b;
-      if (!b) continue;
-      fill_pattern(b, 100 + i);
-      ok = ok && has_pattern(b, 100 + i);
-      alloc.deallocate(b);
-    }
-    return ok;
-  });
-  const bool finished = other.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  const std::size_t maps_while_a_waited = s.maps() - maps_before;
-  s.let_go(s.on_map);
-  a.join();
-  BOOST_TEST(other.get(), "the other thread's blocks were wrong");
+  std::size_t maps_while_a_waited = 0;
+  const bool finished = others_proceed_while_a_waits(
+      alloc, s, s.on_map, [&] { grown = alloc.allocate(std::size_t{1} << 20, 256); },
+      [&] { maps_while_a_waited = s.maps() - maps_before; }, "thread A never reached the backend's map");
   BOOST_TEST(maps_while_a_waited == 0u, "the other thread mapped (its blocks belong in granule 0)");
   BOOST_REQUIRE(grown);
   fill_pattern(grown, 2);
@@ -277,25 +296,8 @@ bool others_proceed_during_a_release(Alloc& alloc, vmm_state& s, FreeGranules fr
   const std::size_t to_release = free_granules();
   BOOST_TEST(to_release >= 15u);  // the arena's own rule may have unmapped one at the free
 
-  s.arm(s.on_unmap);
-  std::thread a([&] { alloc.release(); });
-  BOOST_TEST(s.wait_inside(s.on_unmap, 10s), "thread A never reached the backend's unmap");
-  auto other = std::async(std::launch::async, [&] {
-    bool ok = true;
-    for (std::uint64_t i = 0; i < 3; ++i) {
-      const block b = alloc.allocate(8 << 10, 256);
-      ok = ok && b;
-      if (!b) continue;
-      fill_pattern(b, 100 + i);
-      ok = ok && has_pattern(b, 100 + i);
-      alloc.deallocate(b);
-    }
-    return ok;
-  });
-  const bool finished = other.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  s.let_go(s.on_unmap);
-  a.join();
-  BOOST_TEST(other.get(), "the other thread's blocks were wrong");
+  const bool finished = others_proceed_while_a_waits(
+      alloc, s, s.on_unmap, [&] { alloc.release(); }, [] {}, "thread A never reached the backend's unmap");
   BOOST_TEST(s.calls().unmaps - unmaps_before == to_release, "release() unmaps exactly the free granules");
   BOOST_TEST(has_pattern(keep, 1));
   alloc.deallocate(keep);
