@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +46,7 @@
 #include <alloy/policy/synchronized.hpp>
 #include <alloy/showcase.hpp>
 
+#include "support/call_gate.hpp"
 #include "support/sanitizers.hpp"
 
 using namespace std::chrono_literals;
@@ -65,39 +65,8 @@ struct upstream_state {
   std::atomic<unsigned> fail_one_in{0};        // 0: none; else calls whose hash % n == 0 fail
   std::atomic<unsigned> delay_us{0};           // each allocate sleeps this long (a slow cudaMalloc)
   // Two gates, one for allocate and one for deallocate: while armed, the next such call blocks
-  // (once) until the test opens it.
-  struct gate {
-    bool armed = false, inside = false, open = false;
-  };
-  std::mutex mutex;
-  std::condition_variable changed;
-  gate on_allocate, on_free;
-
-  void arm(gate& g) {
-    std::lock_guard lock(mutex);
-    g.armed = true;
-    g.inside = g.open = false;
-  }
-  bool wait_inside(gate& g, std::chrono::milliseconds limit) {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return g.inside; });
-  }
-  void open(gate& g) {
-    {
-      std::lock_guard lock(mutex);
-      g.open = true;
-    }
-    changed.notify_all();
-  }
-  /// Called by the upstream: blocks here while `g` is armed, until the test opens it.
-  void pass(gate& g) {
-    std::unique_lock lock(mutex);
-    if (!g.armed) return;
-    g.armed = false;
-    g.inside = true;
-    changed.notify_all();
-    changed.wait(lock, [&] { return g.open; });
-  }
+  // (once) until the test lets it go.
+  alloy::testing::call_gate on_allocate, on_free;
 };
 
 /// Host memory, safe to call from several threads; shares `upstream_state` between copies.
@@ -115,7 +84,7 @@ class basic_gated_upstream {
     const std::size_t index = s_->calls.fetch_add(1);
     if (index == s_->fail_at.load()) return {};
     if (const unsigned n = s_->fail_one_in.load(); n != 0 && (index * 0x9E3779B97F4A7C15ull >> 40) % n == 0) return {};
-    s_->pass(s_->on_allocate);
+    s_->on_allocate.pass();
     if (const unsigned d = s_->delay_us.load(); d != 0) std::this_thread::sleep_for(std::chrono::microseconds(d));
     alignment = std::max<std::size_t>(alignment, 16);
     void* p = std::aligned_alloc(alignment, (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment);
@@ -126,7 +95,7 @@ class basic_gated_upstream {
   }
   void deallocate(alloy::block b) noexcept {
     if (b.ptr == nullptr) return;
-    s_->pass(s_->on_free);
+    s_->on_free.pass();
     std::free(b.ptr);
     s_->deallocations.fetch_add(1);
     s_->live_bytes.fetch_sub(static_cast<std::int64_t>(b.size));
@@ -200,15 +169,14 @@ bool served_from_cache(Alloc& alloc) {
 /// allocates from cache and frees on the same object. Returns whether that thread finished
 /// while A was held (A is let go and joined either way).
 template <class Alloc, class F>
-bool others_proceed_while_a_waits(Alloc& alloc, upstream_state& s, upstream_state::gate& g, F in_a,
-                                  const char* a_never_arrived) {
-  s.arm(g);
+bool others_proceed_while_a_waits(Alloc& alloc, alloy::testing::call_gate& g, F in_a, const char* a_never_arrived) {
+  g.arm();
   std::thread a(in_a);
-  const bool a_inside = s.wait_inside(g, 10s);
+  const bool a_inside = g.wait_inside(10s);
   BOOST_TEST(a_inside, a_never_arrived);
   auto b = std::async(std::launch::async, [&] { return served_from_cache(alloc); });
   const bool finished = b.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
-  s.open(g);
+  g.let_go();
   a.join();
   BOOST_TEST(b.get(), "the other thread's blocks were wrong");
   return finished;
@@ -244,7 +212,7 @@ bool others_proceed_during_growth(Alloc& alloc, const Upstream& up) {
 
   alloy::block grown{};
   const bool finished = others_proceed_while_a_waits(
-      alloc, *s, s->on_allocate, [&] { grown = alloc.allocate(3 << 20, 256); },  // more than the 2 MiB cached: grows
+      alloc, s->on_allocate, [&] { grown = alloc.allocate(3 << 20, 256); },  // more than the 2 MiB cached: grows
       "thread A never reached the upstream");
   BOOST_REQUIRE(grown);
   fill(grown, 9);
@@ -309,7 +277,7 @@ bool others_proceed_during_release(Alloc& alloc, const Upstream& up) {
   const std::size_t frees_before = s->deallocations.load(), calls_before = s->calls.load();
 
   const bool finished = others_proceed_while_a_waits(
-      alloc, *s, s->on_free, [&] { alloc.release(); }, "thread A never reached the upstream's free");
+      alloc, s->on_free, [&] { alloc.release(); }, "thread A never reached the upstream's free");
   BOOST_TEST(s->calls.load() == calls_before, "the other thread's requests were served from cache");
   BOOST_TEST(s->deallocations.load() == frees_before + 1, "release() returned exactly the free segment");
   BOOST_TEST(alloc.reserved_bytes() == static_cast<std::size_t>(s->live_bytes.load()));
@@ -358,8 +326,7 @@ bool others_proceed_during_retry(Alloc& alloc, const Upstream& up) {
   s->fail_at = calls_before;  // A's first call (32 MiB: a segment of its own size) fails
   alloy::block got;
   const bool finished = others_proceed_while_a_waits(
-      alloc, *s, s->on_free, [&] { got = alloc.allocate(32 << 20, 256); },
-      "thread A never reached the upstream's free");
+      alloc, s->on_free, [&] { got = alloc.allocate(32 << 20, 256); }, "thread A never reached the upstream's free");
   s->fail_at = SIZE_MAX;
   BOOST_REQUIRE(got);
   fill(got, 9);

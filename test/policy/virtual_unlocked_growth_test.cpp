@@ -25,7 +25,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -44,6 +43,7 @@
 #include <alloy/vmm/host_vmm.hpp>
 #include <alloy/vmm/synchronized_vmm.hpp>
 
+#include "support/call_gate.hpp"
 #include "support/conformance.hpp"
 #include "support/failing_vmm.hpp"
 #include "support/sanitizers.hpp"
@@ -63,41 +63,11 @@ constexpr std::size_t granule = std::size_t{64} << 10;
 struct vmm_state {
   using failing = alloy::testing::failing_vmm<alloy::host_vmm>;
   alloy::synchronized_vmm<failing> backend;
-  std::mutex mutex;
-  std::condition_variable changed;
-  struct gate {
-    bool armed = false, inside = false, open = false;
-  };
-  gate on_map, on_unmap;
+  alloy::testing::call_gate on_map, on_unmap;
 
   explicit vmm_state(std::size_t capacity, failing::options fail = {})
       : backend(failing(alloy::host_vmm({.capacity = capacity, .granularity = granule}), std::move(fail))) {}
 
-  void arm(gate& g) {
-    std::lock_guard lock(mutex);
-    g.armed = true;
-    g.inside = g.open = false;
-  }
-  bool wait_inside(gate& g, std::chrono::milliseconds limit) {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return g.inside; });
-  }
-  void let_go(gate& g) {
-    {
-      std::lock_guard lock(mutex);
-      g.open = true;
-    }
-    changed.notify_all();
-  }
-  /// Called by `map` or `unmap` before the backend's lock: blocks while `g` is armed, until opened.
-  void pass(gate& g) {
-    std::unique_lock lock(mutex);
-    if (!g.armed) return;
-    g.armed = false;
-    g.inside = true;
-    changed.notify_all();
-    changed.wait(lock, [&] { return g.open; });
-  }
   std::size_t maps() {
     return backend.with_lock([](failing& f) { return f.backend().calls().maps; });
   }
@@ -123,11 +93,11 @@ class basic_gated_vmm {
   alloy::physical_memory create(std::size_t bytes) noexcept { return s_->backend.create(bytes); }
   void release(alloy::physical_memory p) noexcept { s_->backend.release(p); }
   bool map(void* at, alloy::physical_memory p) noexcept {
-    s_->pass(s_->on_map);
+    s_->on_map.pass();
     return s_->backend.map(at, p);
   }
   void unmap(void* at, std::size_t bytes) noexcept {
-    s_->pass(s_->on_unmap);
+    s_->on_unmap.pass();
     s_->backend.unmap(at, bytes);
   }
   std::size_t capacity() const noexcept { return s_->backend.capacity(); }
@@ -181,15 +151,15 @@ bool reuse_granule_zero(Alloc& alloc) {
 /// out, A still held. Returns whether the other thread finished while A was held (A is let go and
 /// joined either way).
 template <class Alloc, class InA, class WhileHeld>
-bool others_proceed_while_a_waits(Alloc& alloc, vmm_state& s, vmm_state::gate& g, InA in_a, WhileHeld while_held,
+bool others_proceed_while_a_waits(Alloc& alloc, alloy::testing::call_gate& g, InA in_a, WhileHeld while_held,
                                   const char* a_never_arrived) {
-  s.arm(g);
+  g.arm();
   std::thread a(in_a);
-  BOOST_TEST(s.wait_inside(g, 10s), a_never_arrived);
+  BOOST_TEST(g.wait_inside(10s), a_never_arrived);
   auto other = std::async(std::launch::async, [&] { return reuse_granule_zero(alloc); });
   const bool finished = other.wait_for(under_tsan ? 20s : 3s) == std::future_status::ready;
   while_held();
-  s.let_go(g);
+  g.let_go();
   a.join();
   BOOST_TEST(other.get(), "the other thread's blocks were wrong");
   return finished;
@@ -209,7 +179,7 @@ bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s) {
   block grown{};
   std::size_t maps_while_a_waited = 0;
   const bool finished = others_proceed_while_a_waits(
-      alloc, s, s.on_map, [&] { grown = alloc.allocate(std::size_t{1} << 20, 256); },
+      alloc, s.on_map, [&] { grown = alloc.allocate(std::size_t{1} << 20, 256); },
       [&] { maps_while_a_waited = s.maps() - maps_before; }, "thread A never reached the backend's map");
   BOOST_TEST(maps_while_a_waited == 0u, "the other thread mapped (its blocks belong in granule 0)");
   BOOST_REQUIRE(grown);
@@ -297,7 +267,7 @@ bool others_proceed_during_a_release(Alloc& alloc, vmm_state& s, FreeGranules fr
   BOOST_TEST(to_release >= 15u);  // the arena's own rule may have unmapped one at the free
 
   const bool finished = others_proceed_while_a_waits(
-      alloc, s, s.on_unmap, [&] { alloc.release(); }, [] {}, "thread A never reached the backend's unmap");
+      alloc, s.on_unmap, [&] { alloc.release(); }, [] {}, "thread A never reached the backend's unmap");
   BOOST_TEST(s.calls().unmaps - unmaps_before == to_release, "release() unmaps exactly the free granules");
   BOOST_TEST(has_pattern(keep, 1));
   alloc.deallocate(keep);
@@ -372,13 +342,13 @@ BOOST_AUTO_TEST_CASE(a_placement_on_granules_being_released_waits_for_their_unma
     const block big = alloc.allocate(std::size_t{1} << 20, 256);
     BOOST_REQUIRE(big);
     alloc.deallocate(big);  // granules 1-16 free mapped
-    s->arm(s->on_unmap);
+    s->on_unmap.arm();
     std::thread a([&] { alloc.release(); });
-    BOOST_TEST(s->wait_inside(s->on_unmap, 10s));
+    BOOST_TEST(s->on_unmap.wait_inside(10s));
     auto again = std::async(std::launch::async, [&] { return alloc.allocate(std::size_t{1} << 20, 256); });
     BOOST_TEST((again.wait_for(300ms) == std::future_status::timeout),
                "a placement mapped over a granule still being released");
-    s->let_go(s->on_unmap);
+    s->on_unmap.let_go();
     a.join();
     const block b = again.get();
     BOOST_REQUIRE(b);
