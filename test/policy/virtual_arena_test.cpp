@@ -476,6 +476,62 @@ BOOST_AUTO_TEST_CASE(arenas_share_one_backend_capacity) {
   check_backend_clean(v);
 }
 
+BOOST_AUTO_TEST_CASE(a_request_best_fit_cannot_map_goes_where_it_adds_no_granule) {
+  // Granules of 64 KiB, five of capacity. Layout, in granules from the arena's start:
+  //   A [0, 0.5)  free [0.5, 2)  C [2, 3)  free [3, 4)  E [4, 5)
+  // With g1 and g3 unmapped and the other arena holding the two granules left, a request of half
+  // a granule fits best in [3, 4) (the smaller hole), which needs g3 mapped: no capacity. The last
+  // resort tries every free chunk and serves it at 0.5, in g0 beside A: no new granule.
+  host_vmm v{{.capacity = 320_KiB, .granularity = 64_KiB}};
+  {
+    const shared_arena::options unmap_at_once{
+        .release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false};
+    shared_arena a{vmm_ref<host_vmm>{v}, unmap_at_once};
+    shared_arena other{vmm_ref<host_vmm>{v}, unmap_at_once};
+    const block front = a.allocate(32_KiB, 1);
+    const block hole1 = a.allocate(96_KiB, 1);
+    const block c = a.allocate(64_KiB, 1);
+    const block hole2 = a.allocate(64_KiB, 1);
+    const block e = a.allocate(64_KiB, 1);
+    BOOST_REQUIRE(front && hole1 && c && hole2 && e);
+    char* const base = static_cast<char*>(front.ptr);
+    BOOST_REQUIRE(hole1.ptr == base + 32_KiB);
+    BOOST_REQUIRE(c.ptr == base + 128_KiB);
+    BOOST_REQUIRE(hole2.ptr == base + 192_KiB);
+    BOOST_REQUIRE(e.ptr == base + 256_KiB);
+    fill_pattern(front, 1);
+    fill_pattern(c, 3);
+    fill_pattern(e, 5);
+    a.deallocate(hole1);
+    a.deallocate(hole2);
+    BOOST_TEST(a.mapped_bytes() == 192_KiB, "g1 and g3 went back at the frees");
+    const block filler = other.allocate(128_KiB, 1);
+    BOOST_REQUIRE(filler);
+    BOOST_TEST(v.physical_bytes() == 320_KiB);
+
+    const std::size_t creates = v.calls().creates;
+    const block half = a.allocate(32_KiB, 1);
+    BOOST_REQUIRE(half);
+    BOOST_TEST(half.ptr == base + 32_KiB, "beside A, in the granule A touches");
+    BOOST_TEST(v.calls().creates == creates, "no granule created");
+    BOOST_TEST(a.counters().num_ooms == 0u);
+    BOOST_TEST(a.counters().num_alloc_retries == 1u);
+    fill_pattern(half, 2);
+    BOOST_TEST(has_pattern(front, 1));
+    BOOST_TEST(has_pattern(c, 3));
+    BOOST_TEST(has_pattern(e, 5));
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+    // The rest of g0 is taken now; a whole granule still fits nowhere without a new one.
+    BOOST_TEST(!a.allocate(64_KiB, 1));
+    BOOST_TEST(a.counters().num_ooms == 1u);
+    BOOST_TEST(a.check_invariants());
+    for (const block& b : {front, half, c, e}) a.deallocate(b);
+    other.deallocate(filler);
+  }
+  check_backend_clean(v);
+}
+
 // ---- failures of the backend --------------------------------------------------------------------------
 
 namespace {

@@ -821,11 +821,57 @@ class virtual_arena {
     if (const std::size_t to_map = add_user(first, last, t); to_map != 0) {
       if (plan != nullptr) return plan_mapping(*plan, c, start, rounded, bytes, first, last, to_map);
       if (!map_new_granules(first, last, may_release, to_map)) {
+        if (const block b = allocate_on_fewest_new_granules(rounded, bytes, alignment, t, may_release, start); b.ptr)
+          return b;
         if (may_release) ++counters_.num_ooms;
         return {};
       }
     }
     return carve(c, start, rounded, bytes);
+  }
+  /// The last resort before a request fails for want of physical memory: best fit's chunk needed
+  /// more new granules than the backend can give, so every free chunk is tried (its front and
+  /// back, each also on a granule boundary) for the place that adds the fewest granules no live
+  /// chunk touches; the block goes there when those fit. O(chunks), only on this path.
+  [[gnu::cold]] [[gnu::noinline]] block allocate_on_fewest_new_granules(std::size_t rounded, std::size_t bytes,
+                                                                        std::size_t alignment, std::uint16_t t,
+                                                                        bool may_release,
+                                                                        std::uintptr_t tried) noexcept {
+    const std::uintptr_t fine = std::max(alignment, opts_.rounding) - 1;
+    const std::uintptr_t coarse = std::max(alignment, opts_.granularity) - 1;
+    std::uint32_t best_chunk = detail::best_fit_npos;
+    std::uintptr_t best = 0;
+    placement_cost best_cost{not_counted, not_counted, not_counted};
+    for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+      const detail::best_fit_chunk& node = pool_[c];
+      if (!node.free() || node.size() < rounded) continue;
+      const std::uintptr_t last_start = node.addr + (node.size() - rounded);
+      const auto consider = [&](std::uintptr_t start) {
+        if (start < node.addr || start > last_start) return;
+        const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
+        if (tags_in_use_ && (foreign(first, t) || foreign(last, t))) return;
+        if (pending_plans_ != 0 && (pending_granule(first) || pending_granule(last))) return;
+        const placement_cost cost = cost_at(start, rounded);
+        if (cost < best_cost) {
+          best_chunk = c;
+          best = start;
+          best_cost = cost;
+        }
+      };
+      consider((node.addr + fine) & ~fine);
+      consider((node.addr + coarse) & ~coarse);
+      consider(last_start & ~fine);
+      consider(last_start & ~coarse);
+    }
+    if (best_chunk == detail::best_fit_npos || best == tried || best_cost.untouched > headroom() / opts_.granularity)
+      return {};
+    const std::size_t first = granule_of(best), last = granule_of(best + rounded - 1);
+    if (batch_.active) wait_if_releasing(first, last);
+    if (!cover_granules(last + 1)) return {};
+    if (const std::size_t to_map = add_user(first, last, t); to_map != 0)
+      if (!map_new_granules(first, last, may_release, to_map)) return {};
+    ++counters_.num_alloc_retries;
+    return carve(best_chunk, best, rounded, bytes);
   }
 
   /// A granule a planned growth maps outside the lock (no placement may touch it meanwhile).
