@@ -160,6 +160,9 @@ class virtual_arena {
   /// Every power of two: alignment is served inside the arena (the edges read this to tell a
   /// bad alignment from an out-of-memory).
   static constexpr std::size_t max_alignment = std::numeric_limits<std::size_t>::max();
+  /// A `release_threshold` that keeps every free mapped granule until the device runs short or
+  /// `release()` (`virtual_allocator`'s): frees then skip working out what to trim.
+  static constexpr std::size_t keep_all = std::numeric_limits<std::size_t>::max();
 
   struct options {
     /// Addresses reserved at construction. 0: four times the backend's capacity, at least 1 GiB
@@ -408,7 +411,7 @@ class virtual_arena {
              b);  // pending: not handed out
       return false;
     }
-    if (granules_[granule_of(addr)].piece == 0) [[unlikely]]
+    if (offloaded_in_use_ != 0 && granules_[granule_of(addr)].piece == 0) [[unlikely]]
       forget_saved(granules_[granule_of(addr)].tag, addr, pool_[c].size());  // an offloaded tag's
     free_chunk(c, addr);
     return true;
@@ -449,7 +452,7 @@ class virtual_arena {
     }
     // With no granule freed, what is kept can only have grown (the peak may have), so there is
     // nothing to trim unless a call that skips the trim left too many (`trim_due_`).
-    if (freed_granule || trim_due_) trim(kept_free_bytes());
+    if ((freed_granule || trim_due_) && opts_.release_threshold != keep_all) trim(kept_free_bytes());
   }
 
  public:
@@ -1107,6 +1110,9 @@ class virtual_arena {
   bool reserve_metadata() noexcept {
     if (pool_.available() >= 3 && !map_.full()) [[likely]]
       return true;
+    return grow_metadata();
+  }
+  [[gnu::noinline]] bool grow_metadata() noexcept {
     try {
       pool_.reserve(3);
       map_.reserve_one();
