@@ -251,4 +251,42 @@ BOOST_AUTO_TEST_CASE(min_capacity_of_real_compositions_passes_and_a_little_less_
   }
 }
 
+BOOST_AUTO_TEST_CASE(warm_replays_go_over_the_trace_twice_through_one_target) {
+  // A target that counts its calls: each timed replay with `warm` makes twice the calls of one
+  // without, on one target; the checked replay (the figures) goes over the trace once.
+  struct counting_target {
+    using token = alloy::block;
+    simulated_device* device;
+    std::size_t* allocations;
+    token allocate(std::size_t bytes) noexcept {
+      ++*allocations;
+      return {device->allocate(bytes, 256), bytes};
+    }
+    void deallocate(token b, std::size_t bytes) noexcept { device->deallocate(b.ptr, bytes); }
+    static const void* address(const token& b) noexcept { return b.ptr; }
+    std::size_t bytes_moved() const noexcept { return 0; }
+  };
+  for (const bool warm : {false, true}) {
+    BOOST_TEST_CONTEXT("warm " << warm) {
+      simulated_device device;
+      std::size_t allocations = 0, targets = 0;
+      const auto r = alloy::replay::replay(
+          three_blocks(), device,
+          [&] {
+            ++targets;
+            return counting_target{&device, &allocations};
+          },
+          {.repetitions = 2, .warm = warm}, "counting");
+      BOOST_TEST(targets == 3u);
+      BOOST_TEST(allocations == (warm ? 3u + 2 * 6u : 3u + 2 * 3u));
+      BOOST_TEST(r.served == 3u);
+      BOOST_TEST(r.faults == 0u);
+      BOOST_TEST(r.leaked == 0u);
+      BOOST_TEST(r.ns_per_op_runs.size() == 2u);
+      BOOST_TEST(r.warm_ns_per_op_runs.size() == (warm ? 2u : 0u));
+      BOOST_TEST((r.warm_ns_per_op > 0) == warm);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -81,6 +81,15 @@ def main():
         check(root.tag.endswith("svg") and len(root.findall("{http://www.w3.org/2000/svg}polyline")) >= len(results),
               "SVG: well-formed, a line per composition")
 
+        check(all(x["warm_ns_per_op_runs"] == [] and x["warm_ns_per_op"] == 0 for x in results.values()),
+              "JSON: no warm figures unless asked")
+        r = run("--repeat", "2", "--warm", "--compositions", "default_allocator,virtual_allocator", "--json", out_json, good)
+        with open(out_json) as f:
+            warm = {x["composition"]: x for x in json.load(f)["traces"][0]["results"]}
+        check(r.returncode == 0 and r.stdout.count("(warm ") == 2 and all(len(x["warm_ns_per_op_runs"]) == 2 and x["warm_ns_per_op"] > 0
+              and x["leaked"] == 0 for x in warm.values()), "--warm: a second timed pass per replay, in the table and JSON",
+              r.stdout + json.dumps(warm)[:400])
+
         # --min-capacity: the smallest device per composition, in the table, JSON and Markdown.
         out_json2, out_md2 = os.path.join(tmp, "m.json"), os.path.join(tmp, "m.md")
         r = run("--min-capacity", "--compositions", "alloy,peers", "--json", out_json2, "--markdown", out_md2, good)

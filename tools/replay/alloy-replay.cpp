@@ -60,6 +60,9 @@ options:
   --alignment N          alignment of every request (default 256)
   --scale N              multiply every MiniMalloc size by N (the shipped events use 1024)
   --repeat N             timed replays per composition; ns/op is their median (default 3)
+  --warm                 each timed replay goes over the trace a second time through the same
+                         allocator, timed apart ("warm": memory already held, as at a training
+                         loop's next step); printed beside ns/op and in the JSON
   --on-error stop|skip   a bad row (malformed, free of an unknown pointer, truncated file):
                          stop at the first (default) or report each one and go on without it
   --json FILE            write every figure as JSON ('-': standard output)
@@ -218,6 +221,8 @@ int main(int argc, char** argv) {
       const auto n = parse_count(v);
       if (!n || *n == 0 || *n > 1000) usage_error("--repeat: '" + v + "' is not a number from 1 to 1000");
       opts.repetitions = static_cast<int>(*n);
+    } else if (is("--warm")) {
+      opts.warm = true;
     } else if (is("--on-error")) {
       const std::string v = value();
       if (v == "stop") {

@@ -60,7 +60,10 @@ concept replay_target = requires(T& t, const T& ct, typename T::token tok, std::
 struct replay_options {
   std::size_t alignment = 256;  ///< alignment of every request
   std::size_t capacity = unlimited;
-  int repetitions = 1;              ///< timed replays per composition, after the checked one (0: none)
+  int repetitions = 1;  ///< timed replays per composition, after the checked one (0: none)
+  /// Each timed replay goes over the trace a second time through the same target, timed apart:
+  /// the warm figure (memory already mapped or held, as at a training loop's next step).
+  bool warm = false;
   std::size_t series_points = 600;  ///< points of the in-use / reserved series (at most)
   /// Called now and then with the fraction of the current replay done (0..1); may be empty.
   std::function<void(double)> progress{};
@@ -78,6 +81,8 @@ struct replay_result {
   std::size_t operations = 0;  ///< events replayed (allocate, free, allocate failure)
   double ns_per_op = 0;        ///< median over the repetitions
   std::vector<double> ns_per_op_runs;
+  double warm_ns_per_op = 0;  ///< the second pass's, median (`replay_options::warm`; else 0)
+  std::vector<double> warm_ns_per_op_runs;
   std::size_t requests = 0;           ///< allocate and allocate-failure events
   std::size_t served = 0;             ///< requests served
   std::size_t failed = 0;             ///< requests that failed
@@ -199,10 +204,11 @@ const void* address_of(const Token& t) {
 
 /// One replay of `trace` through a fresh target made by `make()` over `device` (which is reset
 /// first). With `figures` (not null) every served block is checked and every figure filled in
-/// (with the series); without, it is a timed run. Returns ns per operation.
+/// (with the series); without, it is a timed run. Returns ns per operation. With `warm_ns`, the
+/// trace is then replayed a second time through the same target, timed into `*warm_ns`.
 template <class Device, class Make>
 double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, const replay_options& opts,
-                   replay_result* figures) {
+                   replay_result* figures, double* warm_ns = nullptr) {
   using bench::trace_action;
   device.reset();
   const bool checked = figures != nullptr;
@@ -220,62 +226,76 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
     std::size_t in_use = 0, peak_in_use = 0, failed = 0, failed_allocations = 0, served = 0, requests = 0, faults = 0;
     std::string first_fault;
     const std::size_t tick = 1 << 14;
-    const auto start = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < events; ++i) {
-      const bench::trace_event& e = trace.events[i];
-      if (e.action == trace_action::free) {
-        token& t = live[e.allocation];
-        if (t) {
-          if (checked) checker.forget(detail::address_of<target_t>(t));
-          target.deallocate(t, e.size);
-          t = token{};
-          in_use -= e.size;
-        }
-      } else {
-        ++requests;
-        bool faulted = false;
-        if constexpr (requires { target.cannot_ask(e.size); }) {
-          if (const char* why = target.cannot_ask(e.size)) {  // asking would break the replay: its fault
-            if (checked && faults++ == 0)
-              first_fault =
-                  "event " + std::to_string(i + 1) + ": a request of " + std::to_string(e.size) + " bytes " + why;
-            if (!checked) ++failed;
-            series.observe(i, in_use, device.reserved());
-            continue;
-          }
-        }
-        token t = target.allocate(e.size);
-        if (checked && t) {
-          if (const void* p = detail::address_of<target_t>(t)) {
-            std::string wrong = checker.check(p, e.size, opts.alignment, device);
-            if (!wrong.empty()) {  // a fault: not served, not used, not given back
-              if (faults++ == 0) first_fault = "event " + std::to_string(i + 1) + ": " + wrong;
-              t = token{};
-              faulted = true;
-            }
-          }
-        }
-        if (t) {
-          ++served;
-          in_use += e.size;
-          peak_in_use = std::max(peak_in_use, in_use);
-          if (e.action == trace_action::allocate) {
-            live[e.allocation] = t;
-          } else {
+    // One pass over the events, timed; ns per operation.
+    const auto pass = [&](detail::series_builder& observed) {
+      const auto start = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < events; ++i) {
+        const bench::trace_event& e = trace.events[i];
+        if (e.action == trace_action::free) {
+          token& t = live[e.allocation];
+          if (t) {
+            if (checked) checker.forget(detail::address_of<target_t>(t));
             target.deallocate(t, e.size);
+            t = token{};
             in_use -= e.size;
           }
-        } else if (!faulted) {
-          ++failed;
-          if (e.action == trace_action::allocate) ++failed_allocations;
+        } else {
+          ++requests;
+          bool faulted = false;
+          if constexpr (requires { target.cannot_ask(e.size); }) {
+            if (const char* why = target.cannot_ask(e.size)) {  // asking would break the replay: its fault
+              if (checked && faults++ == 0)
+                first_fault =
+                    "event " + std::to_string(i + 1) + ": a request of " + std::to_string(e.size) + " bytes " + why;
+              if (!checked) ++failed;
+              observed.observe(i, in_use, device.reserved());
+              continue;
+            }
+          }
+          token t = target.allocate(e.size);
+          if (checked && t) {
+            if (const void* p = detail::address_of<target_t>(t)) {
+              std::string wrong = checker.check(p, e.size, opts.alignment, device);
+              if (!wrong.empty()) {  // a fault: not served, not used, not given back
+                if (faults++ == 0) first_fault = "event " + std::to_string(i + 1) + ": " + wrong;
+                t = token{};
+                faulted = true;
+              }
+            }
+          }
+          if (t) {
+            ++served;
+            in_use += e.size;
+            peak_in_use = std::max(peak_in_use, in_use);
+            if (e.action == trace_action::allocate) {
+              live[e.allocation] = t;
+            } else {
+              target.deallocate(t, e.size);
+              in_use -= e.size;
+            }
+          } else if (!faulted) {
+            ++failed;
+            if (e.action == trace_action::allocate) ++failed_allocations;
+          }
+        }
+        observed.observe(i, in_use, device.reserved());
+        if (opts.progress && (i + 1) % tick == 0)
+          opts.progress(static_cast<double>(i + 1) / static_cast<double>(events));
+      }
+      const auto stop = std::chrono::steady_clock::now();
+      return std::chrono::duration<double, std::nano>(stop - start).count() /
+             static_cast<double>(std::max<std::size_t>(events, 1));
+    };
+    // What the trace never freed is freed after each pass, untimed.
+    const auto free_the_rest = [&] {
+      for (const bench::trace_event& e : trace.events) {
+        if (e.action == trace_action::allocate && live[e.allocation]) {
+          target.deallocate(live[e.allocation], e.size);
+          live[e.allocation] = token{};
         }
       }
-      series.observe(i, in_use, device.reserved());
-      if (opts.progress && (i + 1) % tick == 0) opts.progress(static_cast<double>(i + 1) / static_cast<double>(events));
-    }
-    const auto stop = std::chrono::steady_clock::now();
-    ns = std::chrono::duration<double, std::nano>(stop - start).count() /
-         static_cast<double>(std::max<std::size_t>(events, 1));
+    };
+    ns = pass(series);
     if (figures != nullptr) {
       replay_result& r = *figures;
       r.operations = events;
@@ -300,11 +320,11 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
           static_cast<double>(r.peak_reserved) / static_cast<double>(std::max<std::size_t>(trace.peak_live_bytes, 1));
       r.series = series.finish(events == 0 ? 0 : events - 1);
     }
-    for (const bench::trace_event& e : trace.events) {  // what the trace never freed
-      if (e.action == trace_action::allocate && live[e.allocation]) {
-        target.deallocate(live[e.allocation], e.size);
-        live[e.allocation] = token{};
-      }
+    free_the_rest();
+    if (warm_ns != nullptr) {  // the same allocator again, as a training loop's next step
+      detail::series_builder warm_series(events, opts.series_points);
+      *warm_ns = pass(warm_series);
+      free_the_rest();
     }
   }
   if (figures != nullptr) {
@@ -318,7 +338,8 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
 }
 
 /// Replays `trace` once, checked, for the figures, then `opts.repetitions` times through fresh
-/// targets for the time (ns/op: their median; 0 when there are none).
+/// targets for the time (ns/op: their median; 0 when there are none); with `opts.warm`, each timed
+/// target replays the trace a second time too (`warm_ns_per_op`).
 template <class Device, class Make>
 replay_result replay(const bench::rmm_trace& trace, Device& device, Make&& make, const replay_options& opts,
                      std::string name) {
@@ -328,10 +349,15 @@ replay_result replay(const bench::rmm_trace& trace, Device& device, Make&& make,
   replay_options each = opts;
   for (int i = 0; i < runs; ++i) {
     if (opts.progress) each.progress = [&, i](double f) { opts.progress((i + f) / runs); };
-    const double ns = replay_once(trace, device, make, each, i == 0 ? &r : nullptr);
-    if (i != 0) r.ns_per_op_runs.push_back(ns);
+    double warm = 0;
+    const double ns =
+        replay_once(trace, device, make, each, i == 0 ? &r : nullptr, i != 0 && opts.warm ? &warm : nullptr);
+    if (i == 0) continue;
+    r.ns_per_op_runs.push_back(ns);
+    if (opts.warm) r.warm_ns_per_op_runs.push_back(warm);
   }
   r.ns_per_op = detail::median(r.ns_per_op_runs);
+  r.warm_ns_per_op = detail::median(r.warm_ns_per_op_runs);
   return r;
 }
 

@@ -130,6 +130,7 @@ inline void print_table(std::ostream& out, const trace_report& r, const report_s
                   format_count(x.upstream_calls()).c_str(), map_calls_cell(x).c_str(), format_count(x.failed).c_str(),
                   format_bytes(static_cast<double>(x.bytes_moved)).c_str());
     out << line;
+    if (!x.warm_ns_per_op_runs.empty()) out << "  (warm " << format_fixed(x.warm_ns_per_op, 1) << " ns/op)";
     if (x.leaked != 0) out << "  (leaked " << format_bytes(static_cast<double>(x.leaked)) << ")";
     out << '\n';
     if (x.faults != 0) out << "    " << fault_text(x) << '\n';
@@ -223,6 +224,9 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
           << ", \"ns_per_op\": " << format_fixed(x.ns_per_op, 2) << ", \"ns_per_op_runs\": [";
       for (std::size_t n = 0; n < x.ns_per_op_runs.size(); ++n)
         out << (n ? ", " : "") << format_fixed(x.ns_per_op_runs[n], 2);
+      out << "], \"warm_ns_per_op\": " << format_fixed(x.warm_ns_per_op, 2) << ", \"warm_ns_per_op_runs\": [";
+      for (std::size_t n = 0; n < x.warm_ns_per_op_runs.size(); ++n)
+        out << (n ? ", " : "") << format_fixed(x.warm_ns_per_op_runs[n], 2);
       out << "], \"operations\": " << x.operations << ", \"requests\": " << x.requests << ", \"served\": " << x.served
           << ", \"failed_requests\": " << x.failed << ", \"peak_in_use\": " << x.peak_in_use
           << ", \"peak_reserved\": " << x.peak_reserved
