@@ -53,7 +53,10 @@ namespace alloy {
 ///   released (least recently freed first; a hot granule stays). An allocate that needs new
 ///   granules applies the same rule first, so mapped bytes never pass the granules live chunks
 ///   touch plus what is kept: memory the program needed a moment ago stays for the next
-///   request, and the peak mapped stays that of the touched granules or the peak in use.
+///   request, and the peak mapped stays that of the touched granules or the peak in use. With
+///   `release_threshold = keep_all` (`virtual_allocator`'s) nothing is unmapped until the device
+///   runs short or `release()`, and no list is kept: those find the free mapped granules by a
+///   scan (highest address first), so that allocations and frees do no list work per granule.
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
 ///   not mapped (a `create` and a `map` each; none when its granules are mapped already), after
 ///   unmapping the oldest free granules the rule no longer keeps; a deallocate unmaps and
@@ -63,7 +66,10 @@ namespace alloy {
 /// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
 ///   unmapped and released (oldest first, as many as the request still needs, more if that was
 ///   not enough) and `create` retried (`num_alloc_retries`): physical pages are fungible, a hole's
-///   pages serve a request elsewhere. A request fails (empty block, `num_ooms`) only when the
+///   pages serve a request elsewhere. When best fit's place needs more new granules than the
+///   backend can give even so, every free chunk is tried (front and back, each also on a granule
+///   boundary) for the place that adds the fewest granules no live chunk touches (O(chunks), only
+///   then; counted as a retry). A request fails (empty block, `num_ooms`) only when the
 ///   granules of live chunks plus those the request needs exceed what the backend can give, and
 ///   then at once, without releasing the cache, when `capacity()` alone shows it. On failure
 ///   everything is undone: granules mapped for the request are unmapped and released, nothing
@@ -443,16 +449,19 @@ class virtual_arena {
     index_.insert(pool_, c);
     // The chunk's granules lose one user; those left with none are free mapped, then trimmed.
     const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
-    bool freed_granule = false;
+    const bool listed = lists_free_granules();
+    std::size_t freed = 0;
     for (std::size_t g = first; g <= last; ++g) {
-      if (--granules_[g].live == 0 && granules_[g].piece != 0) {
-        push_free(g);
-        freed_granule = true;
+      granule& r = granules_[g];
+      if (--r.live == 0 && r.piece != 0) {
+        ++freed;
+        if (listed) link_newest(g);
       }
     }
+    free_mapped_ += freed;
     // With no granule freed, what is kept can only have grown (the peak may have), so there is
     // nothing to trim unless a call that skips the trim left too many (`trim_due_`).
-    if ((freed_granule || trim_due_) && opts_.release_threshold != keep_all) trim(kept_free_bytes());
+    if ((freed != 0 || trim_due_) && listed) trim(kept_free_bytes());
   }
 
  public:
@@ -487,7 +496,7 @@ class virtual_arena {
     requires thread_safe_vmm<Vmm>
   {
     finish_release_batch();
-    if (batch_.active || oldest_ == no_granule) {
+    if (batch_.active || free_mapped_ == 0) {
       trim(0);
       peak_in_use_ = in_use_;
       return true;
@@ -495,18 +504,16 @@ class virtual_arena {
     batch_.vmm = &vmm_;
     batch_.granularity = opts_.granularity;
     batch_.count = 0;
-    while (oldest_ != no_granule && !out.full() && batch_.count < release_batch::capacity) {
-      const std::uint32_t g = oldest_;
-      unlist(g);
+    take_free(std::min(release_batch::capacity, detached_segments::capacity - out.count), [&](std::size_t g) {
       granule& r = granules_[g];
       out.add_call(&batch_, block{granule_address(g), static_cast<std::size_t>(r.piece)}, &release_batch::give);
-      batch_.granules[batch_.count++] = g;
+      batch_.granules[batch_.count++] = static_cast<std::uint32_t>(g);
       r.piece = 0;
       r.releasing = true;
       --mapped_;
       ++counters_.num_unmaps;
       ++counters_.num_device_free;
-    }
+    });
     batch_.remaining.store(batch_.count, std::memory_order_relaxed);
     batch_.active = true;
     return false;
@@ -645,6 +652,7 @@ class virtual_arena {
     }
     if (mapped != mapped_ || unused_mapped != free_mapped_ || pending != planned) return false;
     if (batch_.active && releasing != batch_.count) return false;
+    if (!lists_free_granules()) return oldest_ == no_granule && newest_ == no_granule;
     std::size_t listed = 0;
     std::uint32_t previous = no_granule;
     for (std::uint32_t g = oldest_; g != no_granule; g = granules_[g].newer) {
@@ -1045,6 +1053,7 @@ class virtual_arena {
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
     const std::size_t known = std::min(last + 1, granules_.size());
     std::size_t n = last + 1 > known ? last + 1 - std::max(first, known) : 0;
+    if (mapped_ == granules_.size()) return n;  // every granule of the table is mapped
     for (std::size_t g = first; g < known; ++g) n += granules_[g].piece == 0;
     return n;
   }
@@ -1336,17 +1345,20 @@ class virtual_arena {
   /// again); returns how many have no physical piece (`map_new_granules` maps them, or a plan;
   /// `unmap_fresh_and_drop` undoes this).
   [[gnu::always_inline]] std::size_t add_user(std::size_t first, std::size_t last, std::uint16_t t) noexcept {
-    std::size_t to_map = 0;
+    const bool listed = lists_free_granules();
+    std::size_t to_map = 0, reused = 0;
     for (std::size_t g = first; g <= last; ++g) {
       granule& r = granules_[g];
       if (r.live == 0) r.tag = t;
       if (r.piece == 0) {
         ++to_map;
-      } else if (r.live == 0) {
-        unlist(g);  // free mapped until now: in use again
+      } else if (r.live == 0) {  // free mapped until now: in use again
+        ++reused;
+        if (listed) unlink(g);
       }
       ++r.live;
     }
+    free_mapped_ -= reused;
     return to_map;
   }
   /// The driver calls of an allocate: `to_map` granules of [first, last] have no physical piece.
@@ -1426,24 +1438,52 @@ class virtual_arena {
   }
 
   // The least-recently-freed list of free mapped granules: freed at the newest end, unmapped
-  // from the oldest.
+  // from the oldest. With `keep_all` there is no list: nothing goes back until the device runs
+  // short or `release()`, and then the free mapped granules are found by a scan (highest address
+  // first), so that allocations and frees do no list work per granule.
+  bool lists_free_granules() const noexcept { return opts_.release_threshold != keep_all; }
   void push_free(std::size_t g) noexcept {
+    ++free_mapped_;
+    if (lists_free_granules()) link_newest(g);
+  }
+  void unlist(std::size_t g) noexcept {
+    --free_mapped_;
+    if (lists_free_granules()) unlink(g);
+  }
+  void link_newest(std::size_t g) noexcept {
     granule& r = granules_[g];
     r.older = newest_;
     r.newer = no_granule;
     if (newest_ != no_granule) granules_[newest_].newer = static_cast<std::uint32_t>(g);
     else oldest_ = static_cast<std::uint32_t>(g);
     newest_ = static_cast<std::uint32_t>(g);
-    ++free_mapped_;
   }
-  void unlist(std::size_t g) noexcept {
+  void unlink(std::size_t g) noexcept {
     granule& r = granules_[g];
     if (r.older != no_granule) granules_[r.older].newer = r.newer;
     else oldest_ = r.newer;
     if (r.newer != no_granule) granules_[r.newer].older = r.older;
     else newest_ = r.older;
     r.older = r.newer = no_granule;
-    --free_mapped_;
+  }
+  /// Takes up to `n` free mapped granules off the books, the first to go back first, and hands
+  /// each to `take` (which unmaps it or passes it on).
+  template <class F>
+  void take_free(std::size_t n, F&& take) noexcept {
+    if (lists_free_granules()) {
+      for (; n != 0 && oldest_ != no_granule; --n) {
+        const std::uint32_t g = oldest_;
+        unlist(g);
+        take(g);
+      }
+      return;
+    }
+    for (std::size_t g = granules_.size(); n != 0 && free_mapped_ != 0 && g-- != 0;) {
+      if (granules_[g].live != 0 || granules_[g].piece == 0) continue;
+      unlist(g);
+      take(g);
+      --n;
+    }
   }
   /// Free mapped bytes kept: the most of `release_threshold`, a share of the granules live chunks
   /// touch (`release_threshold_divisor`) and what stays under the peak in use (`keep_up_to_peak`),
@@ -1462,11 +1502,7 @@ class virtual_arena {
     trim_due_ = false;
   }
   void trim_count(std::size_t n) noexcept {
-    for (; n != 0 && oldest_ != no_granule; --n) {
-      const std::uint32_t g = oldest_;
-      unlist(g);
-      unmap_granule(g);
-    }
+    take_free(n, [&](std::size_t g) { unmap_granule(g); });
   }
 
   /// Hands out free chunk `c` for a request whose block starts at `start` (inside `c`, with
