@@ -64,8 +64,8 @@ namespace alloy {
 ///   `release()` does that for every free mapped granule; growth calls `reserve`. Nothing else
 ///   calls the backend.
 /// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
-///   unmapped and released (oldest first, as many as the request still needs, more if that was
-///   not enough) and `create` retried (`num_alloc_retries`): physical pages are fungible, a hole's
+///   unmapped and released (oldest first, with `keep_all` highest first; as many as the request
+///   still needs, more if that was not enough) and `create` retried (`num_alloc_retries`): physical pages are fungible, a hole's
 ///   pages serve a request elsewhere. When best fit's place needs more new granules than the
 ///   backend can give even so, every free chunk is tried (front and back, each also on a granule
 ///   boundary) for the place that adds the fewest granules no live chunk touches (O(chunks), only
