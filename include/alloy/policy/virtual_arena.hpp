@@ -65,15 +65,16 @@ namespace alloy {
 ///   calls the backend.
 /// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
 ///   unmapped and released (oldest first, with `keep_all` highest first; as many as the request
-///   still needs, more if that was not enough) and `create` retried (`num_alloc_retries`): physical pages are fungible, a hole's
-///   pages serve a request elsewhere. When best fit's place needs more new granules than the
-///   backend can give even so, every free chunk is tried (front and back, each also on a granule
-///   boundary) for the place that adds the fewest granules no live chunk touches (O(chunks), only
-///   then; counted as a retry). A request fails (empty block, `num_ooms`) only when the
-///   granules of live chunks plus those the request needs exceed what the backend can give, and
-///   then at once, without releasing the cache, when `capacity()` alone shows it. On failure
-///   everything is undone: granules mapped for the request are unmapped and released, nothing
-///   is carved. `allocate_keeping_cache` never releases free mapped granules to retry.
+///   still needs, more if that was not enough) and `create` retried (`num_alloc_retries`):
+///   physical pages are fungible, a hole's pages serve a request elsewhere. When best fit's place
+///   needs more new granules than the backend can give even so, every free chunk is tried (front
+///   and back, each also on a granule boundary) for the place that adds the fewest granules no
+///   live chunk touches (O(chunks), only then; counted as a retry). A request fails (empty block,
+///   `num_ooms`) only when the granules of live chunks plus those the request needs exceed what
+///   the backend can give, and then at once, without releasing the cache, when `capacity()` alone
+///   shows it. On failure everything is undone: granules mapped for the request are unmapped and
+///   released, nothing is carved. `allocate_keeping_cache` never releases free mapped granules to
+///   retry.
 /// - Metadata (host memory only; the managed memory is never touched): the chunk nodes, free index
 ///   and address map of `best_fit_arena` (detail/best_fit_index.hpp), and a table of 24-byte
 ///   granule records (piece, count of allocated chunks touching it, links of the least recently
