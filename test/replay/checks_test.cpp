@@ -183,6 +183,33 @@ BOOST_AUTO_TEST_CASE(vm_device_keeps_the_books_of_a_driver) {
   BOOST_TEST(vm.faults() == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(vm_device_refuses_a_stale_piece_whose_slot_was_reused) {
+  simulated_vm_device vm(4_MiB);
+  auto backend = simulated_vm_device::backend{vm};
+  const alloy::address_range a = backend.reserve(8_MiB);
+  BOOST_TEST_REQUIRE(static_cast<bool>(a));
+  char* base = static_cast<char*>(a.ptr);
+  const alloy::physical_memory old = backend.create(2_MiB);
+  BOOST_TEST_REQUIRE(static_cast<bool>(old));
+  backend.release(old);
+  const alloy::physical_memory fresh = backend.create(2_MiB);  // the released piece's books, reused
+  BOOST_TEST_REQUIRE(static_cast<bool>(fresh));
+  BOOST_TEST(fresh.id != old.id);
+  BOOST_TEST(!backend.map(base, old));  // the old id names nothing now
+  backend.release(old);
+  BOOST_TEST(vm.faults() == 2u);
+  BOOST_TEST(vm.first_fault() == "map of a piece that does not exist");
+  BOOST_TEST(vm.physical_bytes() == 2_MiB);  // the fresh piece is untouched
+  BOOST_TEST(backend.map(base + 2_MiB, fresh));
+  BOOST_TEST(!vm.holds(base, 2_MiB));
+  BOOST_TEST(vm.holds(base + 2_MiB, 2_MiB));
+  backend.unmap(base + 2_MiB, 2_MiB);
+  backend.release(fresh);
+  backend.unreserve(a);
+  BOOST_TEST(vm.faults() == 2u);
+  BOOST_TEST(vm.reserved() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(min_capacity_finds_the_threshold_to_half_a_percent) {
   const auto& trace = three_blocks();  // peak live 1,012,288 bytes
   std::mt19937_64 rng(7);

@@ -19,7 +19,13 @@
 // - Checked as a driver would: a map of a piece that is mapped already, at an address that is
 //   not reserved, not aligned or mapped already, an unmap that is not exactly one earlier map, a
 //   release of a mapped or unknown piece, an unreserve of a range with something mapped: each is
-//   refused (nothing changes) and recorded as a fault (`faults()`, `first_fault()`).
+//   refused (nothing changes) and recorded as a fault (`faults()`, `first_fault()`). A piece's
+//   id carries a generation, so an id kept after its release is unknown even once its books are
+//   reused.
+// - Cost: create and release are O(1), map and unmap O(granules of the piece), on flat books (a
+//   slot per piece, a cell per granule up to the highest mapped), so that a replay's ns/op is the
+//   composition's own bookkeeping; what a driver call costs on a GPU is counted in calls, not
+//   timed here.
 // - `holds(p, n)`: whether `[p, p + n)` is mapped, all of it: what a served block must be.
 // - `backend()` is the `alloy::virtual_memory` backend the compositions hold (copyable, refers
 //   to the device, which must outlive it). Not thread-safe; one replay at a time.
@@ -33,7 +39,7 @@
 #include <iterator>
 #include <map>
 #include <string>
-#include <unordered_map>
+#include <vector>
 
 #include <alloy/vmm/virtual_memory.hpp>
 
@@ -77,9 +83,7 @@ class simulated_vm_device {
     const auto it = reserved_ranges_.find(base);
     if (it == reserved_ranges_.end() || it->second != range.size)
       return fault("unreserve of a range that was not reserved");
-    const auto mapped = maps_.lower_bound(base);
-    if (mapped != maps_.end() && mapped->first < base + range.size)
-      return fault("unreserve of a range with memory mapped in it");
+    if (any_mapped(base, range.size)) return fault("unreserve of a range with memory mapped in it");
     reserved_ranges_.erase(it);
     std::uintptr_t start = base;
     std::size_t size = range.size;
@@ -110,45 +114,62 @@ class simulated_vm_device {
       ++refusals_;
       return {};
     }
-    const std::uint64_t id = ++last_id_;
-    try {
-      pieces_.emplace(id, piece_state{bytes, false});
-    } catch (...) {
-      ++refusals_;
-      return {};
+    std::uint32_t slot = 0;
+    if (!free_slots_.empty()) {
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      try {
+        pieces_.emplace_back();
+      } catch (...) {
+        ++refusals_;
+        return {};
+      }
+      slot = static_cast<std::uint32_t>(pieces_.size() - 1);
     }
+    piece_state& p = pieces_[slot];
+    ++p.generation;  // a stale id of this slot no longer matches
+    p.size = bytes;
+    p.live = true;
+    p.mapped = false;
     physical_ += bytes;
     peak_physical_ = std::max(peak_physical_, physical_);
     ++creates_;
-    return {id, bytes};
+    return {(std::uint64_t{p.generation} << 32) | (std::uint64_t{slot} + 1), bytes};
   }
 
   void release(physical_memory piece) noexcept {
-    const auto it = pieces_.find(piece.id);
-    if (it == pieces_.end() || it->second.size != piece.size) return fault("release of a piece that does not exist");
-    if (it->second.mapped) return fault("release of a piece that is still mapped");
-    physical_ -= it->second.size;
-    pieces_.erase(it);
+    piece_state* p = find_piece(piece);
+    if (p == nullptr) return fault("release of a piece that does not exist");
+    if (p->mapped) return fault("release of a piece that is still mapped");
+    physical_ -= p->size;
+    p->live = false;
+    try {
+      free_slots_.push_back(static_cast<std::uint32_t>((piece.id & 0xFFFFFFFFu) - 1));
+    } catch (...) {}  // the slot is not reused: the books stay right
     ++releases_;
   }
 
   bool map(void* at, physical_memory piece) noexcept {
     const auto start = reinterpret_cast<std::uintptr_t>(at);
-    const auto it = pieces_.find(piece.id);
-    if (it == pieces_.end() || it->second.size != piece.size) return fault("map of a piece that does not exist"), false;
-    if (it->second.mapped) return fault("map of a piece that is mapped already"), false;
+    piece_state* p = find_piece(piece);
+    if (p == nullptr) return fault("map of a piece that does not exist"), false;
+    if (p->mapped) return fault("map of a piece that is mapped already"), false;
     if (start % granularity_ != 0) return fault("map at an address that is not a multiple of the granularity"), false;
     if (!inside_reserved(start, piece.size)) return fault("map outside every reserved range"), false;
-    auto next = maps_.lower_bound(start);
-    if ((next != maps_.end() && next->first < start + piece.size) ||
-        (next != maps_.begin() && std::prev(next)->first + std::prev(next)->second.size > start))
-      return fault("map over memory that is mapped already"), false;
-    try {
-      maps_.emplace_hint(next, start, mapping{piece.id, piece.size});
-    } catch (...) {
-      return false;  // out of host memory for the books: the map fails, a normal event
+    if (any_mapped(start, piece.size)) return fault("map over memory that is mapped already"), false;
+    const std::size_t first = cell_of(start), n = piece.size / granularity_;
+    if (first + n > cells_.size()) {
+      try {
+        cells_.resize(std::max(first + n, cells_.size() + cells_.size() / 2));
+      } catch (...) {
+        return false;  // out of host memory for the books: the map fails, a normal event
+      }
     }
-    it->second.mapped = true;
+    for (std::size_t g = first; g < first + n; ++g) cells_[g].start = first + 1;
+    cells_[first].piece = piece.id;
+    cells_[first].granules = n;
+    p->mapped = true;
     mapped_ += piece.size;
     peak_mapped_ = std::max(peak_mapped_, mapped_);
     ++maps_calls_;
@@ -156,11 +177,16 @@ class simulated_vm_device {
   }
 
   void unmap(void* at, std::size_t bytes) noexcept {
-    const auto it = maps_.find(reinterpret_cast<std::uintptr_t>(at));
-    if (it == maps_.end() || it->second.size != bytes) return fault("unmap that is not exactly one earlier map");
-    if (const auto piece = pieces_.find(it->second.piece); piece != pieces_.end()) piece->second.mapped = false;
+    const auto start = reinterpret_cast<std::uintptr_t>(at);
+    const std::size_t first = start >= space_base_ ? cell_of(start) : cells_.size();
+    if (start % granularity_ != 0 || first >= cells_.size() || cells_[first].start != first + 1 ||
+        cells_[first].granules * granularity_ != bytes)
+      return fault("unmap that is not exactly one earlier map");
+    if (piece_state* p = find_piece({cells_[first].piece, bytes})) p->mapped = false;
+    for (std::size_t g = first; g < first + cells_[first].granules; ++g) cells_[g].start = 0;
+    cells_[first].piece = 0;
+    cells_[first].granules = 0;
     mapped_ -= bytes;
-    maps_.erase(it);
     ++unmaps_calls_;
   }
 
@@ -171,17 +197,11 @@ class simulated_vm_device {
 
   /// Whether every byte of `[p, p + bytes)` is mapped (at least its first byte for 0 bytes).
   bool holds(const void* p, std::size_t bytes) const noexcept {
-    std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p);
-    if (bytes > UINTPTR_MAX - at) return false;
-    const std::uintptr_t end = at + std::max<std::size_t>(bytes, 1);
-    auto it = maps_.upper_bound(at);
-    if (it == maps_.begin()) return false;
-    --it;
-    while (at < end) {  // consecutive maps, one per piece
-      if (it == maps_.end() || it->first > at || it->first + it->second.size <= at) return false;
-      at = it->first + it->second.size;
-      ++it;
-    }
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    if (bytes > UINTPTR_MAX - at || at < space_base_) return false;
+    const std::uintptr_t last = at + std::max<std::size_t>(bytes, 1) - 1;
+    for (std::size_t g = cell_of(at); g <= cell_of(last); ++g)  // consecutive maps, one per piece
+      if (g >= cells_.size() || cells_[g].start == 0) return false;
     return true;
   }
 
@@ -205,7 +225,8 @@ class simulated_vm_device {
     reserved_ranges_.clear();
     unreserved_.clear();
     pieces_.clear();
-    maps_.clear();
+    free_slots_.clear();
+    cells_.clear();
     top_ = space_base_;
     physical_ = peak_physical_ = mapped_ = peak_mapped_ = 0;
     creates_ = releases_ = refusals_ = maps_calls_ = unmaps_calls_ = faults_ = 0;
@@ -240,14 +261,37 @@ class simulated_vm_device {
   };
 
  private:
+  // The books are flat, so that a call costs the replay next to nothing (a driver's cost is
+  // counted in calls, not timed): pieces in slots whose id carries a generation, so that a stale
+  // id is refused; the mapped addresses as one cell per granule of the big range.
   struct piece_state {
-    std::size_t size;
-    bool mapped;
+    std::size_t size = 0;
+    std::uint32_t generation = 0;
+    bool live = false;
+    bool mapped = false;
   };
-  struct mapping {
-    std::uint64_t piece;
-    std::size_t size;
+  struct cell {
+    std::size_t start = 0;     ///< 1 + the cell where the map covering this granule starts; 0: unmapped
+    std::uint64_t piece = 0;   ///< at a map's first cell: the piece mapped
+    std::size_t granules = 0;  ///< at a map's first cell: how many cells it covers
   };
+
+  piece_state* find_piece(physical_memory piece) noexcept {
+    const std::uint64_t slot = (piece.id & 0xFFFFFFFFu) - 1;
+    if (piece.id == 0 || slot >= pieces_.size()) return nullptr;
+    piece_state& p = pieces_[slot];
+    if (!p.live || p.generation != (piece.id >> 32) || p.size != piece.size) return nullptr;
+    return &p;
+  }
+  std::size_t cell_of(std::uintptr_t at) const noexcept { return (at - space_base_) / granularity_; }
+  /// Whether any granule of [at, at + bytes) is mapped.
+  bool any_mapped(std::uintptr_t at, std::size_t bytes) const noexcept {
+    if (at < space_base_ || bytes == 0) return false;
+    const std::size_t end = std::min(cells_.size(), cell_of(at + bytes - 1) + 1);
+    for (std::size_t g = cell_of(at); g < end; ++g)
+      if (cells_[g].start != 0) return true;
+    return false;
+  }
 
   /// The big range of addresses, made on first use: as large as the host gives, at most 16 TiB.
   bool have_space() noexcept {
@@ -306,9 +350,9 @@ class simulated_vm_device {
   std::uintptr_t top_ = 0;                                 // addresses from here on never reserved
   std::map<std::uintptr_t, std::size_t> reserved_ranges_;  // base -> size
   std::map<std::uintptr_t, std::size_t> unreserved_;       // holes below top_: base -> size
-  std::unordered_map<std::uint64_t, piece_state> pieces_;  // id -> piece
-  std::map<std::uintptr_t, mapping> maps_;                 // address -> what is mapped there
-  std::uint64_t last_id_ = 0;
+  std::vector<piece_state> pieces_;                        // by slot (id: generation << 32 | slot + 1)
+  std::vector<std::uint32_t> free_slots_;                  // slots of released pieces, reused
+  std::vector<cell> cells_;                                // by granule of the big range, up to the highest mapped
   std::size_t physical_ = 0, peak_physical_ = 0, mapped_ = 0, peak_mapped_ = 0;
   std::size_t creates_ = 0, releases_ = 0, refusals_ = 0, maps_calls_ = 0, unmaps_calls_ = 0, faults_ = 0;
   std::string first_fault_;
