@@ -18,6 +18,7 @@
 #include <alloy/config.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/best_fit_index.hpp>
+#include <alloy/detail/bit_table.hpp>
 #include <alloy/misuse.hpp>
 #include <alloy/movable.hpp>
 #include <alloy/tag.hpp>
@@ -281,8 +282,7 @@ class virtual_arena {
       granule& r = granules_[granule_of(m.at[i])];
       r.pending = false;
       if (i >= m.mapped) continue;
-      r.piece = m.pieces[i];
-      ++mapped_;
+      set_piece(granule_of(m.at[i]), m.pieces[i]);
       ++counters_.num_device_alloc;
       ++counters_.num_maps;
     }
@@ -309,7 +309,8 @@ class virtual_arena {
   /// Mapped bytes of the granules the tag's live chunks touch (what offload/discard unmap). O(granules).
   std::size_t mapped_bytes(tag t) const noexcept {
     std::size_t n = 0;
-    for (const granule& r : granules_) n += r.live != 0 && r.tag == t.value && r.piece != 0;
+    for (std::size_t g = 0; g < granules_.size(); ++g)
+      n += touched(g) && granules_[g].tag == t.value && granules_[g].piece != 0;
     return n << gshift_;
   }
   /// Requested bytes of the tag's live chunks. O(chunks).
@@ -356,11 +357,12 @@ class virtual_arena {
     trim_due_ = true;  // granules touched again: the rule may keep fewer free ones
     tag_record& rec = tags_[t.value];
     std::size_t to_map = 0;
-    for (const granule& r : granules_) to_map += r.live != 0 && r.tag == t.value && r.piece == 0 && !r.pending;
+    for (std::size_t g = 0; g < granules_.size(); ++g)
+      to_map += touched(g) && granules_[g].tag == t.value && granules_[g].piece == 0 && !granules_[g].pending;
     if (to_map > headroom() / opts_.granularity) return offload_status::device_out_of_memory;
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       granule& r = granules_[g];
-      if (r.live == 0 || r.tag != t.value || r.piece != 0 || r.pending) continue;
+      if (!touched(g) || r.tag != t.value || r.piece != 0 || r.pending) continue;
       physical_memory piece = vmm_.create(opts_.granularity);
       if (!piece && free_mapped_ != 0) {
         trim_count(std::min(free_mapped_, to_map));
@@ -378,8 +380,7 @@ class virtual_arena {
         return offload_status::map_failed;
       }
       ++counters_.num_maps;
-      r.piece = piece.id;
-      ++mapped_;
+      set_piece(g, piece.id);
       --to_map;
     }
     for (const saved_chunk& s : rec.chunks) {
@@ -449,20 +450,10 @@ class virtual_arena {
     pool_[merged.next()].set_prev(c, true);
     index_.insert(pool_, c);
     // The chunk's granules lose one user; those left with none are free mapped, then trimmed.
-    const std::size_t first = granule_of(addr), last = granule_of(addr + size - 1);
-    const bool listed = lists_free_granules();
-    std::size_t freed = 0;
-    for (std::size_t g = first; g <= last; ++g) {
-      granule& r = granules_[g];
-      if (--r.live == 0 && r.piece != 0) {
-        ++freed;
-        if (listed) link_newest(g);
-      }
-    }
-    free_mapped_ += freed;
+    const std::size_t freed = drop_user(granule_of(addr), granule_of(addr + size - 1));
     // With no granule freed, what is kept can only have grown (the peak may have), so there is
     // nothing to trim unless a call that skips the trim left too many (`trim_due_`).
-    if ((freed != 0 || trim_due_) && listed) trim(kept_free_bytes());
+    if ((freed != 0 || trim_due_) && lists_free_granules()) trim(kept_free_bytes());
   }
 
  public:
@@ -509,9 +500,8 @@ class virtual_arena {
       granule& r = granules_[g];
       out.add_call(&batch_, block{granule_address(g), static_cast<std::size_t>(r.piece)}, &release_batch::give);
       batch_.granules[batch_.count++] = static_cast<std::uint32_t>(g);
-      r.piece = 0;
+      clear_piece(g);
       r.releasing = true;
-      --mapped_;
       ++counters_.num_unmaps;
       ++counters_.num_device_free;
     });
@@ -582,13 +572,14 @@ class virtual_arena {
 
   /// Verifies every invariant in O(chunks + granules): chunks tile the range, no two free
   /// neighbours, index and map complete, sums agree; every granule an allocated chunk touches is
-  /// mapped with the right count of chunks; the free mapped granules are exactly those on the
-  /// least-recently-freed list; mapped and free mapped counts agree.
+  /// mapped, marked touched, with the right count of chunks ending in it; the free mapped granules
+  /// are exactly those on the least-recently-freed list; mapped and free mapped counts agree.
   bool check_invariants() const noexcept {
     if (ranges_.empty()) return head_ == none && mapped_ == 0 && map_.size() == 0;
-    std::vector<std::uint32_t> users;
+    std::vector<std::uint32_t> users, ends;
     try {
       users.assign(granules_.size(), 0);
+      ends.assign(granules_.size(), 0);
     } catch (const std::bad_alloc&) {
       return false;
     }
@@ -620,6 +611,8 @@ class virtual_arena {
           ++users[g];
           if (granules_[g].tag != owner) return false;  // chunks of different tags never share a granule
         }
+        ++ends[granule_of(node.addr)];
+        if (g1 != granule_of(node.addr)) ++ends[g1];
         if (!pending && granules_[granule_of(node.addr)].piece == 0) offloaded_chunks += node.size();
       }
       at += node.size();
@@ -640,16 +633,18 @@ class virtual_arena {
       planned += m->at.size();
     }
     if (active != pending_plans_) return false;
+    if (touched_bits_.size() != granules_.size() || mapped_bits_.size() != granules_.size()) return false;
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       const granule& r = granules_[g];
-      if (r.live != users[g] || r.fresh) return false;
+      const bool live = users[g] != 0;
+      if (r.ends != ends[g] || touched(g) != live || mapped_bits_.test(g) != (r.piece != 0) || r.fresh) return false;
       if (r.piece != 0) ++mapped;
-      if (r.pending && (r.live == 0 || r.piece != 0 || ++pending > planned)) return false;
-      if (r.releasing && (r.live != 0 || r.piece != 0 || r.pending || !batch_.active || ++releasing > batch_.count))
+      if (r.pending && (!live || r.piece != 0 || ++pending > planned)) return false;
+      if (r.releasing && (live || r.piece != 0 || r.pending || !batch_.active || ++releasing > batch_.count))
         return false;
-      if (r.live != 0 && r.piece == 0 && !r.pending && state(tag{r.tag}) == tag_state::resident) return false;
-      if (r.live != 0 && r.piece != 0 && state(tag{r.tag}) != tag_state::resident) return false;
-      if (r.live == 0 && r.piece != 0) ++unused_mapped;
+      if (live && r.piece == 0 && !r.pending && state(tag{r.tag}) == tag_state::resident) return false;
+      if (live && r.piece != 0 && state(tag{r.tag}) != tag_state::resident) return false;
+      if (!live && r.piece != 0) ++unused_mapped;
     }
     if (mapped != mapped_ || unused_mapped != free_mapped_ || pending != planned) return false;
     if (batch_.active && releasing != batch_.count) return false;
@@ -657,7 +652,7 @@ class virtual_arena {
     std::size_t listed = 0;
     std::uint32_t previous = no_granule;
     for (std::uint32_t g = oldest_; g != no_granule; g = granules_[g].newer) {
-      if (g >= granules_.size() || granules_[g].live != 0 || granules_[g].piece == 0) return false;
+      if (g >= granules_.size() || touched(g) || granules_[g].piece == 0) return false;
       if (granules_[g].older != previous || ++listed > free_mapped_) return false;
       previous = g;
     }
@@ -675,7 +670,7 @@ class virtual_arena {
   /// One granule of the range.
   struct granule {
     std::uint64_t piece = 0;           ///< the backend's id of the physical piece mapped here; 0: unmapped
-    std::uint32_t live = 0;            ///< allocated chunks touching it
+    std::uint32_t ends = 0;            ///< allocated chunks whose first or last granule it is
     std::uint32_t older = no_granule;  ///< least-recently-freed list (free mapped granules only)
     std::uint32_t newer = no_granule;
     bool fresh : 1 = false;      ///< mapped by the allocation under way (undone if it fails)
@@ -1046,16 +1041,16 @@ class virtual_arena {
     // Granules spanned count for blocks of whole granules only: other blocks packed end to end
     // fill granules better than blocks each moved to a boundary (measured on every trace).
     placement_cost cost{0, rounded % opts_.granularity == 0 ? last - first + 1 : 0, not_counted};
-    const auto untouched = [&](std::size_t g) { return std::size_t{g >= granules_.size() || granules_[g].live == 0}; };
+    const auto untouched = [&](std::size_t g) { return std::size_t{g >= granules_.size() || !touched(g)}; };
     cost.untouched = untouched(first) + (last > first ? untouched(last) + (last - first - 1) : 0);
     return cost;
   }
-  std::size_t count_unmapped(std::uintptr_t start, std::size_t rounded) const noexcept {
+  [[gnu::always_inline]] std::size_t count_unmapped(std::uintptr_t start, std::size_t rounded) const noexcept {
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
     const std::size_t known = std::min(last + 1, granules_.size());
     std::size_t n = last + 1 > known ? last + 1 - std::max(first, known) : 0;
     if (mapped_ == granules_.size()) return n;  // every granule of the table is mapped
-    for (std::size_t g = first; g < known; ++g) n += granules_[g].piece == 0;
+    n += detail::count_bits(first, known, [this](std::size_t w) { return ~mapped_bits_.word(w); });
     return n;
   }
   /// Where in free chunk `c` the block goes. Best fit's place is its front (`front`); when that
@@ -1068,8 +1063,7 @@ class virtual_arena {
   std::uintptr_t placement_in(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
                               std::size_t alignment) const noexcept {
     const std::size_t first = granule_of(front), last = granule_of(front + rounded - 1);
-    if (last < granules_.size() && granules_[first].live != 0 && granules_[last].live != 0 && last - first <= 1)
-        [[likely]]
+    if (last < granules_.size() && touched(first) && touched(last) && last - first <= 1) [[likely]]
       return front;  // within granules live chunks touch: nothing to gain
     return placement_among(c, front, rounded, alignment);
   }
@@ -1108,6 +1102,18 @@ class virtual_arena {
   }
 
   std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> gshift_; }
+  /// Whether an allocated chunk touches granule `g` (in the table).
+  bool touched(std::size_t g) const noexcept { return touched_bits_.test(g); }
+  void set_piece(std::size_t g, std::uint64_t id) noexcept {
+    granules_[g].piece = id;
+    mapped_bits_.set(g);
+    ++mapped_;
+  }
+  void clear_piece(std::size_t g) noexcept {
+    granules_[g].piece = 0;
+    mapped_bits_.reset(g);
+    --mapped_;
+  }
   /// What the backend could give at most if every free mapped granule went back.
   std::size_t headroom() const noexcept {
     const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
@@ -1135,8 +1141,15 @@ class virtual_arena {
   bool cover_granules(std::size_t n) noexcept {
     if (n <= granules_.size()) [[likely]]
       return true;
+    return grow_granule_table(n);
+  }
+  [[gnu::noinline]] bool grow_granule_table(std::size_t n) noexcept {
     try {
       detail::reserve_room(granules_, n);
+      mapped_bits_.reserve(n);
+      touched_bits_.reserve(n);
+      mapped_bits_.resize(n);  // nothing throws from here
+      touched_bits_.resize(n);
       granules_.resize(n);
       return true;
     } catch (const std::bad_alloc&) {
@@ -1146,7 +1159,7 @@ class virtual_arena {
 
   /// Whether granule `g` is touched by a live chunk of a tag other than `t`.
   bool foreign(std::size_t g, std::uint16_t t) const noexcept {
-    return g < granules_.size() && granules_[g].live != 0 && granules_[g].tag != t;
+    return g < granules_.size() && touched(g) && granules_[g].tag != t;
   }
   /// The free chunk right after the tag's last block, when the block fits there without touching
   /// a granule of another tag (keeps a tag's small blocks together instead of taking a granule
@@ -1242,7 +1255,7 @@ class virtual_arena {
     std::size_t n = 0;
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       const granule& r = granules_[g];
-      if (r.live == 0 || r.tag != t || r.piece == 0) continue;
+      if (!touched(g) || r.tag != t || r.piece == 0) continue;
       unmap_granule(g);
       ++n;
     }
@@ -1344,23 +1357,70 @@ class virtual_arena {
 
   /// Counts the new chunk among the users of granules [first, last] (free mapped ones are in use
   /// again); returns how many have no physical piece (`map_new_granules` maps them, or a plan;
-  /// `unmap_fresh_and_drop` undoes this).
+  /// `unmap_fresh_and_drop` undoes this). The block lies in a free chunk, so a chunk touching its
+  /// first or last granule ends there (`ends` counts them), and no chunk touches the granules
+  /// strictly inside it: those are counted and marked a word of the bit tables per 64 granules.
   [[gnu::always_inline]] std::size_t add_user(std::size_t first, std::size_t last, std::uint16_t t) noexcept {
-    const bool listed = lists_free_granules();
     std::size_t to_map = 0, reused = 0;
-    for (std::size_t g = first; g <= last; ++g) {
-      granule& r = granules_[g];
-      if (r.live == 0) r.tag = t;
-      if (r.piece == 0) {
-        ++to_map;
-      } else if (r.live == 0) {  // free mapped until now: in use again
-        ++reused;
-        if (listed) unlink(g);
+    add_end_user(first, t, to_map, reused);
+    if (last != first) {
+      if (last - first > 1) {
+        const std::size_t from = first + 1;
+        const std::size_t mapped = mapped_bits_.count(from, last);
+        to_map += last - from - mapped;
+        reused += mapped;
+        if (mapped != 0 && lists_free_granules())
+          detail::for_each_bit(
+              from, last, [this](std::size_t w) { return mapped_bits_.word(w); }, [this](std::size_t g) { unlink(g); });
+        if (tags_in_use_) [[unlikely]]  // else every tag is 0 already
+          for (std::size_t g = from; g < last; ++g) granules_[g].tag = t;
+        touched_bits_.set(from, last);
       }
-      ++r.live;
+      add_end_user(last, t, to_map, reused);
     }
     free_mapped_ -= reused;
     return to_map;
+  }
+  [[gnu::always_inline]] void add_end_user(std::size_t g, std::uint16_t t, std::size_t& to_map,
+                                           std::size_t& reused) noexcept {
+    granule& r = granules_[g];
+    to_map += r.piece == 0;
+    if (r.ends++ != 0) return;
+    r.tag = t;
+    touched_bits_.set(g);
+    if (r.piece == 0) return;
+    ++reused;  // free mapped until now: in use again
+    if (lists_free_granules()) unlink(g);
+  }
+  /// Takes an allocated chunk's user off granules [first, last] (freed, or its allocation undone):
+  /// the granules strictly inside it, and its first and last when no other chunk ends there, are
+  /// untouched again; those mapped are free mapped (listed newest, in address order). Returns how
+  /// many.
+  [[gnu::always_inline]] std::size_t drop_user(std::size_t first, std::size_t last) noexcept {
+    std::size_t freed = drop_end_user(first);
+    if (last != first) {
+      if (last - first > 1) {
+        const std::size_t from = first + 1;
+        const std::size_t mapped = mapped_bits_.count(from, last);
+        if (mapped != 0 && lists_free_granules())
+          detail::for_each_bit(
+              from, last, [this](std::size_t w) { return mapped_bits_.word(w); },
+              [this](std::size_t g) { link_newest(g); });
+        touched_bits_.reset(from, last);
+        freed += mapped;
+      }
+      freed += drop_end_user(last);
+    }
+    free_mapped_ += freed;
+    return freed;
+  }
+  [[gnu::always_inline]] std::size_t drop_end_user(std::size_t g) noexcept {
+    granule& r = granules_[g];
+    if (--r.ends != 0) return 0;
+    touched_bits_.reset(g);
+    if (r.piece == 0) return 0;
+    if (lists_free_granules()) link_newest(g);
+    return 1;
   }
   /// The driver calls of an allocate: `to_map` granules of [first, last] have no physical piece.
   [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release,
@@ -1405,9 +1465,8 @@ class virtual_arena {
         return false;
       }
       ++counters_.num_maps;
-      r.piece = piece.id;
+      set_piece(g, piece.id);
       r.fresh = true;
-      ++mapped_;
       --to_map;
     }
     for (std::size_t g = first; g <= last; ++g) granules_[g].fresh = false;
@@ -1419,21 +1478,18 @@ class virtual_arena {
   /// are free mapped again.
   void unmap_fresh_and_drop(std::size_t first, std::size_t last) noexcept {
     for (std::size_t g = first; g <= last; ++g) {
-      granule& r = granules_[g];
-      if (r.fresh) {
-        unmap_granule(g);
-        r.fresh = false;
-      }
-      if (--r.live == 0 && r.piece != 0) push_free(g);
+      if (!granules_[g].fresh) continue;
+      unmap_granule(g);
+      granules_[g].fresh = false;
     }
+    (void)drop_user(first, last);
   }
 
   void unmap_granule(std::size_t g) noexcept {
     granule& r = granules_[g];
     vmm_.unmap(granule_address(g), opts_.granularity);
     vmm_.release(physical_memory{r.piece, opts_.granularity});
-    r.piece = 0;
-    --mapped_;
+    clear_piece(g);
     ++counters_.num_unmaps;
     ++counters_.num_device_free;
   }
@@ -1443,10 +1499,6 @@ class virtual_arena {
   // short or `release()`, and then the free mapped granules are found by a scan (highest address
   // first), so that allocations and frees do no list work per granule.
   bool lists_free_granules() const noexcept { return opts_.release_threshold != keep_all; }
-  void push_free(std::size_t g) noexcept {
-    ++free_mapped_;
-    if (lists_free_granules()) link_newest(g);
-  }
   void unlist(std::size_t g) noexcept {
     --free_mapped_;
     if (lists_free_granules()) unlink(g);
@@ -1479,12 +1531,13 @@ class virtual_arena {
       }
       return;
     }
-    for (std::size_t g = granules_.size(); n != 0 && free_mapped_ != 0 && g-- != 0;) {
-      if (granules_[g].live != 0 || granules_[g].piece == 0) continue;
+    if (n == 0 || free_mapped_ == 0) return;
+    const auto free_mapped = [this](std::size_t w) { return mapped_bits_.word(w) & ~touched_bits_.word(w); };
+    detail::for_each_bit_descending(0, granules_.size(), free_mapped, [&](std::size_t g) {
       unlist(g);
       take(g);
-      --n;
-    }
+      return --n != 0 && free_mapped_ != 0;
+    });
   }
   /// Free mapped bytes kept: the most of `release_threshold`, a share of the granules live chunks
   /// touch (`release_threshold_divisor`) and what stays under the peak in use (`keep_up_to_peak`),
@@ -1616,6 +1669,8 @@ class virtual_arena {
   void forget() noexcept {
     ranges_.clear();
     granules_.clear();
+    mapped_bits_.clear();
+    touched_bits_.clear();
     pool_.clear();
     map_.clear();
     index_ = detail::best_fit_free_index{};  // allocates nothing (a moved-from arena is only destroyed or assigned)
@@ -1636,6 +1691,8 @@ class virtual_arena {
     map_ = std::move(other.map_);
     ranges_ = std::move(other.ranges_);
     granules_ = std::move(other.granules_);
+    mapped_bits_ = std::move(other.mapped_bits_);
+    touched_bits_ = std::move(other.touched_bits_);
     base_ = other.base_;
     end_ = other.end_;
     reserved_end_ = other.reserved_end_;
@@ -1672,6 +1729,8 @@ class virtual_arena {
   detail::best_fit_address_map map_;
   std::vector<address_range> ranges_;  ///< what the backend reserved, contiguous, in address order
   std::vector<granule> granules_;      ///< granules [0, highest ever used], from `base_`
+  detail::bit_table mapped_bits_;      ///< by granule: a physical piece is mapped (piece != 0)
+  detail::bit_table touched_bits_;     ///< by granule: an allocated chunk touches it
   std::uintptr_t base_ = 0;
   std::uintptr_t end_ = 0;           ///< end of the usable range (whole granules)
   std::uintptr_t reserved_end_ = 0;  ///< end of the last reservation (growth must start here)
