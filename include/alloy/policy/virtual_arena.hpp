@@ -36,7 +36,7 @@ namespace alloy {
 ///   address neighbours. Where inside that chunk the block goes is chosen by granules: when its
 ///   front would add granules, the front, the back and both moved to a granule boundary are
 ///   compared, fewest granules no live chunk touches first, then (blocks of whole granules) fewest
-///   granules spanned, then fewest unmapped (O(granules of the block), only when granules are
+///   granules spanned, then fewest unmapped (O(granules of the block / 64), only when granules are
 ///   added): memory already held is used first, and a block of whole granules does not straddle
 ///   one more. There is one range, so no boundary ever keeps two free chunks apart.
 ///   At first the whole range is one free chunk; it is the largest, so best fit takes it last and
@@ -77,14 +77,19 @@ namespace alloy {
 ///   released, nothing is carved. `allocate_keeping_cache` never releases free mapped granules to
 ///   retry.
 /// - Metadata (host memory only; the managed memory is never touched): the chunk nodes, free index
-///   and address map of `best_fit_arena` (detail/best_fit_index.hpp), and a table of 24-byte
-///   granule records (piece, count of allocated chunks touching it, links of the least recently
-///   freed list) up to the highest granule ever used. It grows geometrically, before anything
-///   changes; after warm-up no call allocates host memory.
+///   and address map of `best_fit_arena` (detail/best_fit_index.hpp), a table of 24-byte granule
+///   records (piece, count of allocated chunks whose first or last granule it is, links of the
+///   least recently freed list) and two bit tables (mapped; touched by an allocated chunk), up to
+///   the highest granule ever used. Only a block's first and last granule can be shared with
+///   another chunk, so those two carry counts and the granules strictly inside it are marked in
+///   the bit tables. They grow geometrically, before anything changes; after warm-up no call
+///   allocates host memory.
 /// - Complexity: as `best_fit_arena` for the chunk work (O(1) below 16384 rounding units,
-///   O(log n) above), plus O(granules the chunk touches) for the mapping counts and one backend
-///   call per granule mapped or unmapped. `for_each_block`, `largest_free_block` and
-///   `check_invariants` are O(chunks + granules).
+///   O(log n) above), plus O(1 + granules the chunk touches / 64) for the mapping counts (a word
+///   of the bit tables per 64 granules; one record each only for the granules put on or taken
+///   off the least-recently-freed list, and none with `keep_all`) and one backend call per
+///   granule mapped or unmapped. `for_each_block`, `largest_free_block` and `check_invariants`
+///   are O(chunks + granules).
 /// - Alignment: any power of two (larger than `rounding` by splitting off the padding in front,
 ///   which stays free and unmapped unless a neighbour needs its granule). Zero bytes: a unique
 ///   chunk of `rounding` bytes, returned with size 0.
@@ -124,8 +129,9 @@ namespace alloy {
 ///   skipped); four tags drawn at random per request, the worst case, 2.2-3.9 us/pair and mapped
 ///   2.6x live (4x before a block was first tried right after its tag's last block, in the free
 ///   chunk there, before whole free granules are taken): tags are meant for groups allocated
-///   apart (weights, cache, activations), where the rounding costs about a granule per run of a tag. Offload copies exactly the requested
-///   bytes of the live chunks (copied ÷ live = 1.0 in the randomized test).
+///   apart (weights, cache, activations), where the rounding costs about a granule per run of a
+///   tag. Offload copies exactly the requested bytes of the live chunks (copied ÷ live = 1.0 in
+///   the randomized test).
 /// - Destruction unmaps and releases every granule, live blocks or not, and gives the addresses
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
@@ -156,8 +162,8 @@ namespace alloy {
 ///   1.000-1.044 on the PyTorch traces but the two silmont ones (1.114, 1.143: the granules their
 ///   live chunks touch) and 1.037-1.044 on MiniMalloc, at 143-370 map + unmap calls per 1,000
 ///   operations on PyTorch and 6,500-20,200 on MiniMalloc (blocks of hundreds of MiB that move:
-///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): 74-77
-///   ns/pair against default_allocator's 49, mapped ÷ live 1.12-1.17, 0.016-0.023
+///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): 77-78
+///   ns/pair against default_allocator's 50, mapped ÷ live 1.12-1.17, 0.016-0.023
 ///   map calls per pair. Each map or unmap is a system call over `host_vmm` and a driver call on
 ///   a GPU; what no release rule removes is the free bytes in granules a live chunk also touches.
 template <virtual_memory Vmm>
