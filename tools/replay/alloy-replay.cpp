@@ -59,7 +59,8 @@ options:
   --list                 print the compositions and exit
   --alignment N          alignment of every request (default 256)
   --scale N              multiply every MiniMalloc size by N (the shipped events use 1024)
-  --repeat N             timed replays per composition; ns/op is their median (default 3)
+  --repeat N             timed replays per composition; ns/op (this thread's CPU time) is
+                         their median (default 3)
   --warm                 each timed replay goes over the trace a second time through the same
                          allocator, timed apart ("warm": memory already held, as at a training
                          loop's next step); printed beside ns/op and in the JSON

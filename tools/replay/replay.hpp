@@ -23,12 +23,15 @@
 // only that it exists is checked. A target may also refuse to pass a request on (`cannot_ask`,
 // for a peer known to corrupt memory on it): that is a fault too.
 //
-// Figures (all exact, none sampled): ns per operation (the timed loop's wall time ÷ events, the
-// median over `repetitions` fresh replays after the checked one; none when 0), peak in use (most bytes of served requests live at
-// once), peak reserved (the device's own count, so it sees reservations inside a call), upstream
-// calls, failed requests, bytes moved (defragmentation), and a series of in-use and reserved bytes
-// over the trace for the chart (per bucket of events, the maximum of each).
+// Figures (all exact, none sampled): ns per operation (the timed loop's CPU time on this thread
+// ÷ events, the median over `repetitions` fresh replays after the checked one; none when 0),
+// peak in use (most bytes of served requests live at once), peak reserved (the device's own
+// count, so it sees reservations inside a call), upstream calls, failed requests, bytes moved
+// (defragmentation), and a series of in-use and reserved bytes over the trace for the chart (per
+// bucket of events, the maximum of each).
 #pragma once
+
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -206,6 +209,14 @@ const void* address_of(const Token& t) {
 /// first). With `figures` (not null) every served block is checked and every figure filled in
 /// (with the series); without, it is a timed run. Returns ns per operation. With `warm_ns`, the
 /// trace is then replayed a second time through the same target, timed into `*warm_ns`.
+/// This thread's CPU time: a replay's timed loop is a few microseconds to milliseconds, and on a
+/// shared machine wall time also counts what other processes did meanwhile.
+inline std::chrono::nanoseconds thread_cpu_now() noexcept {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::chrono::seconds{t.tv_sec} + std::chrono::nanoseconds{t.tv_nsec};
+}
+
 template <class Device, class Make>
 double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, const replay_options& opts,
                    replay_result* figures, double* warm_ns = nullptr) {
@@ -230,7 +241,7 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
     // the progress.
     const double share = warm_ns != nullptr ? 0.5 : 1.0;
     const auto pass = [&](detail::series_builder& observed, double progress_from) {
-      const auto start = std::chrono::steady_clock::now();
+      const auto start = thread_cpu_now();
       for (std::size_t i = 0; i < events; ++i) {
         const bench::trace_event& e = trace.events[i];
         if (e.action == trace_action::free) {
@@ -284,7 +295,7 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
         if (opts.progress && (i + 1) % tick == 0)
           opts.progress(progress_from + share * static_cast<double>(i + 1) / static_cast<double>(events));
       }
-      const auto stop = std::chrono::steady_clock::now();
+      const auto stop = thread_cpu_now();
       return std::chrono::duration<double, std::nano>(stop - start).count() /
              static_cast<double>(std::max<std::size_t>(events, 1));
     };
