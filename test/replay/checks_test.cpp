@@ -208,6 +208,19 @@ BOOST_AUTO_TEST_CASE(vm_device_refuses_a_stale_piece_whose_slot_was_reused) {
   backend.unreserve(a);
   BOOST_TEST(vm.faults() == 2u);
   BOOST_TEST(vm.reserved() == 0u);
+
+  vm.reset();  // every piece gone, the books kept: ids from before stay unknown
+  const alloy::address_range again = backend.reserve(8_MiB);
+  const alloy::physical_memory after_reset = backend.create(2_MiB);
+  BOOST_TEST_REQUIRE((again && after_reset));
+  BOOST_TEST((after_reset.id != old.id && after_reset.id != fresh.id));
+  BOOST_TEST(!backend.map(again.ptr, fresh));
+  BOOST_TEST(vm.faults() == 1u);
+  BOOST_TEST(backend.map(again.ptr, after_reset));
+  backend.unmap(again.ptr, 2_MiB);
+  backend.release(after_reset);
+  backend.unreserve(again);
+  BOOST_TEST(vm.faults() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(min_capacity_finds_the_threshold_to_half_a_percent) {

@@ -119,7 +119,8 @@ class simulated_vm_device {
       slot = free_slots_.back();
       free_slots_.pop_back();
     } else {
-      try {
+      try {  // room for every slot in the free list too, so that release and reset cannot fail
+        if (free_slots_.capacity() <= pieces_.size()) free_slots_.reserve(2 * pieces_.size() + 16);
         pieces_.emplace_back();
       } catch (...) {
         ++refusals_;
@@ -144,9 +145,7 @@ class simulated_vm_device {
     if (p->mapped) return fault("release of a piece that is still mapped");
     physical_ -= p->size;
     p->live = false;
-    try {
-      free_slots_.push_back(static_cast<std::uint32_t>((piece.id & 0xFFFFFFFFu) - 1));
-    } catch (...) {}  // the slot is not reused: the books stay right
+    free_slots_.push_back(static_cast<std::uint32_t>((piece.id & 0xFFFFFFFFu) - 1));  // room made by create
     ++releases_;
   }
 
@@ -224,8 +223,11 @@ class simulated_vm_device {
   void reset() noexcept {
     reserved_ranges_.clear();
     unreserved_.clear();
-    pieces_.clear();
     free_slots_.clear();
+    for (std::size_t slot = pieces_.size(); slot-- != 0;) {  // generations go on: an old id stays unknown
+      pieces_[slot].live = pieces_[slot].mapped = false;
+      free_slots_.push_back(static_cast<std::uint32_t>(slot));  // room made by create
+    }
     cells_.clear();
     top_ = space_base_;
     physical_ = peak_physical_ = mapped_ = peak_mapped_ = 0;
