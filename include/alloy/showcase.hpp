@@ -213,12 +213,13 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   give memory back to other processes sooner.
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
-///   replay time 1.15-1.52x default_allocator's on the PyTorch traces, 1.7-2.9x on the MiniMalloc
-///   instances (2-core VM, median of 15; first mappings: 1 GiB in 2 MiB granules over about 600
-///   operations, each a call of the simulated driver, whose books cost next to nothing), 8-335
-///   and 990-2,820 map + unmap calls per 1,000 operations (microseconds each on a GPU); replaying
-///   a trace again on the same allocator 1.11-1.48x and 1.18-1.75x; W1 1.15-1.17x
-///   default_allocator's time over five seeds, mapped ÷ live 1.11-1.14.
+///   replay time 0.86-1.67x default_allocator's on the PyTorch traces, 1.7-3.0x on the MiniMalloc
+///   instances (2-core VM, CPU time, median of 15; first mappings: 1 GiB in 2 MiB granules over
+///   about 600 operations, each a call of the simulated driver, whose books cost next to
+///   nothing), 8-335 and 990-2,820 map + unmap calls per 1,000 operations (microseconds each on a
+///   GPU); replaying a trace again on the same allocator 0.68-1.46x and 1.20-1.71x; W1
+///   1.13-1.16x default_allocator's time over five seeds, mapped ÷ live 1.11-1.14; synthetic
+///   transformer traces of three seeds (scripts/synthetic-traces): smallest device 1.000-1.027.
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per

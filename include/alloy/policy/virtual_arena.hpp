@@ -162,8 +162,8 @@ namespace alloy {
 ///   1.000-1.044 on the PyTorch traces but the two silmont ones (1.114, 1.143: the granules their
 ///   live chunks touch) and 1.037-1.044 on MiniMalloc, at 143-370 map + unmap calls per 1,000
 ///   operations on PyTorch and 6,500-20,200 on MiniMalloc (blocks of hundreds of MiB that move:
-///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): 77-78
-///   ns/pair against default_allocator's 50, mapped ÷ live 1.12-1.17, 0.016-0.023
+///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): 72-74
+///   ns/pair against default_allocator's 46-48, mapped ÷ live 1.12-1.17, 0.016-0.023
 ///   map calls per pair. Each map or unmap is a system call over `host_vmm` and a driver call on
 ///   a GPU; what no release rule removes is the free bytes in granules a live chunk also touches.
 template <virtual_memory Vmm>
