@@ -16,15 +16,8 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
-failures = []
-
-
-def check(condition, what, detail=""):
-    print(("ok    " if condition else "FAIL  ") + what)
-    if not condition:
-        failures.append(what)
-        if detail:
-            print("      " + detail.replace("\n", "\n      "))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+from checking import check, finish  # noqa: E402 (after the line above)
 
 
 def main():
@@ -200,11 +193,7 @@ def main():
         check(piped.get("events") == 3 and piped.get("peak_live_bytes") == (1 << 20) + 512,
               "converter | alloy-replay - : the snapshot replays", r.stderr.decode())
 
-    if failures:
-        print(f"{len(failures)} checks failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -14,15 +14,8 @@ import subprocess
 import sys
 import tempfile
 
-failures = []
-
-
-def check(condition, what, detail=""):
-    print(("ok    " if condition else "FAIL  ") + what)
-    if not condition:
-        failures.append(what)
-        if detail:
-            print("      " + detail.replace("\n", "\n      "))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+from checking import check, finish  # noqa: E402 (after the line above)
 
 
 def events(path):
@@ -83,8 +76,7 @@ def main():
                       if x["min_capacity"]["found"] and x["faults"] == 0]
             check(len(served) == 2 * len(kinds), "every trace is served by both compositions, without a fault",
                   json.dumps(traces)[:1500])
-    print(f"{len(failures)} failed" if failures else "all checks passed")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":
