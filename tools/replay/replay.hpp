@@ -205,18 +205,19 @@ const void* address_of(const Token& t) {
 
 }  // namespace detail
 
-/// One replay of `trace` through a fresh target made by `make()` over `device` (which is reset
-/// first). With `figures` (not null) every served block is checked and every figure filled in
-/// (with the series); without, it is a timed run. Returns ns per operation. With `warm_ns`, the
-/// trace is then replayed a second time through the same target, timed into `*warm_ns`.
-/// This thread's CPU time: a replay's timed loop is a few microseconds to milliseconds, and on a
-/// shared machine wall time also counts what other processes did meanwhile.
+/// This thread's CPU time (as bench/support's thread_cpu_clock, which this tool does not include):
+/// a replay's timed loop is a few microseconds to milliseconds, and on a shared machine wall time
+/// also counts what other processes did meanwhile.
 inline std::chrono::nanoseconds thread_cpu_now() noexcept {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return std::chrono::seconds{t.tv_sec} + std::chrono::nanoseconds{t.tv_nsec};
 }
 
+/// One replay of `trace` through a fresh target made by `make()` over `device` (which is reset
+/// first). With `figures` (not null) every served block is checked and every figure filled in
+/// (with the series); without, it is a timed run. Returns ns per operation. With `warm_ns`, the
+/// trace is then replayed a second time through the same target, timed into `*warm_ns`.
 template <class Device, class Make>
 double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, const replay_options& opts,
                    replay_result* figures, double* warm_ns = nullptr) {
