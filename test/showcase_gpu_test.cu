@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // size_class_pool, segregator and the showcase compositions over real device memory
-// (cudaMalloc and cudaMallocAsync upstreams, which guarantee only 256 B alignment): every block
+// (cudaMalloc and cudaMallocAsync upstreams, which guarantee only 256 B alignment) and
+// virtual_allocator over cuda_vmm, with and without capacity pressure: every block
 // written by a kernel and read back intact, nothing left on the device after release().
 // Labelled `gpu`; skips, saying why, without a device.
 #include <boost/test/unit_test.hpp>
@@ -101,6 +102,28 @@ BOOST_AUTO_TEST_CASE(caching_allocator_on_cuda_malloc, ALLOY_GPU_TEST) {
 BOOST_AUTO_TEST_CASE(caching_allocator_on_cuda_async, ALLOY_GPU_TEST) {
   alloy::caching_allocator<alloy::cuda_async_upstream> a;
   device_workload(a, 64_MiB, 4096, 4);
+}
+
+BOOST_AUTO_TEST_CASE(virtual_allocator_on_cuda_vmm, ALLOY_GPU_TEST) {
+  alloy::virtual_allocator<alloy::cuda_vmm> a;
+  BOOST_REQUIRE_MESSAGE(a.arena().vmm().valid(), "cuda_vmm could not start");
+  device_workload(a, 64_MiB, 4096, 6);
+  BOOST_TEST(a.counters().num_ooms == 0u);
+  BOOST_TEST(a.counters().num_maps > 0u);
+  BOOST_TEST(a.arena().vmm().physical_bytes() == 0u, "release() gives every granule back");
+}
+
+// Seed 5 peaks at 250 MiB live; at 280 MiB of device the arena must unmap free granules where
+// they lie to serve it (the same run over host_vmm with 2 MiB granules: 4 unmaps, no request
+// refused), and the blocks beside them keep their content.
+BOOST_AUTO_TEST_CASE(virtual_allocator_on_cuda_vmm_under_pressure, ALLOY_GPU_TEST) {
+  alloy::virtual_allocator<alloy::cuda_vmm> a{alloy::cuda_vmm{{.capacity = 280_MiB}}};
+  BOOST_REQUIRE_MESSAGE(a.arena().vmm().valid(), "cuda_vmm could not start");
+  BOOST_REQUIRE(a.arena().vmm().granularity() == 2_MiB);
+  device_workload(a, 64_MiB, 4096, 5);
+  BOOST_TEST(a.counters().num_ooms == 0u);
+  BOOST_TEST(a.counters().num_unmaps > 0u, "the capacity was never reached");
+  BOOST_TEST(!a.arena().vmm().last_error());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

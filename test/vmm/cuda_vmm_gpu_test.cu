@@ -36,9 +36,38 @@ bool device_holds_byte(const void* p, std::size_t n, unsigned char value) {
   return true;
 }
 
+/// Waits about `cycles` clock ticks, then writes `value` over `n` words: work still queued on
+/// memory when the host moves on.
+__global__ void late_write_kernel(std::uint32_t* data, std::size_t n, long long cycles, std::uint32_t value) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) data[i] = value;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(cuda_vmm_gpu)
+
+// cuMemUnmap does not wait for queued work as cudaFree does; cuda_vmm::unmap must, or a kernel
+// still using a block freed in stream order faults (cudaErrorIllegalAddress, seen on an H200).
+BOOST_AUTO_TEST_CASE(unmap_waits_for_queued_work, ALLOY_GPU_TEST) {
+  alloy::cuda_vmm v;
+  BOOST_REQUIRE(v.valid());
+  const std::size_t g = v.granularity();
+  const alloy::address_range r = v.reserve(g);
+  BOOST_REQUIRE(r);
+  const alloy::physical_memory piece = v.create(g);
+  BOOST_REQUIRE(piece);
+  BOOST_REQUIRE(v.map(r.ptr, piece));
+  late_write_kernel<<<8, 256>>>(static_cast<std::uint32_t*>(r.ptr), g / 4, 200'000'000, 7u);  // ~0.1 s
+  ALLOY_CUDA_TRY(cudaGetLastError());
+  v.unmap(r.ptr, g);  // the kernel is still spinning
+  BOOST_TEST(cudaDeviceSynchronize() == cudaSuccess, "the kernel lost its memory under it");
+  v.release(piece);
+  v.unreserve(r);
+  BOOST_TEST(!v.last_error());
+}
 
 BOOST_AUTO_TEST_CASE(reserve_create_map_write_read_unmap, ALLOY_GPU_TEST) {
   alloy::cuda_vmm v;
@@ -95,7 +124,10 @@ BOOST_AUTO_TEST_CASE(virtual_arena_keeps_content_across_unmaps, ALLOY_GPU_TEST) 
   alloy::cuda_vmm probe;
   BOOST_REQUIRE(probe.valid());
   const std::size_t g = probe.granularity();
-  alloy::virtual_arena<alloy::cuda_vmm> a{alloy::cuda_vmm{{.capacity = 256 * g}}, {.release_threshold = 0}};
+  // Nothing kept free: every granule whose last chunk goes is unmapped at once (the defaults keep
+  // up to the peak in use, and the zeros checked at the end would not hold).
+  alloy::virtual_arena<alloy::cuda_vmm> a{alloy::cuda_vmm{{.capacity = 256 * g}},
+                                          {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
   std::mt19937_64 rng(5);
   struct live {
     alloy::block b;

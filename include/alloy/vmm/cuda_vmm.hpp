@@ -48,7 +48,11 @@ struct cuda_driver_status {
 ///   `capacity` limits the bytes created at once (default: the device's total memory).
 /// - `reserve` is `cuMemAddressReserve` aligned to the granularity, `map` is `cuMemMap` followed
 ///   by `cuMemSetAccess` (read and write for the device; undone if that fails), `unmap` is
-///   `cuMemUnmap`, `release` is `cuMemRelease`.
+///   `cudaDeviceSynchronize` on the device, then `cuMemUnmap`; `release` is `cuMemRelease`.
+///   `cuMemUnmap` does not wait for work queued on the range as `cudaFree` does: a kernel still
+///   reading a block freed in stream order faulted when its granule went (an H200, 2026-11-26).
+///   Waiting makes an unmap cost what a `cudaFree` costs; `virtual_allocator` unmaps only when
+///   the device runs short or on `release()`.
 /// - Failure: every call is noexcept. `CUDA_ERROR_OUT_OF_MEMORY` is a normal event: an empty
 ///   result, nothing kept. Any other failure is an empty result too (or `false`) and is kept in
 ///   `last_error()` (the driver's code and name, the call, file and line) for the edges, as the
@@ -194,6 +198,7 @@ class cuda_vmm {
 
   void unmap(void* at, std::size_t bytes) noexcept {
     if (!valid_ || at == nullptr || bytes == 0) return;
+    wait_for_device();  // on failure (a sticky error) the range goes anyway: nothing can use it
     if (ok(fn_.unmap(address_of(at), bytes), "cuMemUnmap", __LINE__)) ++calls_.unmaps;
   }
 
@@ -248,6 +253,20 @@ class cuda_vmm {
            load("cuMemAddressReserve", fn_.address_reserve) && load("cuMemAddressFree", fn_.address_free) &&
            load("cuMemCreate", fn_.create) && load("cuMemRelease", fn_.release) && load("cuMemMap", fn_.map) &&
            load("cuMemUnmap", fn_.unmap) && load("cuMemSetAccess", fn_.set_access);
+  }
+
+  /// Waits until the device has finished all work queued so far (on its current context, as
+  /// `cudaFree` does). Failure is kept in `last_error()`.
+  void wait_for_device() noexcept {
+    int current = -1;
+    const bool other = cudaGetDevice(&current) != cudaSuccess || current != device_;
+    if (other) cudaSetDevice(device_);
+    const cudaError_t status = cudaDeviceSynchronize();
+    if (other && current >= 0) cudaSetDevice(current);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      last_error_ = {CUDA_ERROR_UNKNOWN, cudaGetErrorName(status), "cudaDeviceSynchronize", __FILE__, __LINE__};
+    }
   }
 
   /// True when `code` is success; otherwise keeps it (unless it is out of memory, a normal event).
