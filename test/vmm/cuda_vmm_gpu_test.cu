@@ -40,8 +40,7 @@ bool device_holds_byte(const void* p, std::size_t n, unsigned char value) {
 /// memory when the host moves on.
 __global__ void late_write_kernel(std::uint32_t* data, std::size_t n, long long cycles, std::uint32_t value) {
   const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
+  while (clock64() - start < cycles) {}
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) data[i] = value;
 }
 
@@ -126,8 +125,9 @@ BOOST_AUTO_TEST_CASE(virtual_arena_keeps_content_across_unmaps, ALLOY_GPU_TEST) 
   const std::size_t g = probe.granularity();
   // Nothing kept free: every granule whose last chunk goes is unmapped at once (the defaults keep
   // up to the peak in use, and the zeros checked at the end would not hold).
-  alloy::virtual_arena<alloy::cuda_vmm> a{alloy::cuda_vmm{{.capacity = 256 * g}},
-                                          {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
+  alloy::virtual_arena<alloy::cuda_vmm> a{
+      alloy::cuda_vmm{{.capacity = 256 * g}},
+      {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
   std::mt19937_64 rng(5);
   struct live {
     alloy::block b;
