@@ -1,0 +1,432 @@
+// SPDX-License-Identifier: Apache-2.0
+// Virtual memory on a real device: what bench/virtual_memory measures on simulated devices, with
+// the driver's calls paid for. Needs a CUDA device; without one it says so and exits 0.
+//
+//   virtual_memory_gpu calls                # what each driver call costs here, per 2 MiB granule
+//   virtual_memory_gpu w1 [SEEDS [PAIRS]]   # W1 (1,000 live, 256 B-4 MiB), default 3 seeds, 100,000 pairs
+//   virtual_memory_gpu traces TRACE...      # alloy-replay's trace files (RMM CSV, MiniMalloc)
+//
+// Peers, one process, one device, each on a fresh allocator per run:
+//   cudaMalloc per request   one cudaMalloc / cudaFree per request (cuda_malloc_upstream)
+//   cudaMallocAsync          its own memory pool, release threshold unlimited (how frameworks run
+//                            it), requests and frees on one stream, no synchronization
+//   default_allocator        alloy's pooled composition over cudaMalloc
+//   virtual_allocator        alloy's composition over cuda_vmm (cuMemCreate / cuMemMap, 2 MiB
+//                            granules), and the same with physical pieces of 16 MiB
+//                            (`options.arena.granularity`)
+// Figures: ns per operation (wall clock, the driver's time included; median of 3 runs) of a cold
+// pass (a fresh allocator) and of a warm one (the same workload again on the same allocator, all
+// blocks of the first pass freed: a training loop's second step), device memory ÷ peak live (the
+// peak of what cudaMemGetInfo says is taken beyond the baseline, sampled after every request of
+// both passes in a fourth, untimed run; the driver's own rounding included) and driver calls per
+// 1,000 operations of the cold pass where they are counted (virtual_allocator: cuMemCreate,
+// cuMemMap, cuMemUnmap, cuMemRelease, each map's cuMemSetAccess not counted; default_allocator:
+// cudaMalloc, cudaFree), then virtual_allocator's ratios to default_allocator over the workloads.
+#include <algorithm>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <alloy/showcase.hpp>
+#include <alloy/upstream/cuda_malloc_upstream.hpp>
+#include <alloy/vmm/cuda_vmm.hpp>
+
+#include "replay/trace_reader.hpp"
+#include "support/pairs_workload.hpp"
+
+namespace {
+
+using namespace alloy;
+using clock_type = std::chrono::steady_clock;
+
+/// One operation of a workload: allocate `size` into `slot`, or free what `slot` holds.
+struct operation {
+  std::uint32_t slot;
+  std::size_t size;  // 0: free
+};
+
+struct workload {
+  std::vector<operation> setup;  // untimed (W1's first live set)
+  std::vector<operation> timed;
+  std::size_t slots = 0;
+  std::size_t peak_live = 0;
+};
+
+workload from_pairs(const bench::workload& w) {
+  workload out;
+  out.slots = w.initial.size();
+  out.peak_live = w.peak_live;
+  for (std::size_t i = 0; i < w.initial.size(); ++i) out.setup.push_back({static_cast<std::uint32_t>(i), w.initial[i]});
+  for (std::size_t i = 0; i < w.pairs(); ++i) {
+    out.timed.push_back({w.victim[i], 0});
+    out.timed.push_back({w.victim[i], w.size[i]});
+  }
+  return out;
+}
+
+workload from_trace(const bench::rmm_trace& t) {
+  workload out;
+  out.slots = t.allocations;
+  std::size_t live = 0;
+  for (const bench::trace_event& e : t.events) {
+    if (e.action == bench::trace_action::allocate) {
+      out.timed.push_back({static_cast<std::uint32_t>(e.allocation), std::max<std::size_t>(e.size, 1)});
+      live += std::max<std::size_t>(e.size, 1);
+      out.peak_live = std::max(out.peak_live, live);
+    } else if (e.action == bench::trace_action::free) {
+      out.timed.push_back({static_cast<std::uint32_t>(e.allocation), 0});
+      live -= std::max<std::size_t>(e.size, 1);
+    }
+  }
+  return out;
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "virtual_memory_gpu: %s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+std::size_t device_taken() {
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return total - free;
+}
+
+/// A peer: `allocate(bytes) -> block`, `deallocate(block)`, `driver_calls()`, and `finish()`
+/// (waits for the device, gives everything back).
+struct cuda_malloc_peer {
+  cuda_malloc_upstream up;
+  std::size_t calls = 0;
+  block allocate(std::size_t n) {
+    ++calls;
+    return up.allocate(n, 256);
+  }
+  void deallocate(block b) {
+    ++calls;
+    up.deallocate(b);
+  }
+  std::size_t driver_calls() const { return calls; }
+  void finish() {}
+};
+
+struct cuda_async_peer {
+  cudaMemPool_t pool{};
+  cudaStream_t stream{};
+  cuda_async_peer() {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location = {cudaMemLocationTypeDevice, device};
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+    std::uint64_t unlimited = ~std::uint64_t{0};
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &unlimited), "release threshold");
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~cuda_async_peer() {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    cudaMemPoolDestroy(pool);
+  }
+  block allocate(std::size_t n) {
+    void* p = nullptr;
+    if (cudaMallocFromPoolAsync(&p, n, pool, stream) != cudaSuccess) return {};
+    return {p, n};
+  }
+  void deallocate(block b) { check(cudaFreeAsync(b.ptr, stream), "cudaFreeAsync"); }
+  std::size_t driver_calls() const { return 0; }  // not counted: the pool's own
+  void finish() { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+};
+
+template <class A>
+struct alloy_peer {
+  A a{};
+  block allocate(std::size_t n) { return a.allocate(n, 256); }
+  void deallocate(block b) { a.deallocate(b); }
+  std::size_t driver_calls() const {
+    const allocator_counters c = a.counters();
+    return c.num_device_alloc + c.num_device_free + c.num_maps + c.num_unmaps;
+  }
+  void finish() { a.release(); }
+};
+
+/// virtual_allocator with physical pieces of 16 MiB (8 granules): an eighth of the driver calls
+/// (each map costs about the same whatever its size), free memory given back 16 MiB at a time.
+struct virtual_16_mib_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
+  virtual_16_mib_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
+  static virtual_allocator<cuda_vmm>::options options() {
+    virtual_allocator<cuda_vmm>::options o;
+    o.arena.granularity = std::size_t{16} << 20;
+    return o;
+  }
+};
+
+struct figures {
+  double cold = 0, warm = 0, memory = 0, calls_per_1k = 0;
+  std::size_t failed = 0;
+};
+
+/// Runs `w` twice on a fresh `Peer`; with `sample`, the peak of cudaMemGetInfo after every
+/// request.
+template <class Peer>
+figures run_once(const workload& w, bool sample) {
+  figures f;
+  const std::size_t baseline = device_taken();
+  std::size_t peak = 0;
+  {
+    Peer peer;
+    std::vector<block> held(w.slots);
+    auto apply = [&](const operation& op) {
+      if (op.size == 0) {
+        if (held[op.slot]) peer.deallocate(held[op.slot]);
+        held[op.slot] = {};
+        return;
+      }
+      held[op.slot] = peer.allocate(op.size);
+      if (!held[op.slot]) ++f.failed;
+      if (sample) peak = std::max(peak, device_taken() - baseline);
+    };
+    auto pass = [&] {
+      for (const operation& op : w.setup) apply(op);
+      const auto start = clock_type::now();
+      for (const operation& op : w.timed) apply(op);
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // what was queued counts too
+      const auto stop = clock_type::now();
+      for (block& b : held) {
+        if (b) peer.deallocate(b);
+        b = {};
+      }
+      return std::chrono::duration<double, std::nano>(stop - start).count() / static_cast<double>(w.timed.size());
+    };
+    const std::size_t calls_before = peer.driver_calls();
+    f.cold = pass();
+    f.calls_per_1k = 1000.0 * static_cast<double>(peer.driver_calls() - calls_before) / static_cast<double>(w.timed.size());
+    f.warm = pass();
+    peer.finish();
+  }
+  f.memory = static_cast<double>(peak) / static_cast<double>(w.peak_live);
+  return f;
+}
+
+template <class Peer>
+figures measure(const workload& w) {
+  std::vector<double> cold, warm;
+  figures f;
+  for (int r = 0; r < 3; ++r) {
+    f = run_once<Peer>(w, false);
+    cold.push_back(f.cold);
+    warm.push_back(f.warm);
+  }
+  const figures sampled = run_once<Peer>(w, true);
+  f.cold = bench::median(cold);
+  f.warm = bench::median(warm);
+  f.memory = sampled.memory;
+  f.failed += sampled.failed;
+  return f;
+}
+
+using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
+using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
+
+/// Ratios of virtual_allocator (2 MiB and 16 MiB pieces) to default_allocator, per workload.
+struct ratios {
+  std::vector<double> cold, warm, cold_16, warm_16, memory, memory_16;
+};
+
+void header() {
+  std::printf(
+      "| workload | peak live | peer | ns/op cold | ns/op warm | device memory ÷ peak live | driver calls / 1k ops |\n"
+      "|---|---:|---|---:|---:|---:|---:|\n");
+}
+
+void print(const std::string& workload, const std::string& live, const char* peer, const figures& f, bool calls) {
+  std::printf("| %s | %s | %s | %.0f | %.0f | %.3f | ", workload.c_str(), live.c_str(), peer, f.cold, f.warm, f.memory);
+  if (calls) {
+    std::printf("%.1f |", f.calls_per_1k);
+  } else {
+    std::printf("|");
+  }
+  if (f.failed != 0) std::printf(" %zu requests failed", f.failed);
+  std::printf("\n");
+}
+
+void row(const std::string& name, const workload& w, ratios& r) {
+  char live[32];
+  std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
+  const figures m = measure<cuda_malloc_peer>(w), a = measure<cuda_async_peer>(w), d = measure<default_peer>(w),
+                v = measure<virtual_peer>(w), v16 = measure<virtual_16_mib_peer>(w);
+  print(name, live, "cudaMalloc per request", m, true);
+  print("", "", "cudaMallocAsync", a, false);
+  print("", "", "default_allocator", d, true);
+  print("", "", "virtual_allocator", v, true);
+  print("", "", "virtual_allocator, 16 MiB pieces", v16, true);
+  r.cold.push_back(v.cold / d.cold);
+  r.warm.push_back(v.warm / d.warm);
+  r.cold_16.push_back(v16.cold / d.cold);
+  r.warm_16.push_back(v16.warm / d.warm);
+  r.memory.push_back(v.memory / d.memory);
+  r.memory_16.push_back(v16.memory / d.memory);
+  std::fflush(stdout);
+}
+
+double geomean(const std::vector<double>& v) {
+  double log_sum = 0;
+  for (double x : v) log_sum += std::log(x);
+  return v.empty() ? 0.0 : std::exp(log_sum / static_cast<double>(v.size()));
+}
+
+void summary(const ratios& r) {
+  const auto spread = [](const std::vector<double>& v) {
+    std::printf("%.2f (%.2f-%.2f)", geomean(v), *std::min_element(v.begin(), v.end()),
+                *std::max_element(v.begin(), v.end()));
+  };
+  std::printf("\nvirtual_allocator ÷ default_allocator, geometric mean (range) over the workloads: time cold ");
+  spread(r.cold);
+  std::printf(", warm ");
+  spread(r.warm);
+  std::printf(", device memory ");
+  spread(r.memory);
+  std::printf("\nwith 16 MiB pieces: time cold ");
+  spread(r.cold_16);
+  std::printf(", warm ");
+  spread(r.warm_16);
+  std::printf(", device memory ");
+  spread(r.memory_16);
+  std::printf("\n");
+}
+
+/// Microseconds per call of `body(i)` for i in [0, n).
+template <class F>
+double us_per(std::size_t n, F&& body) {
+  const auto start = clock_type::now();
+  for (std::size_t i = 0; i < n; ++i) body(i);
+  return std::chrono::duration<double, std::micro>(clock_type::now() - start).count() / static_cast<double>(n);
+}
+
+template <class Fn>
+Fn driver_entry(const char* symbol) {
+  void* address = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found), symbol);
+  return reinterpret_cast<Fn>(address);
+}
+
+/// What each call costs on this device, for `count` granules mapped side by side: cuda_vmm's
+/// calls as the arena makes them, the driver's map and access calls apart, pieces of 16
+/// granules, and cudaMalloc / cudaFree of the same sizes.
+int calls(std::size_t count) {
+  cuda_vmm v;
+  if (!v.valid()) {
+    std::printf("cuda_vmm could not start\n");
+    return 1;
+  }
+  const std::size_t g = v.granularity();
+  const address_range range = v.reserve(count * g);
+  auto at = [&](std::size_t i) { return static_cast<char*>(range.ptr) + i * g; };
+  std::vector<physical_memory> pieces(count);
+  std::printf("granularity %zu KiB, %zu granules\n\n| call | µs per call | µs per granule |\n|---|---:|---:|\n", g >> 10,
+              count);
+  auto line = [](const char* what, double per_call, double granules_per_call) {
+    std::printf("| %s | %.2f | %.2f |\n", what, per_call, per_call / granules_per_call);
+  };
+  line("cuda_vmm create (cuMemCreate, 1 granule)", us_per(count, [&](std::size_t i) { pieces[i] = v.create(g); }), 1);
+  line("cuda_vmm map (cuMemMap + cuMemSetAccess)", us_per(count, [&](std::size_t i) { v.map(at(i), pieces[i]); }), 1);
+  line("cudaDeviceSynchronize, device idle", us_per(count, [&](std::size_t) { cudaDeviceSynchronize(); }), 1);
+  line("cuda_vmm unmap (cudaDeviceSynchronize + cuMemUnmap)", us_per(count, [&](std::size_t i) { v.unmap(at(i), g); }), 1);
+  line("cuda_vmm release (cuMemRelease)", us_per(count, [&](std::size_t i) { v.release(pieces[i]); }), 1);
+
+  const auto map_raw = driver_entry<PFN_cuMemMap_v10020>("cuMemMap");
+  const auto access_raw = driver_entry<PFN_cuMemSetAccess_v10020>("cuMemSetAccess");
+  const auto unmap_raw = driver_entry<PFN_cuMemUnmap_v10020>("cuMemUnmap");
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  CUmemAccessDesc access{};
+  access.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  auto ptr = [&](std::size_t i) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(at(i))); };
+  for (std::size_t i = 0; i < count; ++i) pieces[i] = v.create(g);
+  auto must = [](CUresult r, const char* what) {
+    if (r != CUDA_SUCCESS) {
+      std::printf("%s failed: CUresult %d\n", what, static_cast<int>(r));
+      std::exit(1);
+    }
+  };
+  line("cuMemMap alone", us_per(count, [&](std::size_t i) { must(map_raw(ptr(i), g, 0, pieces[i].id, 0), "cuMemMap"); }), 1);
+  line("cuMemSetAccess, 1 granule, first time",
+       us_per(count, [&](std::size_t i) { must(access_raw(ptr(i), g, &access, 1), "cuMemSetAccess"); }), 1);
+  line("cuMemSetAccess, 1 granule, again",
+       us_per(count, [&](std::size_t i) { must(access_raw(ptr(i), g, &access, 1), "cuMemSetAccess"); }), 1);
+  line("cuMemUnmap alone, device idle", us_per(count, [&](std::size_t i) { must(unmap_raw(ptr(i), g), "cuMemUnmap"); }), 1);
+  for (std::size_t i = 0; i < count; ++i) must(map_raw(ptr(i), g, 0, pieces[i].id, 0), "cuMemMap");
+  line("cuMemSetAccess, 16 granules (16 mappings), first time",
+       us_per(count / 16, [&](std::size_t i) { must(access_raw(ptr(16 * i), 16 * g, &access, 1), "cuMemSetAccess"); }),
+       16);
+  line("cuMemUnmap over 16 mappings in one call",
+       us_per(count / 16, [&](std::size_t i) { must(unmap_raw(ptr(16 * i), 16 * g), "cuMemUnmap"); }), 16);
+  for (std::size_t i = 0; i < count; ++i) v.release(pieces[i]);
+
+  line("cuda_vmm create, 16 granules", us_per(count / 16, [&](std::size_t i) { pieces[i] = v.create(16 * g); }), 16);
+  line("cuda_vmm map, 16 granules", us_per(count / 16, [&](std::size_t i) { v.map(at(16 * i), pieces[i]); }), 16);
+  line("cuda_vmm unmap, 16 granules", us_per(count / 16, [&](std::size_t i) { v.unmap(at(16 * i), 16 * g); }), 16);
+  line("cuda_vmm release, 16 granules", us_per(count / 16, [&](std::size_t i) { v.release(pieces[i]); }), 16);
+  v.unreserve(range);
+
+  std::vector<void*> p(count);
+  line("cudaMalloc, 1 granule", us_per(count, [&](std::size_t i) { check(cudaMalloc(&p[i], g), "cudaMalloc"); }), 1);
+  line("cudaFree, 1 granule", us_per(count, [&](std::size_t i) { check(cudaFree(p[i]), "cudaFree"); }), 1);
+  line("cudaMalloc, 16 granules",
+       us_per(count / 16, [&](std::size_t i) { check(cudaMalloc(&p[i], 16 * g), "cudaMalloc"); }), 16);
+  line("cudaFree, 16 granules", us_per(count / 16, [&](std::size_t i) { check(cudaFree(p[i]), "cudaFree"); }), 16);
+  if (v.last_error()) std::printf("\ncuda_vmm reported %s in %s\n", v.last_error().name, v.last_error().call);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("virtual_memory_gpu: no CUDA device here; nothing measured\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  check(cudaFree(nullptr), "context");
+  std::printf("device: %s, %.1f GiB\n\n", prop.name, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
+  const std::string what = argc > 1 ? argv[1] : "";
+  if (what == "calls") return calls(512);
+  if (what == "w1") {
+    const int seeds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
+    const std::size_t pairs = argc > 3 ? static_cast<std::size_t>(std::atoll(argv[3])) : 100'000;
+    header();
+    ratios r;
+    for (int s = 0; s < seeds; ++s) {
+      bench::workload_params p = bench::w1_params();
+      p.seed += 1000 * static_cast<std::uint64_t>(s);
+      p.pairs = pairs;
+      row("W1 seed " + std::to_string(p.seed), from_pairs(bench::make_workload(p)), r);
+    }
+    summary(r);
+    return 0;
+  }
+  if (what == "traces" && argc > 2) {
+    header();
+    ratios r;
+    for (int i = 2; i < argc; ++i) {
+      const bench::rmm_trace t = bench::read_trace(argv[i]);
+      row(t.name, from_trace(t), r);
+    }
+    summary(r);
+    return 0;
+  }
+  std::fprintf(stderr, "usage: virtual_memory_gpu calls | virtual_memory_gpu w1 [SEEDS [PAIRS]] | virtual_memory_gpu traces TRACE...\n");
+  return 2;
+}
