@@ -2,6 +2,7 @@
 // Virtual memory (issue 17): how virtual_allocator was chosen, and W1 on it.
 //
 //   virtual_memory candidates [TRACE...]   # default: every trace in ../shared/traces
+//   virtual_memory pieces [TRACE...]       # virtual_allocator's physical piece size: device and calls
 //   virtual_memory w1 [SEEDS]              # default: 5 seeds
 //
 // Everything runs on alloy-replay's simulated devices (tools/replay): the virtual compositions on
@@ -15,6 +16,10 @@
 // search; geometric mean, worst PyTorch trace, worst MiniMalloc instance), peak mapped ÷ peak live
 // without a limit (geometric mean), map + unmap calls per 1,000 operations (arithmetic mean) and
 // ns per operation (geometric mean of the medians of 3 replays).
+//
+// pieces: virtual_allocator with physical pieces of 2-32 MiB over every trace (or those named):
+// the smallest device ÷ peak live and the map + unmap calls per 1,000 operations there, per
+// trace. On a GPU the calls are the time (bench/virtual_memory/virtual_memory_gpu.cu).
 //
 // w1: workload W1 (1,000 live blocks, 256 B-4 MiB log-uniform, a million free+allocate pairs,
 // alignment 256) with several seeds: ns per pair (this thread's CPU time, median of 3),
@@ -89,7 +94,9 @@ variant make_variant(std::string name, Make make) {
 
 std::string mib(std::size_t bytes) { return bytes == ~std::size_t{0} ? "none" : std::to_string(bytes >> 20) + " MiB"; }
 
-int candidates(std::vector<std::string> paths) {
+/// The traces named in `paths`, or every trace in ../shared/traces (their paths put in `paths`);
+/// none (said why) when there are none.
+std::vector<bench::rmm_trace> read_traces(std::vector<std::string>& paths) {
   if (paths.empty()) {
     const std::filesystem::path dir = ALLOY_TRACE_DIR;
     for (const char* sub : {"pytorch", "minimalloc"})
@@ -100,12 +107,15 @@ int candidates(std::vector<std::string> paths) {
         }
     std::sort(paths.begin(), paths.end());
   }
-  if (paths.empty()) {
-    std::fprintf(stderr, "virtual_memory: no traces under %s\n", ALLOY_TRACE_DIR);
-    return 1;
-  }
+  if (paths.empty()) std::fprintf(stderr, "virtual_memory: no traces under %s\n", ALLOY_TRACE_DIR);
   std::vector<bench::rmm_trace> traces;
   for (const auto& p : paths) traces.push_back(bench::read_trace(p));
+  return traces;
+}
+
+int candidates(std::vector<std::string> paths) {
+  const std::vector<bench::rmm_trace> traces = read_traces(paths);
+  if (traces.empty()) return 1;
   std::vector<variant> vs;
   auto add_layouts = [&](std::size_t rt) {
     const arena_t::options ao{
@@ -171,6 +181,51 @@ int candidates(std::vector<std::string> paths) {
   return 0;
 }
 
+/// pieces: virtual_allocator with physical pieces of 2, 4, 8, 16 and 32 MiB
+/// (`options.arena.granularity`; the device's granule stays 2 MiB). On a GPU a create and a map
+/// cost about 37 us whatever the piece's size (virtual_memory_gpu calls, an H200), so the calls
+/// are the time; this is what fewer of them cost in device memory.
+int pieces(std::vector<std::string> paths) {
+  const std::vector<bench::rmm_trace> traces = read_traces(paths);
+  if (traces.empty()) return 1;
+  const std::size_t sizes[] = {2_MiB, 4_MiB, 8_MiB, 16_MiB, 32_MiB};
+  std::printf(
+      "virtual_allocator by physical piece size: smallest device ÷ peak live (to 0.5 %%), map + unmap calls "
+      "per 1,000 operations at that device\n\n| trace | peak live |");
+  for (std::size_t p : sizes) std::printf(" %s pieces |", mib(p).c_str());
+  std::printf("\n|---|---:|");
+  for (std::size_t k = 0; k < std::size(sizes); ++k) std::printf("---:|");
+  std::printf("\n");
+  std::vector<double> log_sum(std::size(sizes)), worst(std::size(sizes));
+  for (const bench::rmm_trace& t : traces) {
+    std::printf("| %s | %.1f MiB |", std::filesystem::path(t.name).filename().c_str(),
+                static_cast<double>(t.peak_live_bytes) / (1 << 20));
+    for (std::size_t k = 0; k < std::size(sizes); ++k) {
+      virtual_allocator<vm>::options o;
+      o.arena.granularity = sizes[k];
+      const variant v = make_variant("pieces", [o](simulated_vm_device& d) { return virtual_allocator<vm>{vm{d}, o}; });
+      simulated_vm_device device;
+      const replay::min_capacity_result m = replay::find_min_capacity(t, [&](std::size_t c) {
+        device.set_capacity(c);
+        return v.run(t, device, {.capacity = c, .repetitions = 0});
+      });
+      const double calls = 1000.0 * static_cast<double>(m.at_capacity.map_calls) /
+                           static_cast<double>(std::max<std::size_t>(m.at_capacity.operations, 1));
+      std::printf(" %.3f (%.0f) |", m.over_live, calls);
+      log_sum[k] += std::log(m.over_live);
+      worst[k] = std::max(worst[k], m.over_live);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  std::printf("| geometric mean | |");
+  for (double l : log_sum) std::printf(" %.3f |", std::exp(l / static_cast<double>(traces.size())));
+  std::printf("\n| worst | |");
+  for (double w : worst) std::printf(" %.3f |", w);
+  std::printf("\n");
+  return 0;
+}
+
 int w1(int seeds) {
   using clock = bench::thread_cpu_clock;
   std::printf(
@@ -224,7 +279,10 @@ int w1(int seeds) {
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
   if (what == "candidates") return candidates(std::vector<std::string>(argv + 2, argv + argc));
+  if (what == "pieces") return pieces(std::vector<std::string>(argv + 2, argv + argc));
   if (what == "w1") return w1(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
-  std::fprintf(stderr, "usage: virtual_memory candidates [TRACE...] | virtual_memory w1 [SEEDS]\n");
+  std::fprintf(
+      stderr,
+      "usage: virtual_memory candidates [TRACE...] | virtual_memory pieces [TRACE...] | virtual_memory w1 [SEEDS]\n");
   return 2;
 }
