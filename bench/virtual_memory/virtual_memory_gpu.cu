@@ -12,7 +12,7 @@
 //                            it), requests and frees on one stream, no synchronization
 //   default_allocator        alloy's pooled composition over cudaMalloc
 //   virtual_allocator        alloy's composition over cuda_vmm (cuMemCreate / cuMemMap, 2 MiB
-//                            granules), and the same with physical pieces of 16 MiB
+//                            granules), and the same with physical pieces of 8 and 16 MiB
 //                            (`options.arena.granularity`)
 // Figures: ns per operation (wall clock, the driver's time included; median of 3 runs) of a cold
 // pass (a fresh allocator) and of a warm one (the same workload again on the same allocator, all
@@ -23,8 +23,8 @@
 // cuMemMap, cuMemUnmap, cuMemRelease, each map's cuMemSetAccess not counted; default_allocator:
 // cudaMalloc, cudaFree), then virtual_allocator's ratios to default_allocator over the workloads.
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
@@ -158,13 +158,15 @@ struct alloy_peer {
   void finish() { a.release(); }
 };
 
-/// virtual_allocator with physical pieces of 16 MiB (8 granules): an eighth of the driver calls
-/// (each map costs about the same whatever its size), free memory given back 16 MiB at a time.
-struct virtual_16_mib_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
-  virtual_16_mib_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
+/// virtual_allocator with physical pieces of `MiB` (`options.arena.granularity`): fewer driver
+/// calls (each create and map costs about the same whatever its size), free memory given back a
+/// piece at a time.
+template <std::size_t MiB>
+struct virtual_pieces_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
+  virtual_pieces_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
   static virtual_allocator<cuda_vmm>::options options() {
     virtual_allocator<cuda_vmm>::options o;
-    o.arena.granularity = std::size_t{16} << 20;
+    o.arena.granularity = MiB << 20;
     return o;
   }
 };
@@ -208,7 +210,8 @@ figures run_once(const workload& w, bool sample) {
     };
     const std::size_t calls_before = peer.driver_calls();
     f.cold = pass();
-    f.calls_per_1k = 1000.0 * static_cast<double>(peer.driver_calls() - calls_before) / static_cast<double>(w.timed.size());
+    f.calls_per_1k =
+        1000.0 * static_cast<double>(peer.driver_calls() - calls_before) / static_cast<double>(w.timed.size());
     f.warm = pass();
     peer.finish();
   }
@@ -236,9 +239,9 @@ figures measure(const workload& w) {
 using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
 using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
 
-/// Ratios of virtual_allocator (2 MiB and 16 MiB pieces) to default_allocator, per workload.
+/// Ratios of virtual_allocator (2, 8 and 16 MiB pieces) to default_allocator, per workload.
 struct ratios {
-  std::vector<double> cold, warm, cold_16, warm_16, memory, memory_16;
+  std::vector<double> cold[3], warm[3], memory[3];
 };
 
 void header() {
@@ -261,19 +264,20 @@ void print(const std::string& workload, const std::string& live, const char* pee
 void row(const std::string& name, const workload& w, ratios& r) {
   char live[32];
   std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
-  const figures m = measure<cuda_malloc_peer>(w), a = measure<cuda_async_peer>(w), d = measure<default_peer>(w),
-                v = measure<virtual_peer>(w), v16 = measure<virtual_16_mib_peer>(w);
+  const figures m = measure<cuda_malloc_peer>(w), a = measure<cuda_async_peer>(w), d = measure<default_peer>(w);
+  const figures v[3] = {measure<virtual_peer>(w), measure<virtual_pieces_peer<8>>(w),
+                        measure<virtual_pieces_peer<16>>(w)};
   print(name, live, "cudaMalloc per request", m, true);
   print("", "", "cudaMallocAsync", a, false);
   print("", "", "default_allocator", d, true);
-  print("", "", "virtual_allocator", v, true);
-  print("", "", "virtual_allocator, 16 MiB pieces", v16, true);
-  r.cold.push_back(v.cold / d.cold);
-  r.warm.push_back(v.warm / d.warm);
-  r.cold_16.push_back(v16.cold / d.cold);
-  r.warm_16.push_back(v16.warm / d.warm);
-  r.memory.push_back(v.memory / d.memory);
-  r.memory_16.push_back(v16.memory / d.memory);
+  print("", "", "virtual_allocator", v[0], true);
+  print("", "", "virtual_allocator, 8 MiB pieces", v[1], true);
+  print("", "", "virtual_allocator, 16 MiB pieces", v[2], true);
+  for (int k = 0; k < 3; ++k) {
+    r.cold[k].push_back(v[k].cold / d.cold);
+    r.warm[k].push_back(v[k].warm / d.warm);
+    r.memory[k].push_back(v[k].memory / d.memory);
+  }
   std::fflush(stdout);
 }
 
@@ -288,19 +292,17 @@ void summary(const ratios& r) {
     std::printf("%.2f (%.2f-%.2f)", geomean(v), *std::min_element(v.begin(), v.end()),
                 *std::max_element(v.begin(), v.end()));
   };
-  std::printf("\nvirtual_allocator ÷ default_allocator, geometric mean (range) over the workloads: time cold ");
-  spread(r.cold);
-  std::printf(", warm ");
-  spread(r.warm);
-  std::printf(", device memory ");
-  spread(r.memory);
-  std::printf("\nwith 16 MiB pieces: time cold ");
-  spread(r.cold_16);
-  std::printf(", warm ");
-  spread(r.warm_16);
-  std::printf(", device memory ");
-  spread(r.memory_16);
-  std::printf("\n");
+  std::printf("\nvirtual_allocator ÷ default_allocator, geometric mean (range) over the workloads:\n");
+  const char* pieces[] = {"2 MiB pieces (default)", "8 MiB pieces", "16 MiB pieces"};
+  for (int k = 0; k < 3; ++k) {
+    std::printf("- %s: time cold ", pieces[k]);
+    spread(r.cold[k]);
+    std::printf(", warm ");
+    spread(r.warm[k]);
+    std::printf(", device memory ");
+    spread(r.memory[k]);
+    std::printf("\n");
+  }
 }
 
 /// Microseconds per call of `body(i)` for i in [0, n).
@@ -332,15 +334,16 @@ int calls(std::size_t count) {
   const address_range range = v.reserve(count * g);
   auto at = [&](std::size_t i) { return static_cast<char*>(range.ptr) + i * g; };
   std::vector<physical_memory> pieces(count);
-  std::printf("granularity %zu KiB, %zu granules\n\n| call | µs per call | µs per granule |\n|---|---:|---:|\n", g >> 10,
-              count);
+  std::printf("granularity %zu KiB, %zu granules\n\n| call | µs per call | µs per granule |\n|---|---:|---:|\n",
+              g >> 10, count);
   auto line = [](const char* what, double per_call, double granules_per_call) {
     std::printf("| %s | %.2f | %.2f |\n", what, per_call, per_call / granules_per_call);
   };
   line("cuda_vmm create (cuMemCreate, 1 granule)", us_per(count, [&](std::size_t i) { pieces[i] = v.create(g); }), 1);
   line("cuda_vmm map (cuMemMap + cuMemSetAccess)", us_per(count, [&](std::size_t i) { v.map(at(i), pieces[i]); }), 1);
   line("cudaDeviceSynchronize, device idle", us_per(count, [&](std::size_t) { cudaDeviceSynchronize(); }), 1);
-  line("cuda_vmm unmap (cudaDeviceSynchronize + cuMemUnmap)", us_per(count, [&](std::size_t i) { v.unmap(at(i), g); }), 1);
+  line("cuda_vmm unmap (cudaDeviceSynchronize + cuMemUnmap)", us_per(count, [&](std::size_t i) { v.unmap(at(i), g); }),
+       1);
   line("cuda_vmm release (cuMemRelease)", us_per(count, [&](std::size_t i) { v.release(pieces[i]); }), 1);
 
   const auto map_raw = driver_entry<PFN_cuMemMap_v10020>("cuMemMap");
@@ -359,12 +362,14 @@ int calls(std::size_t count) {
       std::exit(1);
     }
   };
-  line("cuMemMap alone", us_per(count, [&](std::size_t i) { must(map_raw(ptr(i), g, 0, pieces[i].id, 0), "cuMemMap"); }), 1);
+  line("cuMemMap alone",
+       us_per(count, [&](std::size_t i) { must(map_raw(ptr(i), g, 0, pieces[i].id, 0), "cuMemMap"); }), 1);
   line("cuMemSetAccess, 1 granule, first time",
        us_per(count, [&](std::size_t i) { must(access_raw(ptr(i), g, &access, 1), "cuMemSetAccess"); }), 1);
   line("cuMemSetAccess, 1 granule, again",
        us_per(count, [&](std::size_t i) { must(access_raw(ptr(i), g, &access, 1), "cuMemSetAccess"); }), 1);
-  line("cuMemUnmap alone, device idle", us_per(count, [&](std::size_t i) { must(unmap_raw(ptr(i), g), "cuMemUnmap"); }), 1);
+  line("cuMemUnmap alone, device idle", us_per(count, [&](std::size_t i) { must(unmap_raw(ptr(i), g), "cuMemUnmap"); }),
+       1);
   for (std::size_t i = 0; i < count; ++i) must(map_raw(ptr(i), g, 0, pieces[i].id, 0), "cuMemMap");
   line("cuMemSetAccess, 16 granules (16 mappings), first time",
        us_per(count / 16, [&](std::size_t i) { must(access_raw(ptr(16 * i), 16 * g, &access, 1), "cuMemSetAccess"); }),
@@ -427,6 +432,8 @@ int main(int argc, char** argv) {
     summary(r);
     return 0;
   }
-  std::fprintf(stderr, "usage: virtual_memory_gpu calls | virtual_memory_gpu w1 [SEEDS [PAIRS]] | virtual_memory_gpu traces TRACE...\n");
+  std::fprintf(
+      stderr,
+      "usage: virtual_memory_gpu calls | virtual_memory_gpu w1 [SEEDS [PAIRS]] | virtual_memory_gpu traces TRACE...\n");
   return 2;
 }
