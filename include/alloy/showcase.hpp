@@ -220,6 +220,12 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   GPU); replaying a trace again on the same allocator 0.68-1.46x and 1.20-1.71x; W1
 ///   1.13-1.16x default_allocator's time over five seeds, mapped ÷ live 1.11-1.14; synthetic
 ///   transformer traces of three seeds (scripts/synthetic-traces): smallest device 1.000-1.027.
+///   On an H200 (bench/virtual_memory/virtual_memory_gpu.cu), where a granule's create and map
+///   cost about 36 us: 8.4x default_allocator's time replaying a trace on a fresh allocator
+///   (geometric mean over the 15 traces, 2.0-27x), 1.16x replaying it again (0.47-1.91x); W1
+///   1.6x / 1.3x. `options.arena.granularity = 16 MiB` (pieces of 8 granules) makes 1/8 of the
+///   calls: 1.2x and 1.0x, W1 1.0x, for a smallest device of 1.132 (geometric mean; 1.004-1.027
+///   on the PyTorch traces of a GiB or more, up to 1.527 on the small ones; bench/README.md).
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per

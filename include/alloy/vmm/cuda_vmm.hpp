@@ -53,6 +53,10 @@ struct cuda_driver_status {
 ///   reading a block freed in stream order faulted when its granule went (an H200, 2026-11-26).
 ///   Waiting makes an unmap cost what a `cudaFree` costs; `virtual_allocator` unmaps only when
 ///   the device runs short or on `release()`.
+/// - Cost (an H200, driver 580, `virtual_memory_gpu calls`): `create` 9-10 us, `map` 27 us
+///   (nearly all of it `cuMemSetAccess`, per mapping whatever its size), `unmap` 17 us,
+///   `release` 10 us, against 39 / 33 us for a `cudaMalloc` / `cudaFree` of 2 MiB: pieces of
+///   several granules cost about what one does.
 /// - Failure: every call is noexcept. `CUDA_ERROR_OUT_OF_MEMORY` is a normal event: an empty
 ///   result, nothing kept. Any other failure is an empty result too (or `false`) and is kept in
 ///   `last_error()` (the driver's code and name, the call, file and line) for the edges, as the
