@@ -6,7 +6,6 @@
 // content, and everything goes back. Labelled `gpu`; skips, saying why, without a device.
 #include <boost/test/unit_test.hpp>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -18,6 +17,7 @@
 #include <alloy/showcase.hpp>
 #include <alloy/vmm/synchronized_vmm.hpp>
 
+#include "support/device_pattern.cuh"
 #include "support/gpu.hpp"
 
 namespace {
@@ -26,16 +26,6 @@ using backend_t = alloy::synchronized_vmm<alloy::cuda_vmm>;
 using shard_t = alloy::virtual_allocator<alloy::vmm_ref<backend_t>>;
 static_assert(alloy::thread_safe_vmm<alloy::vmm_ref<backend_t>>);
 static_assert(alloy::growth_planning_allocator<shard_t>);
-
-__global__ void stamp_kernel(std::uint32_t* data, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    data[i] = static_cast<std::uint32_t>(i) * 2654435761u + seed;
-}
-
-__global__ void count_wrong_kernel(const std::uint32_t* data, std::size_t n, std::uint32_t seed, unsigned* wrong) {
-  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    if (data[i] != static_cast<std::uint32_t>(i) * 2654435761u + seed) atomicAdd(wrong, 1u);
-}
 
 struct thread_result {
   unsigned failed_allocations = 0, cuda_errors = 0;
@@ -61,7 +51,8 @@ void thread_work(alloy::sharded<shard_t>& a, unsigned* wrong, std::uint32_t t, t
   std::uint32_t next = (t << 24) + 1;
   auto check_and_free = [&](std::size_t i) {
     const live l = blocks[i];
-    count_wrong_kernel<<<32, 256, 0, stream>>>(static_cast<const std::uint32_t*>(l.b.ptr), l.b.size / 4, l.seed, wrong);
+    alloy::testing::count_wrong_kernel<<<32, 256, 0, stream>>>(static_cast<const std::uint32_t*>(l.b.ptr), l.b.size / 4,
+                                                               l.seed, wrong);
     if (cudaStreamSynchronize(stream) != cudaSuccess) ++out.cuda_errors;
     a.deallocate(l.b);
     blocks[i] = blocks.back();
@@ -76,7 +67,7 @@ void thread_work(alloy::sharded<shard_t>& a, unsigned* wrong, std::uint32_t t, t
         continue;
       }
       ++out.served;
-      stamp_kernel<<<32, 256, 0, stream>>>(static_cast<std::uint32_t*>(b.ptr), bytes / 4, next);
+      alloy::testing::fill_kernel<<<32, 256, 0, stream>>>(static_cast<std::uint32_t*>(b.ptr), bytes / 4, next);
       blocks.push_back({b, next++});
     } else {
       check_and_free(rng() % blocks.size());

@@ -25,6 +25,13 @@ static __global__ void fill_kernel(std::uint32_t* data, std::size_t n, std::uint
     data[i] = pattern_word(i, seed);
 }
 
+/// Adds to `*wrong` the words of `n` that do not hold the pattern (atomically: any stream).
+static __global__ void count_wrong_kernel(const std::uint32_t* data, std::size_t n, std::uint32_t seed,
+                                          unsigned* wrong) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    if (data[i] != pattern_word(i, seed)) atomicAdd(wrong, 1u);
+}
+
 /// Fills device block `b` with the pattern and waits for it.
 inline void fill_on_device(block b, std::uint32_t seed) {
   fill_kernel<<<64, 256>>>(static_cast<std::uint32_t*>(b.ptr), b.size / 4, seed);
