@@ -183,7 +183,7 @@ int candidates(std::vector<std::string> paths) {
 
 /// pieces: virtual_allocator with physical pieces of 2, 4, 8, 16 and 32 MiB
 /// (`options.arena.granularity`; the device's granule stays 2 MiB). On a GPU a create and a map
-/// cost about 37 us whatever the piece's size (virtual_memory_gpu calls, an H200), so the calls
+/// cost about 36 us whatever the piece's size (virtual_memory_gpu calls, an H200), so the calls
 /// are the time; this is what fewer of them cost in device memory.
 int pieces(std::vector<std::string> paths) {
   const std::vector<bench::rmm_trace> traces = read_traces(paths);
