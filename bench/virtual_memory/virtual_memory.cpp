@@ -2,7 +2,7 @@
 // Virtual memory (issue 17): how virtual_allocator was chosen, and W1 on it.
 //
 //   virtual_memory candidates [TRACE...]   # default: every trace in ../shared/traces
-//   virtual_memory pieces [TRACE...]       # virtual_allocator's physical piece size: device and calls
+//   virtual_memory pieces [TRACE...]       # virtual_allocator's physical pieces: device and calls
 //   virtual_memory w1 [SEEDS]              # default: 5 seeds
 //
 // Everything runs on alloy-replay's simulated devices (tools/replay): the virtual compositions on
@@ -17,9 +17,10 @@
 // without a limit (geometric mean), map + unmap calls per 1,000 operations (arithmetic mean) and
 // ns per operation (geometric mean of the medians of 3 replays).
 //
-// pieces: virtual_allocator with physical pieces of 2-32 MiB over every trace (or those named):
-// the smallest device ÷ peak live and the map + unmap calls per 1,000 operations there, per
-// trace. On a GPU the calls are the time (bench/virtual_memory/virtual_memory_gpu.cu).
+// pieces: virtual_allocator with a physical piece per granule of 2-32 MiB and with block-sized
+// pieces (its default) over every trace (or those named): the smallest device ÷ peak live and the
+// map + unmap calls per 1,000 operations there and without a limit, per trace. On a GPU the calls
+// are the time (bench/virtual_memory/virtual_memory_gpu.cu).
 //
 // w1: workload W1 (1,000 live blocks, 256 B-4 MiB log-uniform, a million free+allocate pairs,
 // alignment 256) with several seeds: ns per pair (this thread's CPU time, median of 3),
@@ -181,45 +182,62 @@ int candidates(std::vector<std::string> paths) {
   return 0;
 }
 
-/// pieces: virtual_allocator with physical pieces of 2, 4, 8, 16 and 32 MiB
-/// (`options.arena.granularity`; the device's granule stays 2 MiB). On a GPU a create and a map
-/// cost about 36 us whatever the piece's size (virtual_memory_gpu calls, an H200), so the calls
-/// are the time; this is what fewer of them cost in device memory.
+/// pieces: virtual_allocator with one physical piece per granule of 2, 4, 8, 16 and 32 MiB
+/// (`options.arena.granularity`, `block_sized_pieces` off; the device's granule stays 2 MiB), and
+/// as it is, 2 MiB granules with block-sized pieces (a block's run of unmapped granules in one). On
+/// a GPU a create and a map cost about 36 us whatever the piece's size (virtual_memory_gpu calls,
+/// an H200), so the calls are the time; this is what fewer of them cost in device memory. Each
+/// cell: the smallest device ÷ peak live, the map + unmap calls per 1,000 operations there, and
+/// those of a replay without a limit (the first mapping of each piece: a cold run's calls).
 int pieces(std::vector<std::string> paths) {
   const std::vector<bench::rmm_trace> traces = read_traces(paths);
   if (traces.empty()) return 1;
-  const std::size_t sizes[] = {2_MiB, 4_MiB, 8_MiB, 16_MiB, 32_MiB};
+  struct layout {
+    std::string name;
+    virtual_allocator<vm>::options options;
+  };
+  std::vector<layout> layouts;
+  for (std::size_t p : {2_MiB, 4_MiB, 8_MiB, 16_MiB, 32_MiB}) {
+    layouts.push_back({"a piece per " + mib(p), {}});
+    layouts.back().options.arena.granularity = p;
+    layouts.back().options.arena.block_sized_pieces = false;
+  }
+  layouts.push_back({"block-sized pieces (the default)", {}});
   std::printf(
       "virtual_allocator by physical piece size: smallest device ÷ peak live (to 0.5 %%), map + unmap calls "
-      "per 1,000 operations at that device\n\n| trace | peak live |");
-  for (std::size_t p : sizes) std::printf(" %s pieces |", mib(p).c_str());
+      "per 1,000 operations at that device / without a limit\n\n| trace | peak live |");
+  for (const layout& l : layouts) std::printf(" %s |", l.name.c_str());
   std::printf("\n|---|---:|");
-  for (std::size_t k = 0; k < std::size(sizes); ++k) std::printf("---:|");
+  for (std::size_t k = 0; k < layouts.size(); ++k) std::printf("---:|");
   std::printf("\n");
-  std::vector<double> log_sum(std::size(sizes)), worst(std::size(sizes));
+  std::vector<double> log_sum(layouts.size()), worst(layouts.size()), log_calls(layouts.size());
   for (const bench::rmm_trace& t : traces) {
     std::printf("| %s | %.1f MiB |", std::filesystem::path(t.name).filename().c_str(),
                 static_cast<double>(t.peak_live_bytes) / (1 << 20));
-    for (std::size_t k = 0; k < std::size(sizes); ++k) {
-      virtual_allocator<vm>::options o;
-      o.arena.granularity = sizes[k];
+    for (std::size_t k = 0; k < layouts.size(); ++k) {
+      const virtual_allocator<vm>::options o = layouts[k].options;
       const variant v = make_variant("pieces", [o](simulated_vm_device& d) { return virtual_allocator<vm>{vm{d}, o}; });
       simulated_vm_device device;
+      const replay::replay_result unlimited = v.run(t, device, {.repetitions = 0});
       const replay::min_capacity_result m = replay::find_min_capacity(t, [&](std::size_t c) {
         device.set_capacity(c);
         return v.run(t, device, {.capacity = c, .repetitions = 0});
       });
-      const double calls = 1000.0 * static_cast<double>(m.at_capacity.map_calls) /
-                           static_cast<double>(std::max<std::size_t>(m.at_capacity.operations, 1));
-      std::printf(" %.3f (%.0f) |", m.over_live, calls);
+      const auto per_1k = [](const replay::replay_result& r) {
+        return 1000.0 * static_cast<double>(r.map_calls) / static_cast<double>(std::max<std::size_t>(r.operations, 1));
+      };
+      std::printf(" %.3f (%.0f / %.1f) |", m.over_live, per_1k(m.at_capacity), per_1k(unlimited));
       log_sum[k] += std::log(m.over_live);
+      log_calls[k] += std::log(std::max(per_1k(unlimited), 0.01));
       worst[k] = std::max(worst[k], m.over_live);
     }
     std::printf("\n");
     std::fflush(stdout);
   }
+  const double n = static_cast<double>(traces.size());
   std::printf("| geometric mean | |");
-  for (double l : log_sum) std::printf(" %.3f |", std::exp(l / static_cast<double>(traces.size())));
+  for (std::size_t k = 0; k < layouts.size(); ++k)
+    std::printf(" %.3f (%.1f without a limit) |", std::exp(log_sum[k] / n), std::exp(log_calls[k] / n));
   std::printf("\n| worst | |");
   for (double w : worst) std::printf(" %.3f |", w);
   std::printf("\n");

@@ -12,8 +12,9 @@
 //                            it), requests and frees on one stream, no synchronization
 //   default_allocator        alloy's pooled composition over cudaMalloc
 //   virtual_allocator        alloy's composition over cuda_vmm (cuMemCreate / cuMemMap, 2 MiB
-//                            granules), and the same with physical pieces of 8 and 16 MiB
-//                            (`options.arena.granularity`)
+//                            granules, block-sized pieces: a block's run of unmapped granules in
+//                            one piece), and the same with one piece per granule of 2 MiB (the
+//                            default before 2026-11-26) and of 16 MiB (`options.arena.granularity`)
 // Figures: ns per operation (wall clock, the driver's time included; median of 3 runs) of a cold
 // pass (a fresh allocator) and of a warm one (the same workload again on the same allocator, all
 // blocks of the first pass freed: a training loop's second step), device memory ÷ peak live (the
@@ -158,15 +159,16 @@ struct alloy_peer {
   void finish() { a.release(); }
 };
 
-/// virtual_allocator with physical pieces of `MiB` (`options.arena.granularity`): fewer driver
-/// calls (each create and map costs about the same whatever its size), free memory given back a
-/// piece at a time.
+/// virtual_allocator with one physical piece per granule of `MiB` (`options.arena.granularity`,
+/// block-sized pieces off): the larger, the fewer driver calls (each create and map costs about
+/// the same whatever its size), free memory given back a granule at a time.
 template <std::size_t MiB>
-struct virtual_pieces_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
-  virtual_pieces_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
+struct virtual_granule_pieces_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
+  virtual_granule_pieces_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
   static virtual_allocator<cuda_vmm>::options options() {
     virtual_allocator<cuda_vmm>::options o;
     o.arena.granularity = MiB << 20;
+    o.arena.block_sized_pieces = false;
     return o;
   }
 };
@@ -239,7 +241,8 @@ figures measure(const workload& w) {
 using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
 using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
 
-/// Ratios of virtual_allocator (2, 8 and 16 MiB pieces) to default_allocator, per workload.
+/// Ratios of virtual_allocator (block-sized pieces; a piece per granule of 2 and of 16 MiB) to
+/// default_allocator, per workload.
 struct ratios {
   std::vector<double> cold[3], warm[3], memory[3];
 };
@@ -265,14 +268,14 @@ void row(const std::string& name, const workload& w, ratios& r) {
   char live[32];
   std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
   const figures m = measure<cuda_malloc_peer>(w), a = measure<cuda_async_peer>(w), d = measure<default_peer>(w);
-  const figures v[3] = {measure<virtual_peer>(w), measure<virtual_pieces_peer<8>>(w),
-                        measure<virtual_pieces_peer<16>>(w)};
+  const figures v[3] = {measure<virtual_peer>(w), measure<virtual_granule_pieces_peer<2>>(w),
+                        measure<virtual_granule_pieces_peer<16>>(w)};
   print(name, live, "cudaMalloc per request", m, true);
   print("", "", "cudaMallocAsync", a, false);
   print("", "", "default_allocator", d, true);
   print("", "", "virtual_allocator", v[0], true);
-  print("", "", "virtual_allocator, 8 MiB pieces", v[1], true);
-  print("", "", "virtual_allocator, 16 MiB pieces", v[2], true);
+  print("", "", "virtual_allocator, a piece per 2 MiB granule", v[1], true);
+  print("", "", "virtual_allocator, a piece per 16 MiB granule", v[2], true);
   for (int k = 0; k < 3; ++k) {
     r.cold[k].push_back(v[k].cold / d.cold);
     r.warm[k].push_back(v[k].warm / d.warm);
@@ -293,7 +296,7 @@ void summary(const ratios& r) {
                 *std::max_element(v.begin(), v.end()));
   };
   std::printf("\nvirtual_allocator ÷ default_allocator, geometric mean (range) over the workloads:\n");
-  const char* pieces[] = {"2 MiB pieces (default)", "8 MiB pieces", "16 MiB pieces"};
+  const char* pieces[] = {"block-sized pieces (default)", "a piece per 2 MiB granule", "a piece per 16 MiB granule"};
   for (int k = 0; k < 3; ++k) {
     std::printf("- %s: time cold ", pieces[k]);
     spread(r.cold[k]);

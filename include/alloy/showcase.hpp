@@ -248,7 +248,7 @@ class virtual_allocator {
   struct options {
     /// Free granules stay mapped until the device runs short (the arena then unmaps them anywhere)
     /// or `release()`: measured, the fewest driver calls for the same smallest device.
-    typename arena_type::options arena{.release_threshold = arena_type::keep_all};
+    typename arena_type::options arena{.release_threshold = arena_type::keep_all, .block_sized_pieces = true};
     typename small_type::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
   };
 

@@ -469,20 +469,28 @@ bool overlaps_any(const std::vector<live_block>& live, block b) {
   });
 }
 
+/// The release rule of a model run.
+enum class rule {
+  keep_free,         ///< the arena's default release rule
+  unmap_at_once,     ///< every wholly free granule is unmapped at once (many more growths)
+  keep_all_in_runs,  ///< virtual_allocator's: nothing trimmed, block-sized pieces (released whole, detached too)
+};
+
 /// Up to four growths pending at once while the arena allocates, frees and releases around them,
 /// up to 40 blocks live; creates and maps fail one call in eleven; the device holds 96 granules.
-/// With `keep_free` the arena's default release rule, else every wholly free granule is unmapped
-/// at once (many more growths).
-void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
+void run_model(std::uint64_t seed, std::size_t steps, rule release_rule) {
   std::set<std::size_t> fail_at;
   for (std::size_t i = 5; i < 40 * steps; i += 11) fail_at.insert(i);
   const auto s =
       device(96 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
   {
     arena::options opts;
-    if (!keep_free) {
+    if (release_rule == rule::unmap_at_once) {
       opts.release_threshold_divisor = 0;
       opts.keep_up_to_peak = false;
+    } else if (release_rule == rule::keep_all_in_runs) {
+      opts.release_threshold = arena::keep_all;
+      opts.block_sized_pieces = true;
     }
     arena a{gated_vmm{s}, opts};
     std::mt19937_64 rng(seed);
@@ -588,7 +596,8 @@ void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
     BOOST_TEST(planned == committed);
     BOOST_TEST_MESSAGE("seed " << seed << ": " << planned << " planned, " << served << " served, " << failed
                                << " failed");
-    BOOST_TEST(planned > steps / (keep_free ? 200 : 20), "too few growths were planned to test anything");
+    BOOST_TEST(planned > steps / (release_rule == rule::unmap_at_once ? 20 : 200),
+               "too few growths were planned to test anything");
     BOOST_TEST(failed > 0u, "the device never ran short");
     BOOST_TEST(served > 10 * failed);
   }
@@ -600,7 +609,11 @@ void run_model(std::uint64_t seed, std::size_t steps, bool keep_free) {
 }
 
 BOOST_AUTO_TEST_CASE(model_with_growths_pending_around_every_call) {
-  for (std::uint64_t seed : {1u, 2u, 3u}) run_model(seed, under_tsan ? 20000 : 200000, seed == 1);
+  for (std::uint64_t seed : {1u, 2u, 3u, 4u})
+    run_model(seed, under_tsan ? 20000 : 200000,
+              seed == 1   ? rule::keep_free
+              : seed == 4 ? rule::keep_all_in_runs
+                          : rule::unmap_at_once);
 }
 
 // ---- one failure at every call index -----------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -58,12 +59,22 @@ namespace alloy {
 ///   `release_threshold = keep_all` (`virtual_allocator`'s) nothing is unmapped until the device
 ///   runs short or `release()`, and no list is kept: those find the free mapped granules by a
 ///   scan (highest address first), so that allocations and frees do no list work per granule.
+/// - Block-sized pieces (`block_sized_pieces`, with `keep_all` only; `virtual_allocator`'s): the
+///   unmapped granules a block covers whole are mapped as one piece a run, an edge granule it
+///   covers in part as a piece of its own (a neighbour may come to share it). A driver takes about
+///   as long for a piece of many granules as for one, so a large block costs one create and one
+///   map instead of one per 2 MiB. Such a piece goes back only whole: while a chunk touches any
+///   of its granules, the free ones stay mapped (`stranded_free_bytes`; `release()` and pressure
+///   skip them). So that they do not pin memory where it runs short, once more than half of the
+///   capacity is held a block that would use only part of a wholly free piece releases it first
+///   and maps its own. Tags other than 0 never touch such a piece (see tags).
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
-///   not mapped (a `create` and a `map` each; none when its granules are mapped already), after
+///   not mapped (a `create` and a `map` each, or each run with block-sized pieces; none when its
+///   granules are mapped already), after
 ///   unmapping the oldest free granules the rule no longer keeps; a deallocate unmaps and
 ///   releases the granules the rule no longer keeps (an `unmap` and a `release` each);
-///   `release()` does that for every free mapped granule; growth calls `reserve`. Nothing else
-///   calls the backend.
+///   `release()` does that for every free mapped granule (a whole piece at a time); growth calls
+///   `reserve`. Nothing else calls the backend.
 /// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
 ///   unmapped and released (oldest first, with `keep_all` highest first; as many as the request
 ///   still needs, more if that was not enough) and `create` retried (`num_alloc_retries`):
@@ -72,14 +83,15 @@ namespace alloy {
 ///   and back, each also on a granule boundary) for the place that adds the fewest granules no
 ///   live chunk touches (O(chunks), only then; counted as a retry). A request fails (empty block,
 ///   `num_ooms`) only when the granules of live chunks plus those the request needs exceed what
-///   the backend can give, and then at once, without releasing the cache, when `capacity()` alone
-///   shows it. On failure everything is undone: granules mapped for the request are unmapped and
+///   the backend can give (with block-sized pieces: plus the stranded free granules), and then at
+///   once, without releasing the cache, when `capacity()` alone shows it. On failure everything is
+///   undone: granules mapped for the request are unmapped and
 ///   released, nothing is carved. `allocate_keeping_cache` never releases free mapped granules to
 ///   retry.
 /// - Metadata (host memory only; the managed memory is never touched): the chunk nodes, free index
-///   and address map of `best_fit_arena` (detail/best_fit_index.hpp), a table of 24-byte granule
-///   records (piece, count of allocated chunks whose first or last granule it is, links of the
-///   least recently freed list) and two bit tables (mapped; touched by an allocated chunk), up to
+///   and address map of `best_fit_arena` (detail/best_fit_index.hpp), a table of 32-byte granule
+///   records (piece, its first granule and length, count of allocated chunks whose first or last
+///   granule it is, links of the least recently freed list) and two bit tables (mapped; touched by an allocated chunk), up to
 ///   the highest granule ever used. Only a block's first and last granule can be shared with
 ///   another chunk, so those two carry counts and the granules strictly inside it are marked in
 ///   the bit tables. They grow geometrically, before anything changes; after warm-up no call
@@ -105,7 +117,7 @@ namespace alloy {
 ///   `block_state::free`, free bytes in unmapped granules as `block_state::unmapped`), and
 ///   `bytes_in_use`, `requested_bytes`, `free_bytes` (mapped and not in use, so reserved = in
 ///   use + free), `largest_free_block` (the largest free mapped run), `bytes_reservable_limit`
-///   (the backend's capacity), `mapped_bytes`, `free_mapped_bytes`, `address_space`,
+///   (the backend's capacity), `mapped_bytes`, `free_mapped_bytes`, `stranded_free_bytes`, `address_space`,
 ///   `allocate_keeping_cache`, `check_invariants`. Not (yet) `allocate_at` / `chunk_size` for a
 ///   compacting defragmenter.
 /// - Tags and offload (DESIGN §12, issue 21): every chunk carries a `tag` (per call, or the
@@ -115,7 +127,11 @@ namespace alloy {
 ///   from the free chunk right after the tag's last block when it fits there, else from a free
 ///   chunk holding whole free granules (start rounded up to a granule). Only the
 ///   first and last granule of a block can be shared, so the check is O(1), and it is skipped
-///   until a tag other than 0 was used. `offload(t)` copies the requested bytes of each live
+///   until a tag other than 0 was used. Block-sized pieces are made for tag 0's chunks only, and
+///   a block of another tag whose first or last granule lies in one goes elsewhere too (the free
+///   chunks are scanned when the whole free granules found lie in one): such a block touches a
+///   piece only by covering it whole, so offloading a tag never unmaps a piece another tag uses;
+///   offloading tag 0 unmaps its pieces whole, free granules too. `offload(t)` copies the requested bytes of each live
 ///   chunk of `t` to one host buffer (pinned `cudaMallocHost` over a device-only backend,
 ///   `operator new` over host memory, or `options::host_allocate`) through `copy_engine`, then
 ///   unmaps and releases the tag's granules; `discard(t)` only unmaps; `restore(t)` maps them
@@ -204,6 +220,15 @@ class virtual_arena {
     /// large traces and holds less on the small ones (bench/README.md, Virtual memory). Off:
     /// only the threshold and the share decide.
     bool keep_up_to_peak = true;
+    /// With `release_threshold = keep_all` only: the unmapped granules a block needs, when
+    /// several lie in a row, are mapped as one physical piece, one create and one map for the
+    /// run, where a GPU's driver takes about as long for a piece of many granules as for one
+    /// (bench/README.md, "On a real device"): 8x fewer calls on the shipped traces. Such a piece
+    /// goes back only whole, once no chunk touches any of its granules; until then its free
+    /// granules stay mapped (`stranded_free_bytes`) and cannot serve a request elsewhere under
+    /// pressure, so the smallest device grows (PyTorch traces 1.000-1.059x peak live, MiniMalloc's
+    /// up to 1.58x: bench/README.md). Tag 0's chunks only; planned growth maps granule by granule.
+    bool block_sized_pieces = false;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;      ///< passed to `on_misuse`
@@ -489,7 +514,7 @@ class virtual_arena {
   /// placement that needs a releasing granule meanwhile waits (holding the caller's lock) until the
   /// batch's calls are done, as does a request the capacity cannot serve before they are. Returns
   /// false while it took any (the caller calls again, which closes the batch), true when none was
-  /// left; while another thread's batch is in flight, it releases the rest `release()`'s way. The
+  /// left (but granules stranded in block-sized pieces still in use); while another thread's batch is in flight, it releases the rest `release()`'s way. The
   /// caller gives a batch back before its own next call on the arena (a call that needed its
   /// granules would wait for itself), as `detached_segments::give_back_all` does.
   bool release_detached(detached_segments& out) noexcept
@@ -504,15 +529,23 @@ class virtual_arena {
     batch_.vmm = &vmm_;
     batch_.granularity = opts_.granularity;
     batch_.count = 0;
-    take_free(std::min(release_batch::capacity, detached_segments::capacity - out.count), [&](std::size_t g) {
-      granule& r = granules_[g];
-      out.add_call(&batch_, block{granule_address(g), static_cast<std::size_t>(r.piece)}, &release_batch::give);
-      batch_.granules[batch_.count++] = static_cast<std::uint32_t>(g);
-      clear_piece(g);
-      r.releasing = true;
+    // At most one call per granule taken, so the batch's entries suffice.
+    const std::size_t room = std::min(release_batch::capacity, detached_segments::capacity - out.count);
+    const std::size_t taken = take_free(room, [&](std::size_t first, std::size_t granules) {
+      batch_.entries[batch_.count] = {granules_[first].piece, static_cast<std::uint32_t>(first),
+                                      static_cast<std::uint32_t>(granules)};
+      out.add_call(&batch_, block{granule_address(first), batch_.count++}, &release_batch::give);
+      for (std::size_t g = first; g < first + granules; ++g) {
+        clear_piece(g);
+        granules_[g].releasing = true;
+      }
       ++counters_.num_unmaps;
       ++counters_.num_device_free;
     });
+    if (taken == 0 && room != 0) {  // what is left lies in block-sized pieces still in use
+      peak_in_use_ = in_use_;
+      return true;
+    }
     batch_.remaining.store(batch_.count, std::memory_order_relaxed);
     batch_.active = true;
     return false;
@@ -523,6 +556,18 @@ class virtual_arena {
   std::size_t mapped_bytes() const noexcept { return mapped_ << gshift_; }
   /// Bytes of granules mapped with no allocated chunk touching them (what `release()` frees).
   std::size_t free_mapped_bytes() const noexcept { return free_mapped_ << gshift_; }
+  /// Free mapped bytes in block-sized pieces a live chunk still touches elsewhere: neither
+  /// `release()` nor capacity pressure can give them back until that chunk goes (0 without
+  /// `block_sized_pieces`). O(granules).
+  std::size_t stranded_free_bytes() const noexcept {
+    std::size_t n = 0;
+    for (std::size_t g = 0; g < granules_.size(); ++g) {
+      const granule& r = granules_[g];
+      if (r.piece == 0 || touched(g) || r.piece_granules < 2) continue;
+      n += touched_bits_.count(r.piece_first, r.piece_first + r.piece_granules) != 0;
+    }
+    return n << gshift_;
+  }
   allocator_counters counters() const noexcept { return counters_; }
 
   /// Calls `visit(const block_info&)` for every piece of the used part of the reserved range
@@ -646,16 +691,34 @@ class virtual_arena {
       const granule& r = granules_[g];
       const bool live = users[g] != 0;
       if (r.ends != ends[g] || touched(g) != live || mapped_bits_.test(g) != (r.piece != 0) || r.fresh) return false;
-      if (r.piece != 0) ++mapped;
+      if (r.piece != 0) {
+        ++mapped;
+        const std::size_t first = r.piece_first, n = r.piece_granules;
+        if (n == 0 || first > g || g - first >= n || first + n > granules_.size()) return false;
+        if (n > 1 && !opts_.block_sized_pieces) return false;
+        if (g == first) {
+          // The piece's granules all name it, and the chunks on it have one tag (offloading a
+          // tag unmaps the piece whole).
+          std::optional<std::uint16_t> owner;
+          for (std::size_t i = first; i < first + n; ++i) {
+            if (granules_[i].piece != r.piece || granules_[i].piece_first != first || granules_[i].piece_granules != n)
+              return false;
+            if (users[i] == 0) continue;
+            if (owner && *owner != granules_[i].tag) return false;
+            owner = granules_[i].tag;
+          }
+        }
+      }
       if (r.pending && (!live || r.piece != 0 || ++pending > planned)) return false;
-      if (r.releasing && (live || r.piece != 0 || r.pending || !batch_.active || ++releasing > batch_.count))
+      if (r.releasing &&
+          (live || r.piece != 0 || r.pending || !batch_.active || ++releasing > batch_.granules_releasing()))
         return false;
       if (live && r.piece == 0 && !r.pending && state(tag{r.tag}) == tag_state::resident) return false;
       if (live && r.piece != 0 && state(tag{r.tag}) != tag_state::resident) return false;
       if (!live && r.piece != 0) ++unused_mapped;
     }
     if (mapped != mapped_ || unused_mapped != free_mapped_ || pending != planned) return false;
-    if (batch_.active && releasing != batch_.count) return false;
+    if (batch_.active && releasing != batch_.granules_releasing()) return false;
     if (!lists_free_granules()) return oldest_ == no_granule && newest_ == no_granule;
     std::size_t listed = 0;
     std::uint32_t previous = no_granule;
@@ -678,6 +741,8 @@ class virtual_arena {
   /// One granule of the range.
   struct granule {
     std::uint64_t piece = 0;           ///< the backend's id of the physical piece mapped here; 0: unmapped
+    std::uint32_t piece_first = 0;     ///< the piece's first granule (while mapped)
+    std::uint32_t piece_granules = 0;  ///< how many granules the piece spans (while mapped; > 1: block-sized)
     std::uint32_t ends = 0;            ///< allocated chunks whose first or last granule it is
     std::uint32_t older = no_granule;  ///< least-recently-freed list (free mapped granules only)
     std::uint32_t newer = no_granule;
@@ -720,6 +785,7 @@ class virtual_arena {
     if (g % backend != 0) g = backend;  // a backend granularity that is no power of two: use it
     o.granularity = g;
     if (o.rounding > g) o.rounding = g;
+    if (o.release_threshold != keep_all) o.block_sized_pieces = false;  // the release rule goes granule by granule
     if (o.address_space == 0) {
       constexpr std::size_t lowest = std::size_t{1} << 30, highest = std::size_t{1} << 40;
       const std::size_t capacity = vmm.capacity();
@@ -810,6 +876,13 @@ class virtual_arena {
           }
           const std::size_t step = std::max(alignment, opts_.granularity);
           start = (pool_[c].addr + (step - 1)) & ~static_cast<std::uintptr_t>(step - 1);
+          // Whole free granules of a block-sized piece part in use: every free chunk is tried.
+          if (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t)) [[unlikely]] {
+            const block b = allocate_on_fewest_new_granules(rounded, bytes, alignment, t, may_release, 0);
+            if (!b && may_release) ++counters_.num_ooms;
+            if (b && t < last_of_tag_.size()) last_of_tag_[t] = reinterpret_cast<std::uintptr_t>(b.ptr);
+            return b;
+          }
         }
       }
       if (t < last_of_tag_.size()) last_of_tag_[t] = start;  // where the next block of the tag looks first
@@ -833,9 +906,10 @@ class virtual_arena {
       if (plan == nullptr && may_release) ++counters_.num_ooms;
       return {};
     }
+    if (opts_.block_sized_pieces) release_pieces_partly_reused(first, last);
     if (const std::size_t to_map = add_user(first, last, t); to_map != 0) {
       if (plan != nullptr) return plan_mapping(*plan, c, start, rounded, bytes, first, last, to_map);
-      if (!map_new_granules(first, last, may_release, to_map)) {
+      if (!map_new_granules(first, last, may_release, to_map, start, rounded)) {
         if (const block b = allocate_on_fewest_new_granules(rounded, bytes, alignment, t, may_release, start); b.ptr)
           return b;
         if (may_release) ++counters_.num_ooms;
@@ -883,8 +957,9 @@ class virtual_arena {
     const std::size_t first = granule_of(best), last = granule_of(best + rounded - 1);
     if (batch_.active) wait_if_releasing(first, last);
     if (!cover_granules(last + 1)) return {};
+    if (opts_.block_sized_pieces) release_pieces_partly_reused(first, last);
     if (const std::size_t to_map = add_user(first, last, t); to_map != 0)
-      if (!map_new_granules(first, last, may_release, to_map)) return {};
+      if (!map_new_granules(first, last, may_release, to_map, best, rounded)) return {};
     ++counters_.num_alloc_retries;
     return carve(best_chunk, best, rounded, bytes);
   }
@@ -897,28 +972,40 @@ class virtual_arena {
       if (m->active && m->start == addr) return true;
     return false;
   }
-  /// Granules `release_detached` took off the books, unmapped and released by `give` (the
-  /// caller's `detached_segments::give_back`, no lock held; `block::size` carries the piece).
+  /// Pieces `release_detached` took off the books, unmapped and released by `give` (the
+  /// caller's `detached_segments::give_back`, no lock held; `block::size` carries the entry).
   struct release_batch {
     static constexpr std::size_t capacity = detached_segments::capacity;
+    struct entry {
+      std::uint64_t piece = 0;
+      std::uint32_t first = 0, granules = 0;
+    };
     Vmm* vmm = nullptr;
     std::size_t granularity = 0;
-    std::uint32_t granules[capacity]{};
+    entry entries[capacity]{};
     std::size_t count = 0;
     std::atomic<std::size_t> remaining{0};  ///< calls not yet made
     bool active = false;                    ///< its granules are marked releasing
 
     static void give(void* self, block b) noexcept {
       release_batch& batch = *static_cast<release_batch*>(self);
-      batch.vmm->unmap(b.ptr, batch.granularity);
-      batch.vmm->release(physical_memory{static_cast<std::uint64_t>(b.size), batch.granularity});
+      const entry& e = batch.entries[b.size];
+      batch.vmm->unmap(b.ptr, e.granules * batch.granularity);
+      batch.vmm->release(physical_memory{e.piece, e.granules * batch.granularity});
       if (batch.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) batch.remaining.notify_all();
+    }
+    std::size_t granules_releasing() const noexcept {
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < count; ++i) n += entries[i].granules;
+      return n;
     }
   };
   /// Closes a release batch whose calls are done: its granules are plain unmapped ones again.
   void finish_release_batch() noexcept {
     if (!batch_.active || batch_.remaining.load(std::memory_order_acquire) != 0) return;
-    for (std::size_t i = 0; i < batch_.count; ++i) granules_[batch_.granules[i]].releasing = false;
+    for (std::size_t i = 0; i < batch_.count; ++i)
+      for (std::size_t g = batch_.entries[i].first; g < batch_.entries[i].first + batch_.entries[i].granules; ++g)
+        granules_[g].releasing = false;
     batch_.active = false;
   }
   /// Waits (the caller's lock held) until the batch in flight is unmapped, then closes it; false
@@ -1112,15 +1199,24 @@ class virtual_arena {
   std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> gshift_; }
   /// Whether an allocated chunk touches granule `g` (in the table).
   bool touched(std::size_t g) const noexcept { return touched_bits_.test(g); }
-  void set_piece(std::size_t g, std::uint64_t id) noexcept {
-    granules_[g].piece = id;
+  /// Records granule `g` as mapped, part of the piece `id` that spans `granules` from `first`.
+  void set_piece(std::size_t g, std::uint64_t id, std::size_t first, std::size_t granules) noexcept {
+    granule& r = granules_[g];
+    r.piece = id;
+    r.piece_first = static_cast<std::uint32_t>(first);
+    r.piece_granules = static_cast<std::uint32_t>(granules);
     mapped_bits_.set(g);
     ++mapped_;
   }
+  void set_piece(std::size_t g, std::uint64_t id) noexcept { set_piece(g, id, g, 1); }
   void clear_piece(std::size_t g) noexcept {
     granules_[g].piece = 0;
     mapped_bits_.reset(g);
     --mapped_;
+  }
+  /// Whether mapped granule `g` lies in a block-sized piece (one that spans several granules).
+  bool in_block_sized_piece(std::size_t g) const noexcept {
+    return g < granules_.size() && granules_[g].piece != 0 && granules_[g].piece_granules > 1;
   }
   /// What the backend could give at most if every free mapped granule went back.
   std::size_t headroom() const noexcept {
@@ -1165,9 +1261,11 @@ class virtual_arena {
     }
   }
 
-  /// Whether granule `g` is touched by a live chunk of a tag other than `t`.
+  /// Whether a chunk of tag `t` must not touch granule `g`: a live chunk of another tag touches
+  /// it, or (t not 0) it lies in a block-sized piece, which holds tag 0's chunks only, so that
+  /// offloading a tag never unmaps a piece another tag's chunk uses.
   bool foreign(std::size_t g, std::uint16_t t) const noexcept {
-    return g < granules_.size() && touched(g) && granules_[g].tag != t;
+    return g < granules_.size() && ((touched(g) && granules_[g].tag != t) || (t != 0 && in_block_sized_piece(g)));
   }
   /// The free chunk right after the tag's last block, when the block fits there without touching
   /// a granule of another tag (keeps a tag's small blocks together instead of taking a granule
@@ -1264,8 +1362,10 @@ class virtual_arena {
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       const granule& r = granules_[g];
       if (!touched(g) || r.tag != t || r.piece == 0) continue;
-      unmap_granule(g);
-      ++n;
+      // A block-sized piece holds chunks of tag 0 only (`foreign`); its free granules go with it.
+      for (std::size_t i = r.piece_first; i < r.piece_first + r.piece_granules; ++i)
+        if (!touched(i)) unlist(i);
+      n += unmap_piece(g);
     }
     return n;
   }
@@ -1431,8 +1531,8 @@ class virtual_arena {
     return 1;
   }
   /// The driver calls of an allocate: `to_map` granules of [first, last] have no physical piece.
-  [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release,
-                                          std::size_t to_map) noexcept {
+  [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release, std::size_t to_map,
+                                          std::uintptr_t start, std::size_t rounded) noexcept {
     if (!may_release) trim_due_ = true;  // maps without trimming first: the next free trims
     const std::size_t g_bytes = opts_.granularity;
     // What the backend could give at most if every free mapped granule went back (and a release
@@ -1444,10 +1544,29 @@ class virtual_arena {
     // The granules about to be mapped count against what is kept free: trimmed first, so that
     // mapped memory never passes what the live chunks touch plus what a free may keep.
     if (may_release) trim(kept_free_bytes(to_map));
+    // Block-sized pieces: the unmapped granules the block covers whole take one create and one
+    // map a run; an edge granule it covers in part gets its own piece, since a neighbour may come
+    // to share it and would then pin the run (tag 0's chunks only: `foreign`).
+    bool whole_runs = opts_.block_sized_pieces && last != first && granules_[first].tag == 0;
+    const std::uintptr_t in_granule = opts_.granularity - 1;
+    const std::size_t run_from = (start & in_granule) != 0 ? first + 1 : first;
+    const std::size_t run_to = ((start + rounded) & in_granule) != 0 ? last : last + 1;
     bool retried = false;
     for (std::size_t g = first; g <= last; ++g) {
       granule& r = granules_[g];
       if (r.piece != 0) continue;
+      if (whole_runs && g >= run_from && g < run_to) {
+        std::size_t end = g + 1;
+        while (end < run_to && granules_[end].piece == 0) ++end;
+        if (end - g > 1) {
+          if (map_whole_run(g, end - g)) {
+            to_map -= end - g;
+            g = end - 1;
+            continue;
+          }
+          whole_runs = false;  // the rest granule by granule, releasing free ones when the capacity needs it
+        }
+      }
       physical_memory piece = vmm_.create(g_bytes);
       while (!piece) {
         if (may_release && wait_for_release()) {  // a batch in flight gives pieces back
@@ -1462,7 +1581,12 @@ class virtual_arena {
           retried = true;
           ++counters_.num_alloc_retries;
         }
-        trim_count(std::min(free_mapped_, to_map));  // oldest first; again if that was not enough
+        // Oldest first; again if that was not enough. None left to release: the rest lie in
+        // block-sized pieces still in use.
+        if (trim_count(std::min(free_mapped_, to_map)) == 0) {
+          unmap_fresh_and_drop(first, last);
+          return false;
+        }
         piece = vmm_.create(g_bytes);
       }
       ++counters_.num_device_alloc;
@@ -1481,25 +1605,60 @@ class virtual_arena {
     return true;
   }
 
+  /// Once more than half of the backend's capacity is held, a wholly free block-sized piece that
+  /// a block on granules [first, last] would use only in part goes back first: the rest of it
+  /// would stay mapped, stranded, while the block lives, and memory may run short. Below that the
+  /// piece is reused as it is, without a driver call (bench/README.md measures both).
+  void release_pieces_partly_reused(std::size_t first, std::size_t last) noexcept {
+    if (vmm_.physical_bytes() <= vmm_.capacity() / 2) return;
+    for (const std::size_t g : {first, last}) {
+      if (!in_block_sized_piece(g)) continue;
+      const std::size_t from = granules_[g].piece_first, n = granules_[g].piece_granules;
+      if ((from >= first && from + n - 1 <= last) || touched_bits_.count(from, from + n) != 0) continue;
+      for (std::size_t i = from; i < from + n; ++i) unlist(i);
+      (void)unmap_piece(g);
+    }
+  }
+  /// Maps granules [g, g + n) (none mapped) with one piece; false, nothing changed, when the
+  /// create or the map failed.
+  bool map_whole_run(std::size_t g, std::size_t n) noexcept {
+    const physical_memory piece = vmm_.create(n << gshift_);
+    if (!piece) return false;
+    ++counters_.num_device_alloc;
+    if (!vmm_.map(granule_address(g), piece)) {
+      vmm_.release(piece);
+      ++counters_.num_device_free;
+      return false;
+    }
+    ++counters_.num_maps;
+    for (std::size_t i = g; i < g + n; ++i) {
+      set_piece(i, piece.id, g, n);
+      granules_[i].fresh = true;
+    }
+    return true;
+  }
+
   /// Undoes `add_user` and a failed `map_new_granules`: granules it mapped are unmapped and released, every
   /// granule of the span loses the user it gained, and those mapped before with no other user
   /// are free mapped again.
   void unmap_fresh_and_drop(std::size_t first, std::size_t last) noexcept {
-    for (std::size_t g = first; g <= last; ++g) {
-      if (!granules_[g].fresh) continue;
-      unmap_granule(g);
-      granules_[g].fresh = false;
-    }
+    for (std::size_t g = first; g <= last; ++g)
+      if (granules_[g].fresh) unmap_piece(g);  // a block-sized piece lies inside [first, last]
     (void)drop_user(first, last);
   }
 
-  void unmap_granule(std::size_t g) noexcept {
-    granule& r = granules_[g];
-    vmm_.unmap(granule_address(g), opts_.granularity);
-    vmm_.release(physical_memory{r.piece, opts_.granularity});
-    clear_piece(g);
+  /// Unmaps and releases the piece mapped at granule `g`, every granule it spans; returns how many.
+  std::size_t unmap_piece(std::size_t g) noexcept {
+    const std::size_t first = granules_[g].piece_first, n = granules_[g].piece_granules;
+    vmm_.unmap(granule_address(first), n << gshift_);
+    vmm_.release(physical_memory{granules_[first].piece, n << gshift_});
+    for (std::size_t i = first; i < first + n; ++i) {
+      clear_piece(i);
+      granules_[i].fresh = false;
+    }
     ++counters_.num_unmaps;
     ++counters_.num_device_free;
+    return n;
   }
 
   // The least-recently-freed list of free mapped granules: freed at the newest end, unmapped
@@ -1527,25 +1686,34 @@ class virtual_arena {
     else newest_ = r.older;
     r.older = r.newer = no_granule;
   }
-  /// Takes up to `n` free mapped granules off the books, the first to go back first, and hands
-  /// each to `take` (which unmaps it or passes it on).
+  /// Takes free mapped pieces off the books, the first to go back first, until `n` granules
+  /// went (or none is left), and hands each to `take(first granule, granules)`, which unmaps it
+  /// or passes it on; returns how many granules went. A block-sized piece goes only whole, when
+  /// no chunk touches any of its granules (those exist with `keep_all` only: no list).
   template <class F>
-  void take_free(std::size_t n, F&& take) noexcept {
+  std::size_t take_free(std::size_t n, F&& take) noexcept {
+    std::size_t taken = 0;
     if (lists_free_granules()) {
-      for (; n != 0 && oldest_ != no_granule; --n) {
+      for (; taken < n && oldest_ != no_granule; ++taken) {
         const std::uint32_t g = oldest_;
         unlist(g);
-        take(g);
+        take(g, std::size_t{1});
       }
-      return;
+      return taken;
     }
-    if (n == 0 || free_mapped_ == 0) return;
+    if (n == 0 || free_mapped_ == 0) return 0;
     const auto free_mapped = [this](std::size_t w) { return mapped_bits_.word(w) & ~touched_bits_.word(w); };
     detail::for_each_bit_descending(0, granules_.size(), free_mapped, [&](std::size_t g) {
-      unlist(g);
-      take(g);
-      return --n != 0 && free_mapped_ != 0;
+      const granule& r = granules_[g];
+      if (r.piece == 0) return true;  // went with its piece a moment ago (the scan read the word before)
+      const std::size_t first = r.piece_first, granules = r.piece_granules;
+      if (granules > 1 && touched_bits_.count(first, first + granules) != 0) return true;  // partly in use
+      for (std::size_t i = first; i < first + granules; ++i) unlist(i);
+      take(first, granules);
+      taken += granules;
+      return taken < n && free_mapped_ != 0;
     });
+    return taken;
   }
   /// Free mapped bytes kept: the most of `release_threshold`, a share of the granules live chunks
   /// touch (`release_threshold_divisor`) and what stays under the peak in use (`keep_up_to_peak`),
@@ -1563,8 +1731,10 @@ class virtual_arena {
     if (free_mapped_ > keep) trim_count(free_mapped_ - keep);
     trim_due_ = false;
   }
-  void trim_count(std::size_t n) noexcept {
-    take_free(n, [&](std::size_t g) { unmap_granule(g); });
+  /// Unmaps the least recently freed granules (with `keep_all` the highest) until `n` went;
+  /// returns how many went (fewer when the rest lie in block-sized pieces still in use).
+  std::size_t trim_count(std::size_t n) noexcept {
+    return take_free(n, [&](std::size_t g, std::size_t) { (void)unmap_piece(g); });
   }
 
   /// Hands out free chunk `c` for a request whose block starts at `start` (inside `c`, with
@@ -1670,7 +1840,7 @@ class virtual_arena {
   void give_everything_back() noexcept {
     for (tag_record& rec : tags_) drop_host_copy(rec);
     for (std::size_t g = 0; g < granules_.size(); ++g)
-      if (granules_[g].piece != 0) unmap_granule(g);
+      if (granules_[g].piece != 0) unmap_piece(g);
     for (const address_range& r : ranges_) vmm_.unreserve(r);
     forget();
   }
