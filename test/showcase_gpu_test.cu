@@ -114,8 +114,9 @@ BOOST_AUTO_TEST_CASE(virtual_allocator_on_cuda_vmm, ALLOY_GPU_TEST) {
 }
 
 // Seed 5 peaks at 250 MiB live; at 280 MiB of device the arena must unmap free granules where
-// they lie to serve it (the same run over host_vmm with 2 MiB granules: 4 unmaps, no request
-// refused), and the blocks beside them keep their content.
+// they lie to serve it (the same run over host_vmm with 2 MiB granules: 37 unmaps with
+// block-sized pieces, 4 with a piece per granule, no request refused), and the blocks beside them
+// keep their content.
 BOOST_AUTO_TEST_CASE(virtual_allocator_on_cuda_vmm_under_pressure, ALLOY_GPU_TEST) {
   alloy::virtual_allocator<alloy::cuda_vmm> a{alloy::cuda_vmm{{.capacity = 280_MiB}}};
   BOOST_REQUIRE_MESSAGE(a.arena().vmm().valid(), "cuda_vmm could not start");

@@ -211,21 +211,22 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   defaults (`{}`: threshold 0, a 1/32 share, kept up to the peak in use: 1.046 against 1.215
 ///   geometric mean over the traces, for 5,207 map calls per 1,000 operations against 787) to
 ///   give memory back to other processes sooner.
+/// - Block-sized pieces (`options.arena.block_sized_pieces`, on): a block's run of new granules is
+///   mapped as one physical piece, since a driver's create + map costs about the same for any
+///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35 map +
+///   unmap calls per 1,000 operations without a limit against 237 with a piece per 2 MiB granule
+///   (geometric mean over the traces), for a smallest device of 1.028 against 1.023; pieces of
+///   a fixed 16 MiB make 31 calls at 1.132.
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
-///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
-///   replay time 0.86-1.67x default_allocator's on the PyTorch traces, 1.7-3.0x on the MiniMalloc
-///   instances (2-core VM, CPU time, median of 15; first mappings: 1 GiB in 2 MiB granules over
-///   about 600 operations, each a call of the simulated driver, whose books cost next to
-///   nothing), 8-335 and 990-2,820 map + unmap calls per 1,000 operations (microseconds each on a
-///   GPU); replaying a trace again on the same allocator 0.68-1.46x and 1.20-1.71x; W1
-///   1.13-1.16x default_allocator's time over five seeds, mapped ÷ live 1.11-1.14; synthetic
-///   transformer traces of three seeds (scripts/synthetic-traces): smallest device 1.000-1.027.
-///   On an H200 (bench/virtual_memory/virtual_memory_gpu.cu), where a granule's create and map
-///   cost about 36 us: 8.4x default_allocator's time replaying a trace on a fresh allocator
+///   device ÷ peak live 1.000-1.145 (geometric mean 1.028; default_allocator 1.004-1.742, 1.305);
+///   W1 1.13-1.19x default_allocator's time over three seeds (host CPU time, the simulated
+///   driver's books cost next to nothing), mapped ÷ live 1.11-1.13; synthetic transformer traces
+///   of six seeds (scripts/synthetic-traces): smallest device 1.000-1.031. On an H200
+///   (bench/virtual_memory/virtual_memory_gpu.cu), with a piece per 2 MiB granule (the default
+///   until 2026-11-26): 8.4x default_allocator's time replaying a trace on a fresh allocator
 ///   (geometric mean over the 15 traces, 2.0-27x), 1.16x replaying it again (0.47-1.91x); W1
-///   1.6x / 1.3x. `options.arena.granularity = 16 MiB` (pieces of 8 granules) makes 1/8 of the
-///   calls: 1.2x and 1.0x, W1 1.0x, for a smallest device of 1.132 (geometric mean; 1.004-1.027
-///   on the PyTorch traces of a GiB or more, up to 1.527 on the small ones; bench/README.md).
+///   1.6x / 1.3x; with 16 MiB granules 1.2x and 1.0x. Block-sized pieces were not measured on a
+///   device yet (bench/README.md, "On a real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
@@ -247,7 +248,8 @@ class virtual_allocator {
 
   struct options {
     /// Free granules stay mapped until the device runs short (the arena then unmaps them anywhere)
-    /// or `release()`: measured, the fewest driver calls for the same smallest device.
+    /// or `release()`, and a block's run of new granules is one physical piece: measured, the
+    /// fewest driver calls for about the same smallest device.
     typename arena_type::options arena{.release_threshold = arena_type::keep_all, .block_sized_pieces = true};
     typename small_type::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
   };
