@@ -84,12 +84,8 @@ std::size_t granule_of(const host_arena& a, const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) - base) / a.granularity();
 }
 
-}  // namespace
-
-namespace {
-
-/// virtual_allocator's arena options: nothing trimmed, runs of granules in one piece (which hold
-/// tag 0's chunks only).
+/// virtual_allocator's arena options: nothing trimmed, runs of granules in one piece (made for
+/// tag 0's chunks).
 template <class Arena = host_arena>
 constexpr typename Arena::options block_sized{.release_threshold = Arena::keep_all, .block_sized_pieces = true};
 using shared_arena = virtual_arena<alloy::vmm_ref<host_vmm>>;
@@ -135,7 +131,7 @@ BOOST_AUTO_TEST_CASE(tags_never_share_a_granule) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(block_sized_pieces_hold_tag_0_only) {
+BOOST_AUTO_TEST_CASE(block_sized_pieces_keep_other_tags_out) {
   host_vmm v{{.granularity = granule}};
   {
     shared_arena a{alloy::vmm_ref<host_vmm>{v}, block_sized<shared_arena>};
