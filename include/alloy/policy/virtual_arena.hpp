@@ -568,7 +568,7 @@ class virtual_arena {
     for (std::size_t g = 0; g < granules_.size(); ++g) {
       const granule& r = granules_[g];
       if (r.piece == 0 || touched(g) || r.piece_granules < 2) continue;
-      n += touched_bits_.count(r.piece_first, r.piece_first + r.piece_granules) != 0;
+      n += piece_in_use(g);
     }
     return n << gshift_;
   }
@@ -1222,6 +1222,17 @@ class virtual_arena {
   bool in_block_sized_piece(std::size_t g) const noexcept {
     return g < granules_.size() && granules_[g].piece != 0 && granules_[g].piece_granules > 1;
   }
+  /// Whether a live chunk touches any granule of the piece mapped at granule `g`.
+  bool piece_in_use(std::size_t g) const noexcept {
+    const granule& r = granules_[g];
+    return touched_bits_.count(r.piece_first, r.piece_first + r.piece_granules) != 0;
+  }
+  /// Takes the granules of the piece mapped at granule `g`, which no live chunk touches, off the
+  /// free books (before the piece goes back or is handed on).
+  void unlist_free_piece(std::size_t g) noexcept {
+    const std::size_t first = granules_[g].piece_first, n = granules_[g].piece_granules;
+    for (std::size_t i = first; i < first + n; ++i) unlist(i);
+  }
   /// What the backend could give at most if every free mapped granule went back.
   std::size_t headroom() const noexcept {
     const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
@@ -1619,8 +1630,8 @@ class virtual_arena {
     for (const std::size_t g : {first, last}) {
       if (!in_block_sized_piece(g)) continue;
       const std::size_t from = granules_[g].piece_first, n = granules_[g].piece_granules;
-      if ((from >= first && from + n - 1 <= last) || touched_bits_.count(from, from + n) != 0) continue;
-      for (std::size_t i = from; i < from + n; ++i) unlist(i);
+      if ((from >= first && from + n - 1 <= last) || piece_in_use(g)) continue;
+      unlist_free_piece(g);
       (void)unmap_piece(g);
     }
   }
@@ -1712,8 +1723,8 @@ class virtual_arena {
       const granule& r = granules_[g];
       if (r.piece == 0) return true;  // went with its piece a moment ago (the scan read the word before)
       const std::size_t first = r.piece_first, granules = r.piece_granules;
-      if (granules > 1 && touched_bits_.count(first, first + granules) != 0) return true;  // partly in use
-      for (std::size_t i = first; i < first + granules; ++i) unlist(i);
+      if (granules > 1 && piece_in_use(g)) return true;
+      unlist_free_piece(g);
       take(first, granules);
       taken += granules;
       return taken < n && free_mapped_ != 0;
