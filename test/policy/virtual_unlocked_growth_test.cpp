@@ -168,13 +168,15 @@ bool others_proceed_while_a_waits(Alloc& alloc, alloy::testing::call_gate& g, In
 /// Thread A allocates 1 MiB (16 new granules; the gate holds it in its first map) while a 40 KiB
 /// block keeps granule 0 mapped with room; another thread then allocates 8 KiB there three times,
 /// fills, checks and frees. Returns whether that thread finished while A was held; checks that it
-/// made no map and that A's block is whole.
+/// made no map and that A's block is whole, mapped in 16 pieces or, with block-sized pieces
+/// (`in_one_piece`), in one.
 template <class Alloc>
-bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s) {
+bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s, bool in_one_piece = false) {
   const block keep = alloc.allocate(40 << 10, 256);
   BOOST_REQUIRE(keep);
   fill_pattern(keep, 1);
   const std::size_t maps_before = s.maps();
+  const std::size_t physical_before = s.backend.physical_bytes();
 
   block grown{};
   std::size_t maps_while_a_waited = 0;
@@ -186,7 +188,8 @@ bool others_proceed_during_a_map(Alloc& alloc, vmm_state& s) {
   fill_pattern(grown, 2);
   BOOST_TEST(has_pattern(grown, 2));
   BOOST_TEST(has_pattern(keep, 1));
-  BOOST_TEST(s.maps() - maps_before == 16u, "A's 1 MiB maps exactly its 16 granules");
+  BOOST_TEST(s.backend.physical_bytes() - physical_before == 16 * granule, "A's 1 MiB maps exactly its 16 granules");
+  BOOST_TEST(s.maps() - maps_before == (in_one_piece ? 1u : 16u));
   alloc.deallocate(grown);
   alloc.deallocate(keep);
   return finished;
@@ -228,7 +231,7 @@ BOOST_AUTO_TEST_CASE(synchronized_virtual_allocator_serves_the_pool_while_a_larg
     const block small = alloc.allocate(8 << 10, 256);  // a slab for the other thread's 8 KiB blocks
     BOOST_REQUIRE(small);
     alloc.deallocate(small);  // the slab stays
-    BOOST_TEST(others_proceed_during_a_map(alloc, *s), "a pooled allocate waited for another thread's map");
+    BOOST_TEST(others_proceed_during_a_map(alloc, *s, true), "a pooled allocate waited for another thread's map");
     BOOST_TEST(alloc.with_lock([](auto& in) { return in.bytes_in_use(); }) == 0u);
     BOOST_TEST(alloc.with_lock([](auto& in) { return in.counters().num_ooms; }) == 0u);
     BOOST_TEST(alloc.with_lock([](auto& in) { return in.arena().check_invariants(); }));
@@ -253,9 +256,11 @@ BOOST_AUTO_TEST_CASE(over_a_backend_that_is_not_thread_safe_the_lock_is_held_and
 /// Thread A releases 16 free mapped granules (the gate holds it in its first unmap) while a 40 KiB
 /// block keeps granule 0 mapped with room; another thread then allocates 8 KiB there three times,
 /// fills, checks and frees. Returns whether it finished while A was held; checks that exactly the
-/// free granules were unmapped and that the kept block is intact.
+/// free granules were unmapped (one piece each, or with block-sized pieces, `in_one_piece`, the
+/// 16 in one) and that the kept block is intact.
 template <class Alloc, class FreeGranules>
-bool others_proceed_during_a_release(Alloc& alloc, vmm_state& s, FreeGranules free_granules) {
+bool others_proceed_during_a_release(Alloc& alloc, vmm_state& s, FreeGranules free_granules,
+                                     bool in_one_piece = false) {
   const block keep = alloc.allocate(40 << 10, 256);
   BOOST_REQUIRE(keep);
   fill_pattern(keep, 1);
@@ -263,12 +268,15 @@ bool others_proceed_during_a_release(Alloc& alloc, vmm_state& s, FreeGranules fr
   BOOST_REQUIRE(big);
   alloc.deallocate(big);
   const std::size_t unmaps_before = s.calls().unmaps;
+  const std::size_t physical_before = s.backend.physical_bytes();
   const std::size_t to_release = free_granules();
   BOOST_TEST(to_release >= 15u);  // the arena's own rule may have unmapped one at the free
 
   const bool finished = others_proceed_while_a_waits(
       alloc, s.on_unmap, [&] { alloc.release(); }, [] {}, "thread A never reached the backend's unmap");
-  BOOST_TEST(s.calls().unmaps - unmaps_before == to_release, "release() unmaps exactly the free granules");
+  BOOST_TEST(physical_before - s.backend.physical_bytes() == to_release * granule,
+             "release() unmaps exactly the free granules");
+  BOOST_TEST(s.calls().unmaps - unmaps_before == (in_one_piece ? 1u : to_release));
   BOOST_TEST(has_pattern(keep, 1));
   alloc.deallocate(keep);
   return finished;
@@ -310,10 +318,11 @@ BOOST_AUTO_TEST_CASE(synchronized_virtual_allocator_serves_the_pool_while_releas
     alloy::synchronized<valloc> alloc{valloc{gated_vmm{s}}};
     const block small = alloc.allocate(8 << 10, 256);  // a slab for the other thread's 8 KiB blocks
     BOOST_REQUIRE(small);
-    BOOST_TEST(others_proceed_during_a_release(
-                   alloc, *s,
-                   [&] { return alloc.with_lock([](auto& in) { return in.arena().free_mapped_bytes(); }) / granule; }),
-               "a pooled allocate waited for release()'s unmaps");
+    BOOST_TEST(
+        others_proceed_during_a_release(
+            alloc, *s,
+            [&] { return alloc.with_lock([](auto& in) { return in.arena().free_mapped_bytes(); }) / granule; }, true),
+        "a pooled allocate waited for release()'s unmaps");
     alloc.deallocate(small);
     BOOST_TEST(alloc.with_lock([](auto& in) { return in.arena().check_invariants(); }));
     BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());
@@ -453,6 +462,62 @@ BOOST_AUTO_TEST_CASE(a_failed_map_outside_the_lock_falls_back_to_the_locked_path
   BOOST_TEST(a.counters().num_ooms == 0u);
   BOOST_TEST(a.reserved_bytes() == s->backend.physical_bytes());
   a.deallocate(b);
+}
+
+/// Block-sized pieces (virtual_allocator's): a planned growth maps the pieces `allocate` would,
+/// one for a run of granules the block covers whole and one for an edge it covers in part, and
+/// a run whose create fails outside the lock is mapped under it.
+BOOST_AUTO_TEST_CASE(a_planned_growth_maps_block_sized_pieces_as_allocate_does) {
+  // Creates and maps numbered: 0 create, 1 map (granule 0); 2 create (4 granules, fails).
+  const auto s = device(SIZE_MAX, {.fail_at = {2}, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+  arena a{gated_vmm{s}, {.release_threshold = arena::keep_all, .block_sized_pieces = true}};
+  const block small = a.allocate(8 << 10, 256);  // granule 0, a piece of its own
+  BOOST_REQUIRE(small);
+  fill_pattern(small, 1);
+
+  // Four whole granules: placed on a boundary (granules 1-4), one run, one piece.
+  alloy::growth_plan plan;
+  BOOST_TEST(!a.allocate_or_plan(4 * granule, 256, plan));
+  BOOST_REQUIRE(static_cast<bool>(plan));
+  BOOST_TEST(plan.bytes == 4 * granule);
+  plan.fetch();  // the run's create fails: nothing mapped outside the lock
+  BOOST_TEST(!plan.got);
+  const block run = a.allocate_planned(plan, 4 * granule, 256);  // under the lock: one run again
+  plan.give_back_unused();
+  BOOST_REQUIRE(run);
+  BOOST_TEST(reinterpret_cast<std::uintptr_t>(run.ptr) % granule == 0u);
+  BOOST_TEST(a.counters().num_maps == 2u);  // granule 0, then the run of four
+  BOOST_TEST(a.counters().num_device_alloc == 2u);
+  BOOST_TEST(s->backend.with_lock([](auto& f) { return f.calls(); }) == 5u);  // the failed create among them
+
+  // Three and a half granules after it (granules 5-8): the three it covers whole in one piece,
+  // the edge granule it covers in part in another, both made outside the lock.
+  BOOST_TEST(!a.allocate_or_plan(3 * granule + granule / 2, 256, plan));
+  BOOST_REQUIRE(static_cast<bool>(plan));
+  BOOST_TEST(plan.bytes == 4 * granule);
+  plan.fetch();
+  BOOST_REQUIRE(static_cast<bool>(plan.got));
+  const block edged = a.allocate_planned(plan, 3 * granule + granule / 2, 256);
+  plan.give_back_unused();
+  BOOST_REQUIRE(edged);
+  BOOST_TEST(a.counters().num_maps == 4u);
+  BOOST_TEST(a.counters().num_device_alloc == 4u);
+  BOOST_TEST(a.reserved_bytes() == 9 * granule);
+  BOOST_TEST(a.check_invariants());
+  fill_pattern(run, 2);
+  fill_pattern(edged, 3);
+  BOOST_TEST(has_pattern(small, 1));
+  BOOST_TEST(has_pattern(run, 2));
+
+  // Pieces go back whole: freeing the 3.5-granule block leaves both of its pieces free.
+  a.deallocate(edged);
+  BOOST_TEST(a.stranded_free_bytes() == 0u);
+  BOOST_TEST(a.release() == 4 * granule);
+  BOOST_TEST(a.counters().num_unmaps == 2u);
+  BOOST_TEST(has_pattern(run, 2));
+  a.deallocate(run);
+  a.deallocate(small);
+  BOOST_TEST(a.check_invariants());
 }
 
 /// A live block with its pattern id.
