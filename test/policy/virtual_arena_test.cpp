@@ -352,9 +352,15 @@ BOOST_AUTO_TEST_CASE(block_sized_pieces_in_part_in_use_hold_their_memory_under_p
     BOOST_TEST(v.physical_bytes() == 17 * 64_KiB, "what the failed request mapped went back");
     BOOST_TEST(has_pattern(w, 7));
     a.deallocate(w);  // the piece is wholly free: pressure can release it
+    const alloy::allocator_counters before = a.counters();
     const block big = a.allocate(3_MiB, 64_KiB);
     BOOST_REQUIRE(big);
-    BOOST_TEST(a.counters().num_alloc_retries > 0u);
+    // The run's create fails (17 + 48 granules > 64), the free piece goes back, and the run is
+    // created again whole: one unmap, one map, one retry.
+    BOOST_TEST(a.counters().num_alloc_retries - before.num_alloc_retries == 1u);
+    BOOST_TEST(a.counters().num_unmaps - before.num_unmaps == 1u);
+    BOOST_TEST(a.counters().num_maps - before.num_maps == 1u);
+    BOOST_TEST(v.physical_bytes() == 49 * 64_KiB);
     BOOST_TEST(a.check_invariants());
     a.deallocate(big);
     a.deallocate(y);
@@ -743,7 +749,7 @@ void fail_at_every_call(const virtual_arena<failing>::options& options) {
     }
     check_backend_clean(v);
   }
-  BOOST_TEST(total_calls > 60u);
+  BOOST_TEST(total_calls > 30u);  // enough call indices for the matrix below to mean something
   for (unsigned kinds : {unsigned{failing::all}, unsigned{failing::creates}, unsigned{failing::maps}}) {
     for (std::size_t k = 0; k <= total_calls; ++k) {
       for (bool from_k_on : {false, true}) {

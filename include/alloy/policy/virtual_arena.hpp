@@ -77,7 +77,8 @@ namespace alloy {
 ///   `reserve`. Nothing else calls the backend.
 /// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
 ///   unmapped and released (oldest first, with `keep_all` highest first; as many as the request
-///   still needs, more if that was not enough) and `create` retried (`num_alloc_retries`):
+///   still needs, more if that was not enough) and `create` retried (`num_alloc_retries`; a
+///   block-sized run is retried whole once, then granule by granule):
 ///   physical pages are fungible, a hole's pages serve a request elsewhere. When best fit's place
 ///   needs more new granules than the backend can give even so, every free chunk is tried (front
 ///   and back, each also on a granule boundary) for the place that adds the fewest granules no
@@ -188,7 +189,9 @@ namespace alloy {
 ///   pieces with `keep_all` (`virtual_allocator`'s; `bench/virtual_memory pieces`): 35 map +
 ///   unmap calls per 1,000 operations on a replay without a limit against 237 (geometric mean
 ///   over the traces; synthetic traces of six seeds 9.7 against 170), for a smallest device of
-///   1.028x peak live against 1.023 (worst 1.145 both; MiniMalloc 1.008-1.066).
+///   1.030x peak live against 1.023 (worst 1.145 both; MiniMalloc 1.008-1.066); at that device
+///   251 calls per 1,000 operations (a run retried whole under pressure; granule by granule
+///   after a failed run, 585).
 template <virtual_memory Vmm>
 class virtual_arena {
  public:
@@ -230,7 +233,7 @@ class virtual_arena {
     /// about as long for a piece of many granules as for one: bench/README.md, "On a real
     /// device"), an edge granule it covers in part as its own. A piece goes back only whole (see
     /// the class comment). Measured over the shipped traces: 35 map + unmap calls per 1,000
-    /// operations without a limit instead of 237 (geometric mean), for a smallest device of 1.028x
+    /// operations without a limit instead of 237 (geometric mean), for a smallest device of 1.030x
     /// peak live instead of 1.023. Tag 0's chunks only; planned growth maps the same runs.
     bool block_sized_pieces = false;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
@@ -1589,7 +1592,18 @@ class virtual_arena {
         std::size_t end = g + 1;
         while (end < run_to && granules_[end].piece == 0) ++end;
         if (end - g > 1) {
-          if (map_whole_run(g, end - g)) {
+          bool mapped = map_whole_run(g, end - g);
+          if (!mapped && may_release && free_mapped_ != 0) {
+            // The device is short: free pieces go back (the highest first) as they would for the
+            // granules one by one, then the run is tried once more.
+            if (!retried) {
+              retried = true;
+              ++counters_.num_alloc_retries;
+            }
+            if (wait_for_release() || trim_count(std::min(free_mapped_, to_map)) != 0)
+              mapped = map_whole_run(g, end - g);
+          }
+          if (mapped) {
             to_map -= end - g;
             g = end - 1;
             continue;
