@@ -326,6 +326,19 @@ BOOST_AUTO_TEST_CASE(block_sized_pieces_reused_in_part_go_back_first_past_half_t
     BOOST_TEST(a.counters().num_maps == maps);
     BOOST_TEST(a.check_invariants());
     a.deallocate(again);
+    // A block that touches every granule of the free piece but ends inside its last: the piece
+    // goes back first (a neighbour sharing that granule would pin all 16), and the block maps its
+    // 15 whole granules in one piece and the last apart.
+    const std::size_t unmaps = a.counters().num_unmaps;
+    const block most = a.allocate(1_MiB - 32_KiB, 64_KiB);
+    BOOST_REQUIRE(most);
+    BOOST_TEST(most.ptr == big.ptr);
+    BOOST_TEST(a.counters().num_unmaps == unmaps + 1);
+    BOOST_TEST(a.counters().num_maps == maps + 2);
+    BOOST_TEST(v.physical_bytes() == 21 * 64_KiB);  // as before: w 4, y 1, these 16
+    BOOST_TEST(a.check_invariants());
+    a.deallocate(most);
+    BOOST_TEST(a.stranded_free_bytes() == 0u);
     a.deallocate(w);
     a.deallocate(y);
   }

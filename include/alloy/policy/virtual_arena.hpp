@@ -66,8 +66,9 @@ namespace alloy {
 ///   map instead of one per 2 MiB. Such a piece goes back only whole: while a chunk touches any
 ///   of its granules, the free ones stay mapped (`stranded_free_bytes`; `release()` and pressure
 ///   skip them). So that they do not pin memory where it runs short, once more than half of the
-///   capacity is held a block that would use only part of a wholly free piece releases it first
-///   and maps its own. Tags other than 0 never touch such a piece (see tags).
+///   capacity is held a block that would not cover a wholly free piece whole (using some of its
+///   granules, or ending inside one, which a neighbour may then share) releases it first and maps
+///   its own. Tags other than 0 never touch such a piece (see tags).
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
 ///   not mapped (a `create` and a `map` each, or each run with block-sized pieces; none when its
 ///   granules are mapped already), after
@@ -189,8 +190,8 @@ namespace alloy {
 ///   pieces with `keep_all` (`virtual_allocator`'s; `bench/virtual_memory pieces`): 35 map +
 ///   unmap calls per 1,000 operations on a replay without a limit against 237 (geometric mean
 ///   over the traces; synthetic traces of six seeds 9.7 against 170), for a smallest device of
-///   1.030x peak live against 1.023 (worst 1.145 both; MiniMalloc 1.008-1.066); at that device
-///   251 calls per 1,000 operations (a run retried whole under pressure; granule by granule
+///   1.027x peak live against 1.023 (worst 1.145 both; MiniMalloc 1.008-1.066); at that device
+///   253 calls per 1,000 operations (a run retried whole under pressure; granule by granule
 ///   after a failed run, 585).
 template <virtual_memory Vmm>
 class virtual_arena {
@@ -233,7 +234,7 @@ class virtual_arena {
     /// about as long for a piece of many granules as for one: bench/README.md, "On a real
     /// device"), an edge granule it covers in part as its own. A piece goes back only whole (see
     /// the class comment). Measured over the shipped traces: 35 map + unmap calls per 1,000
-    /// operations without a limit instead of 237 (geometric mean), for a smallest device of 1.030x
+    /// operations without a limit instead of 237 (geometric mean), for a smallest device of 1.027x
     /// peak live instead of 1.023. Tag 0's chunks only; planned growth maps the same runs.
     bool block_sized_pieces = false;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
@@ -917,7 +918,7 @@ class virtual_arena {
       if (plan == nullptr && may_release) ++counters_.num_ooms;
       return {};
     }
-    if (opts_.block_sized_pieces) release_pieces_partly_reused(first, last);
+    if (opts_.block_sized_pieces) release_pieces_partly_reused(start, rounded);
     if (const std::size_t to_map = add_user(first, last, t); to_map != 0) {
       if (plan != nullptr) return plan_mapping(*plan, c, start, rounded, bytes, first, last, to_map);
       if (!map_new_granules(first, last, may_release, to_map, start, rounded)) {
@@ -968,7 +969,7 @@ class virtual_arena {
     const std::size_t first = granule_of(best), last = granule_of(best + rounded - 1);
     if (batch_.active) wait_if_releasing(first, last);
     if (!cover_granules(last + 1)) return {};
-    if (opts_.block_sized_pieces) release_pieces_partly_reused(first, last);
+    if (opts_.block_sized_pieces) release_pieces_partly_reused(best, rounded);
     if (const std::size_t to_map = add_user(first, last, t); to_map != 0)
       if (!map_new_granules(first, last, may_release, to_map, best, rounded)) return {};
     ++counters_.num_alloc_retries;
@@ -1650,15 +1651,17 @@ class virtual_arena {
   }
 
   /// Once more than half of the backend's capacity is held, a wholly free block-sized piece that
-  /// a block on granules [first, last] would use only in part goes back first: the rest of it
-  /// would stay mapped, stranded, while the block lives, and memory may run short. Below that the
-  /// piece is reused as it is, without a driver call (bench/README.md measures both).
-  void release_pieces_partly_reused(std::size_t first, std::size_t last) noexcept {
+  /// a block at `start` (`rounded` bytes) would not cover whole goes back first: the rest of it,
+  /// or, when the block ends inside its edge granule, all of it while a neighbour shares that
+  /// granule, would stay mapped, stranded, and memory may run short. Below that the piece is
+  /// reused as it is, without a driver call (bench/README.md measures both).
+  void release_pieces_partly_reused(std::uintptr_t start, std::size_t rounded) noexcept {
     if (vmm_.physical_bytes() <= vmm_.capacity() / 2) return;
-    for (const std::size_t g : {first, last}) {
+    for (const std::size_t g : {granule_of(start), granule_of(start + rounded - 1)}) {
       if (!in_block_sized_piece(g)) continue;
       const std::size_t from = granules_[g].piece_first, n = granules_[g].piece_granules;
-      if ((from >= first && from + n - 1 <= last) || piece_in_use(g)) continue;
+      const std::uintptr_t piece_start = base_ + (from << gshift_), piece_end = base_ + ((from + n) << gshift_);
+      if ((piece_start >= start && piece_end <= start + rounded) || piece_in_use(g)) continue;
       unlist_free_piece(g);
       (void)unmap_piece(g);
     }
