@@ -215,10 +215,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   mapped as one physical piece, since a driver's create + map costs about the same for any
 ///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35 map +
 ///   unmap calls per 1,000 operations without a limit against 237 with a piece per 2 MiB granule
-///   (geometric mean over the traces), for a smallest device of 1.030 against 1.023; pieces of
+///   (geometric mean over the traces), for a smallest device of 1.027 against 1.023; pieces of
 ///   a fixed 16 MiB make 31 calls at 1.132.
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
-///   device ÷ peak live 1.000-1.145 (geometric mean 1.030; default_allocator 1.004-1.742, 1.305);
+///   device ÷ peak live 1.000-1.145 (geometric mean 1.027; default_allocator 1.004-1.742, 1.305);
 ///   W1 1.13-1.19x default_allocator's time over three seeds (host CPU time, the simulated
 ///   driver's books cost next to nothing), mapped ÷ live 1.11-1.13; synthetic transformer traces
 ///   of six seeds (scripts/synthetic-traces): smallest device 1.000-1.031. On an H200
