@@ -322,13 +322,13 @@ class virtual_arena {
     for (std::size_t i = 0; i < m.runs.size(); ++i) {
       const typename planned_mapping::run& run = m.runs[i];
       const std::size_t first = granule_of(run.at);
+      const bool mapped = i < m.mapped;
       for (std::size_t g = first; g < first + run.granules; ++g) {
         granules_[g].pending = false;
-        if (i < m.mapped) set_piece(g, run.piece, first, run.granules);
+        if (mapped) set_piece(g, run.piece, first, run.granules);
       }
-      if (i >= m.mapped) continue;
-      ++counters_.num_device_alloc;
-      ++counters_.num_maps;
+      counters_.num_device_alloc += mapped;
+      counters_.num_maps += mapped;
     }
     counters_.num_device_alloc += m.map_failures;  // created, not mapped, released at once
     counters_.num_device_free += m.map_failures;
@@ -1593,17 +1593,9 @@ class virtual_arena {
         std::size_t end = g + 1;
         while (end < run_to && granules_[end].piece == 0) ++end;
         if (end - g > 1) {
+          // The device short: room is made as for granules one by one, and the run tried once more.
           bool mapped = map_whole_run(g, end - g);
-          if (!mapped && may_release && free_mapped_ != 0) {
-            // The device is short: free pieces go back (the highest first) as they would for the
-            // granules one by one, then the run is tried once more.
-            if (!retried) {
-              retried = true;
-              ++counters_.num_alloc_retries;
-            }
-            if (wait_for_release() || trim_count(std::min(free_mapped_, to_map)) != 0)
-              mapped = map_whole_run(g, end - g);
-          }
+          if (!mapped && may_release && make_room(to_map, retried)) mapped = map_whole_run(g, end - g);
           if (mapped) {
             to_map -= end - g;
             g = end - 1;
@@ -1614,21 +1606,7 @@ class virtual_arena {
       }
       physical_memory piece = vmm_.create(g_bytes);
       while (!piece) {
-        if (may_release && wait_for_release()) {  // a batch in flight gives pieces back
-          piece = vmm_.create(g_bytes);
-          continue;
-        }
-        if (!may_release || free_mapped_ == 0) {
-          unmap_fresh_and_drop(first, last);
-          return false;
-        }
-        if (!retried) {
-          retried = true;
-          ++counters_.num_alloc_retries;
-        }
-        // Oldest first; again if that was not enough. None left to release: the rest lie in
-        // block-sized pieces still in use.
-        if (trim_count(std::min(free_mapped_, to_map)) == 0) {
+        if (!may_release || !make_room(to_map, retried)) {
           unmap_fresh_and_drop(first, last);
           return false;
         }
@@ -1650,17 +1628,34 @@ class virtual_arena {
     return true;
   }
 
+  /// Makes room for `to_map` granules the backend would not create: waits for a release batch in
+  /// flight, else unmaps free pieces (oldest first, with `keep_all` highest first) and counts the
+  /// request's first retry. False when nothing could go back (what is left lies in block-sized
+  /// pieces still in use).
+  bool make_room(std::size_t to_map, bool& retried) noexcept {
+    if (wait_for_release()) return true;
+    if (free_mapped_ == 0) return false;
+    if (!retried) {
+      retried = true;
+      ++counters_.num_alloc_retries;
+    }
+    return trim_count(std::min(free_mapped_, to_map)) != 0;
+  }
   /// Once more than half of the backend's capacity is held, a wholly free block-sized piece that
   /// a block at `start` (`rounded` bytes) would not cover whole goes back first: the rest of it,
   /// or, when the block ends inside its edge granule, all of it while a neighbour shares that
   /// granule, would stay mapped, stranded, and memory may run short. Below that the piece is
   /// reused as it is, without a driver call (bench/README.md measures both).
   void release_pieces_partly_reused(std::uintptr_t start, std::size_t rounded) noexcept {
+    const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
+    // Table lookups first: the backend's getters are calls, and most blocks meet no such piece.
+    if (!in_block_sized_piece(first) && !in_block_sized_piece(last)) return;
     if (vmm_.physical_bytes() <= vmm_.capacity() / 2) return;
-    for (const std::size_t g : {granule_of(start), granule_of(start + rounded - 1)}) {
+    for (const std::size_t g : {first, last}) {
       if (!in_block_sized_piece(g)) continue;
       const std::size_t from = granules_[g].piece_first, n = granules_[g].piece_granules;
-      const std::uintptr_t piece_start = base_ + (from << gshift_), piece_end = base_ + ((from + n) << gshift_);
+      const auto piece_start = reinterpret_cast<std::uintptr_t>(granule_address(from));
+      const auto piece_end = reinterpret_cast<std::uintptr_t>(granule_address(from + n));
       if ((piece_start >= start && piece_end <= start + rounded) || piece_in_use(g)) continue;
       unlist_free_piece(g);
       (void)unmap_piece(g);
