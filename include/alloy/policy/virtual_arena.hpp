@@ -68,7 +68,7 @@ namespace alloy {
 ///   skip them). So that they do not pin memory where it runs short, once more than half of the
 ///   capacity is held a block that would not cover a wholly free piece whole (using some of its
 ///   granules, or ending inside one, which a neighbour may then share) releases it first and maps
-///   its own. Tags other than 0 never touch such a piece (see tags).
+///   its own. A piece serves one tag at a time (see tags).
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
 ///   not mapped (a `create` and a `map` each, or each run with block-sized pieces; none when its
 ///   granules are mapped already), after
@@ -129,15 +129,18 @@ namespace alloy {
 ///   from the free chunk right after the tag's last block when it fits there, else from a free
 ///   chunk holding whole free granules (start rounded up to a granule). Only the
 ///   first and last granule of a block can be shared, so the check is O(1), and it is skipped
-///   until a tag other than 0 was used. Block-sized pieces are made for tag 0's chunks only, and
-///   a block of another tag whose first or last granule lies in one goes elsewhere too (the free
-///   chunks are scanned when the whole free granules found lie in one): such a block touches a
-///   piece only by covering it whole, so offloading a tag never unmaps a piece another tag uses;
-///   offloading tag 0 unmaps its pieces whole, free granules too. `offload(t)` copies the requested bytes of each live
-///   chunk of `t` to one host buffer (pinned `cudaMallocHost` over a device-only backend,
+///   until a tag other than 0 was used. Block-sized pieces are made for every tag, and a block
+///   whose first or last granule lies in a piece that chunks of another tag use goes elsewhere
+///   too (the free chunks are scanned when the whole free granules found lie in one): its
+///   interior granules are free, so it touches such a piece only by covering it whole, and the
+///   chunks on a piece have one tag; a wholly free piece takes any tag. Offloading a tag unmaps
+///   its pieces whole, free granules too, and never a piece another tag uses. `offload(t)`
+///   copies the requested bytes of each live chunk of `t` to one host buffer (pinned
+///   `cudaMallocHost` over a device-only backend,
 ///   `operator new` over host memory, or `options::host_allocate`) through `copy_engine`, then
 ///   unmaps and releases the tag's granules; `discard(t)` only unmaps; `restore(t)` maps them
-///   again at the same addresses (releasing free mapped granules if it must) and copies back.
+///   again at the same addresses, in the pieces `allocate` would make for each live chunk (one a
+///   run with block-sized pieces), releasing free mapped granules if it must, and copies back.
 ///   Free chunks are never copied. While a tag is not resident, allocations with it fail (empty
 ///   block, counted); freeing its blocks is allowed (the range is freed and not restored). Every
 ///   failure (host allocation, create, map, copy) leaves the tag as it was: these calls return
@@ -149,7 +152,9 @@ namespace alloy {
 ///   chunk there, before whole free granules are taken): tags are meant for groups allocated
 ///   apart (weights, cache, activations), where the rounding costs about a granule per run of a
 ///   tag. Offload copies exactly the requested bytes of the live chunks (copied ÷ live = 1.0 in
-///   the randomized test).
+///   the randomized test). A sleep / wake cycle of `virtual_allocator` (`bench/virtual_memory
+///   offload`, about 1.1 GiB in 103-109 blocks of two tags, three seeds): 248-258 creates + maps to
+///   restore, 124-129 unmaps to offload, against 1,084-1,110 and 542-555 with a piece per granule.
 /// - Destruction unmaps and releases every granule, live blocks or not, and gives the addresses
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
@@ -404,28 +409,19 @@ class virtual_arena {
     for (std::size_t g = 0; g < granules_.size(); ++g)
       to_map += touched(g) && granules_[g].tag == t.value && granules_[g].piece == 0 && !granules_[g].pending;
     if (to_map > headroom() / opts_.granularity) return offload_status::device_out_of_memory;
-    for (std::size_t g = 0; g < granules_.size(); ++g) {
-      granule& r = granules_[g];
-      if (!touched(g) || r.tag != t.value || r.piece != 0 || r.pending) continue;
-      physical_memory piece = vmm_.create(opts_.granularity);
-      if (!piece && free_mapped_ != 0) {
-        trim_count(std::min(free_mapped_, to_map));
-        piece = vmm_.create(opts_.granularity);
-      }
-      if (!piece) {
+    // Each live chunk's granules in the pieces `allocate` makes (with block-sized pieces a run
+    // per chunk, not a piece per granule), free pieces released when the capacity needs it.
+    bool retried = true;  // a restore is no allocation: not counted in `num_alloc_retries`
+    for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+      const detail::best_fit_chunk& node = pool_[c];
+      const std::size_t first = granule_of(node.addr);
+      if (node.free() || granules_[first].tag != t.value) continue;
+      const map_result mapped = map_chunk_granules(first, granule_of(node.addr + node.size() - 1), node.addr,
+                                                   node.size(), true, to_map, retried);
+      if (mapped != map_result::mapped) {
         unmap_tag(t.value);
-        return offload_status::device_out_of_memory;
+        return mapped == map_result::no_memory ? offload_status::device_out_of_memory : offload_status::map_failed;
       }
-      ++counters_.num_device_alloc;
-      if (!vmm_.map(granule_address(g), piece)) {
-        vmm_.release(piece);
-        ++counters_.num_device_free;
-        unmap_tag(t.value);
-        return offload_status::map_failed;
-      }
-      ++counters_.num_maps;
-      set_piece(g, piece.id);
-      --to_map;
     }
     for (const saved_chunk& s : rec.chunks) {
       if (!s.live || s.bytes == 0) continue;
@@ -1297,11 +1293,23 @@ class virtual_arena {
   }
 
   /// Whether a chunk of tag `t` must not touch granule `g`: a live chunk of another tag touches
-  /// it, or (t not 0) it lies in a block-sized piece, made for tag 0's chunks: another tag's
-  /// block can then only cover a piece whole, so offloading a tag never unmaps a piece another
-  /// tag's chunk uses.
+  /// it, or it lies in a block-sized piece that chunks of another tag use. Offloading a tag
+  /// unmaps its pieces whole, so a piece serves one tag at a time; a wholly free piece serves any
+  /// (a block's granules strictly inside it are free, so a block whose first and last granule
+  /// pass this check covers any other piece it meets whole).
   bool foreign(std::size_t g, std::uint16_t t) const noexcept {
-    return g < granules_.size() && ((touched(g) && granules_[g].tag != t) || (t != 0 && in_block_sized_piece(g)));
+    if (g >= granules_.size()) return false;
+    if (touched(g)) return granules_[g].tag != t;
+    if (!in_block_sized_piece(g)) return false;
+    bool other = false;
+    const granule& r = granules_[g];
+    detail::for_each_bit_descending(
+        r.piece_first, r.piece_first + r.piece_granules, [this](std::size_t w) { return touched_bits_.word(w); },
+        [&](std::size_t user) {
+          other = granules_[user].tag != t;
+          return false;  // the piece's chunks have one tag: the first found names it
+        });
+    return other;
   }
   /// The free chunk right after the tag's last block, when the block fits there without touching
   /// a granule of another tag (keeps a tag's small blocks together instead of taking a granule
@@ -1566,6 +1574,7 @@ class virtual_arena {
     if (lists_free_granules()) link_newest(g);
     return 1;
   }
+  enum class map_result { mapped, no_memory, map_failed };
   /// The driver calls of an allocate: `to_map` granules of [first, last] have no physical piece.
   [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release, std::size_t to_map,
                                           std::uintptr_t start, std::size_t rounded) noexcept {
@@ -1580,20 +1589,35 @@ class virtual_arena {
     // The granules about to be mapped count against what is kept free: trimmed first, so that
     // mapped memory never passes what the live chunks touch plus what a free may keep.
     if (may_release) trim(kept_free_bytes(to_map));
-    // Block-sized pieces: the unmapped granules the block covers whole take one create and one
-    // map a run; an edge granule it covers in part gets its own piece, since a neighbour may come
-    // to share it and would then pin the run (tag 0's chunks only: `foreign`).
+    bool retried = false;
+    if (map_chunk_granules(first, last, start, rounded, may_release, to_map, retried) == map_result::mapped)
+      return true;
+    (void)drop_user(first, last);
+    return false;
+  }
+  /// Maps the `to_map` unmapped granules of a chunk at `start` (`rounded` bytes on granules
+  /// [first, last]), as `allocate` and `restore` do. Block-sized pieces: the unmapped granules it
+  /// covers whole take one create and one map a run; an edge granule it covers in part gets its
+  /// own piece, since a neighbour may come to share it and would then pin the run. The device
+  /// short: with `may_release`, free pieces go back (`make_room`) and a run is tried once more,
+  /// then granule by granule. On failure what it mapped is unmapped again, and the result says
+  /// whether memory or a map failed.
+  map_result map_chunk_granules(std::size_t first, std::size_t last, std::uintptr_t start, std::size_t rounded,
+                                bool may_release, std::size_t& to_map, bool& retried) noexcept {
     const auto [run_from, run_to] = whole_run_span(first, last, start, rounded);
     bool whole_runs = run_from < run_to;
-    bool retried = false;
+    const auto unmapped = [this](std::size_t g) { return granules_[g].piece == 0 && !granules_[g].pending; };
+    const auto fail = [&](map_result why) {
+      for (std::size_t g = first; g <= last; ++g)
+        if (granules_[g].fresh) unmap_piece(g);  // a block-sized piece lies inside [first, last]
+      return why;
+    };
     for (std::size_t g = first; g <= last; ++g) {
-      granule& r = granules_[g];
-      if (r.piece != 0) continue;
+      if (!unmapped(g)) continue;
       if (whole_runs && g >= run_from && g < run_to) {
         std::size_t end = g + 1;
-        while (end < run_to && granules_[end].piece == 0) ++end;
+        while (end < run_to && unmapped(end)) ++end;
         if (end - g > 1) {
-          // The device short: room is made as for granules one by one, and the run tried once more.
           bool mapped = map_whole_run(g, end - g);
           if (!mapped && may_release && make_room(to_map, retried)) mapped = map_whole_run(g, end - g);
           if (mapped) {
@@ -1604,28 +1628,24 @@ class virtual_arena {
           whole_runs = false;  // the rest granule by granule, releasing free ones when the capacity needs it
         }
       }
-      physical_memory piece = vmm_.create(g_bytes);
+      physical_memory piece = vmm_.create(opts_.granularity);
       while (!piece) {
-        if (!may_release || !make_room(to_map, retried)) {
-          unmap_fresh_and_drop(first, last);
-          return false;
-        }
-        piece = vmm_.create(g_bytes);
+        if (!may_release || !make_room(to_map, retried)) return fail(map_result::no_memory);
+        piece = vmm_.create(opts_.granularity);
       }
       ++counters_.num_device_alloc;
       if (!vmm_.map(granule_address(g), piece)) {
         vmm_.release(piece);
         ++counters_.num_device_free;
-        unmap_fresh_and_drop(first, last);
-        return false;
+        return fail(map_result::map_failed);
       }
       ++counters_.num_maps;
       set_piece(g, piece.id);
-      r.fresh = true;
+      granules_[g].fresh = true;
       --to_map;
     }
     for (std::size_t g = first; g <= last; ++g) granules_[g].fresh = false;
-    return true;
+    return map_result::mapped;
   }
 
   /// Makes room for `to_map` granules the backend would not create: waits for a release batch in
@@ -1663,10 +1683,10 @@ class virtual_arena {
   }
   /// The granules of a block at `start` (`rounded` bytes on granules [first, last]) whose unmapped
   /// runs take one piece each: those it covers whole, [from, to); empty without block-sized
-  /// pieces, for a block on one granule and for other tags than 0.
+  /// pieces and for a block on one granule.
   std::pair<std::size_t, std::size_t> whole_run_span(std::size_t first, std::size_t last, std::uintptr_t start,
                                                      std::size_t rounded) const noexcept {
-    if (!opts_.block_sized_pieces || last == first || granules_[first].tag != 0) return {0, 0};
+    if (!opts_.block_sized_pieces || last == first) return {0, 0};
     const std::uintptr_t in_granule = opts_.granularity - 1;
     return {(start & in_granule) != 0 ? first + 1 : first, ((start + rounded) & in_granule) != 0 ? last : last + 1};
   }
