@@ -4,6 +4,7 @@
 //   virtual_memory candidates [TRACE...]   # default: every trace in ../shared/traces
 //   virtual_memory pieces [TRACE...]       # virtual_allocator's physical pieces: device and calls
 //   virtual_memory w1 [SEEDS]              # default: 5 seeds
+//   virtual_memory offload [SEEDS]         # default: 3 seeds
 //
 // Everything runs on alloy-replay's simulated devices (tools/replay): the virtual compositions on
 // the device with virtual memory (2 MiB granules, physical memory counted, addresses never
@@ -26,15 +27,26 @@
 // alignment 256) with several seeds: ns per pair (this thread's CPU time, median of 3),
 // peak reserved (mapped) ÷ peak live, map calls per pair, for default_allocator, virtual_arena
 // (default options) and virtual_allocator, and virtual_allocator's time ÷ default_allocator's.
+//
+// offload: a sleep / wake cycle through virtual_allocator over host_vmm (real memory, 2 MiB
+// granules, every call counted): about 512 MiB of weights (tag 1: matrices of 1-24 MiB and small
+// vectors) and 48 key/value cache blocks of 8-16 MiB (tag 2) allocated, the weights offloaded
+// and the cache discarded, both restored; the driver calls of each phase (creates + maps,
+// unmaps), with block-sized pieces (the default) and with a piece per granule. On a GPU each call
+// is microseconds (about 36 us a create + map on an H200), so they are the wake-up's time.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <alloy/showcase.hpp>
+#include <alloy/tag.hpp>
+#include <alloy/vmm/host_vmm.hpp>
 
 #include "replay/compositions.hpp"
 #include "replay/min_capacity.hpp"
@@ -292,6 +304,75 @@ int w1(int seeds) {
   return 0;
 }
 
+/// One sleep / wake cycle of `offload`'s workload; false when a call did not succeed or the
+/// weights did not come back intact.
+struct offload_calls {
+  std::size_t weight_blocks = 0, weight_bytes = 0, cache_blocks = 0, cache_bytes = 0;
+  std::size_t allocate = 0, offload = 0, restore = 0;  // creates + maps, unmaps, creates + maps
+  bool ok = false;
+};
+offload_calls sleep_and_wake(std::uint64_t seed, bool block_sized) {
+  host_vmm backend{{.granularity = 2_MiB}};
+  virtual_allocator<vmm_ref<host_vmm>>::options o;
+  o.arena.block_sized_pieces = block_sized;
+  virtual_allocator<vmm_ref<host_vmm>> a{vmm_ref<host_vmm>{backend}, o};
+  const auto created_and_mapped = [&] { return backend.calls().creates + backend.calls().maps; };
+  std::mt19937_64 rng{seed};
+  offload_calls r;
+  std::vector<block> weights, cache;
+  while (r.weight_bytes < 512_MiB) {
+    const std::size_t bytes = rng() % 4 == 0 ? 4_KiB + rng() % 60_KiB : 1_MiB + rng() % 23_MiB;
+    const block b = a.allocate(bytes, 256, tag{1});
+    if (!b) return r;
+    std::memset(b.ptr, static_cast<int>(weights.size() % 251), bytes);
+    weights.push_back(b);
+    r.weight_bytes += bytes;
+  }
+  for (int i = 0; i < 48; ++i) {
+    const block b = a.allocate(8_MiB + (rng() % 3) * 4_MiB, 256, tag{2});
+    if (!b) return r;
+    cache.push_back(b);
+    r.cache_bytes += b.size;
+  }
+  r.weight_blocks = weights.size();
+  r.cache_blocks = cache.size();
+  r.allocate = created_and_mapped();
+  const std::size_t unmaps = backend.calls().unmaps;
+  const bool slept = a.offload(tag{1}) == offload_status::done && a.discard(tag{2}) == offload_status::done;
+  r.offload = backend.calls().unmaps - unmaps;
+  const std::size_t before = created_and_mapped();
+  const bool woke = slept && a.restore(tag{1}) == offload_status::done && a.restore(tag{2}) == offload_status::done;
+  r.restore = created_and_mapped() - before;
+  r.ok = woke;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(weights[i].ptr);
+    r.ok = r.ok && p[0] == i % 251 && p[weights[i].size - 1] == i % 251;
+    a.deallocate(weights[i]);
+  }
+  for (const block& b : cache) a.deallocate(b);
+  return r;
+}
+
+int offload(int seeds) {
+  std::printf(
+      "A sleep / wake cycle through virtual_allocator<host_vmm> (2 MiB granules): driver calls per phase, "
+      "block-sized pieces (the default) / a piece per granule\n\n"
+      "| seed | weights (tag 1) | key/value cache (tag 2) | allocate: creates + maps | offload + discard: unmaps | "
+      "restore: creates + maps |\n|---:|---|---|---:|---:|---:|\n");
+  for (int s = 1; s <= seeds; ++s) {
+    const offload_calls pieces = sleep_and_wake(static_cast<std::uint64_t>(s), true);
+    const offload_calls granules = sleep_and_wake(static_cast<std::uint64_t>(s), false);
+    if (!pieces.ok || !granules.ok) {
+      std::fprintf(stderr, "virtual_memory offload: seed %d: a call failed or the weights changed\n", s);
+      return 1;
+    }
+    std::printf("| %d | %zu MiB in %zu blocks | %zu MiB in %zu blocks | %zu / %zu | %zu / %zu | %zu / %zu |\n", s,
+                pieces.weight_bytes >> 20, pieces.weight_blocks, pieces.cache_bytes >> 20, pieces.cache_blocks,
+                pieces.allocate, granules.allocate, pieces.offload, granules.offload, pieces.restore, granules.restore);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -299,8 +380,9 @@ int main(int argc, char** argv) {
   if (what == "candidates") return candidates(std::vector<std::string>(argv + 2, argv + argc));
   if (what == "pieces") return pieces(std::vector<std::string>(argv + 2, argv + argc));
   if (what == "w1") return w1(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
-  std::fprintf(
-      stderr,
-      "usage: virtual_memory candidates [TRACE...] | virtual_memory pieces [TRACE...] | virtual_memory w1 [SEEDS]\n");
+  if (what == "offload") return offload(argc > 2 ? std::max(1, std::atoi(argv[2])) : 3);
+  std::fprintf(stderr,
+               "usage: virtual_memory candidates [TRACE...] | virtual_memory pieces [TRACE...] | virtual_memory w1 "
+               "[SEEDS] | virtual_memory offload [SEEDS]\n");
   return 2;
 }
