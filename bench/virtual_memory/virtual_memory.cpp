@@ -34,6 +34,7 @@
 // and the cache discarded, both restored; the driver calls of each phase (creates + maps,
 // unmaps), with block-sized pieces (the default) and with a piece per granule. On a GPU each call
 // is microseconds (about 36 us a create + map on an H200), so they are the wake-up's time.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -346,7 +347,8 @@ offload_calls sleep_and_wake(std::uint64_t seed, bool block_sized) {
   r.ok = woke;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     const auto* p = static_cast<const unsigned char*>(weights[i].ptr);
-    r.ok = r.ok && p[0] == i % 251 && p[weights[i].size - 1] == i % 251;
+    const auto written = static_cast<unsigned char>(i % 251);
+    r.ok = r.ok && std::all_of(p, p + weights[i].size, [written](unsigned char c) { return c == written; });
     a.deallocate(weights[i]);
   }
   for (const block& b : cache) a.deallocate(b);

@@ -429,7 +429,7 @@ BOOST_AUTO_TEST_CASE(failures_at_every_call_leave_everything_intact) {
           // Content of everything not discarded in round 0 is intact.
           for (const auto& [b, id] : live)
             if (round == 1 || id % 3 != 1)
-              BOOST_TEST(has_pattern(b, id), "kind " << kind << " k " << k << " block " << id);
+              BOOST_TEST(has_pattern(b, id), "pieces " << pieces << " kind " << kind << " k " << k << " block " << id);
           for (const auto& [b, id] : live) fill_pattern(b, id);
         }
         for (const auto& [b, id] : live) a.deallocate(b);
