@@ -75,7 +75,8 @@ namespace alloy {
 ///   unmapping the oldest free granules the rule no longer keeps; a deallocate unmaps and
 ///   releases the granules the rule no longer keeps (an `unmap` and a `release` each);
 ///   `release()` does that for every free mapped granule (a whole piece at a time); growth calls
-///   `reserve`. Nothing else calls the backend.
+///   `reserve`; `offload` and `discard` unmap a tag's pieces and `restore` maps them again (see
+///   tags). Nothing else calls the backend.
 /// - Capacity pressure: when `create` fails, free mapped granules anywhere in the heap are
 ///   unmapped and released (oldest first, with `keep_all` highest first; as many as the request
 ///   still needs, more if that was not enough) and `create` retried (`num_alloc_retries`; a
