@@ -6,7 +6,7 @@
 //   virtual_memory w1 [SEEDS]              # default: 5 seeds
 //   virtual_memory offload [SEEDS]         # default: 3 seeds
 //
-// Everything runs on alloy-replay's simulated devices (tools/replay): the virtual compositions on
+// All but `offload` run on alloy-replay's simulated devices (tools/replay): the virtual compositions on
 // the device with virtual memory (2 MiB granules, physical memory counted, addresses never
 // touched), default_allocator on the device of segments. Their calls cost host bookkeeping, not a
 // driver's microseconds: the times compare the allocators' own work; the map calls are printed.
@@ -305,8 +305,8 @@ int w1(int seeds) {
   return 0;
 }
 
-/// One sleep / wake cycle of `offload`'s workload; false when a call did not succeed or the
-/// weights did not come back intact.
+/// One sleep / wake cycle of `offload`'s workload and its calls; `ok` is false when a call did not
+/// succeed or the weights did not come back intact.
 struct offload_calls {
   std::size_t weight_blocks = 0, weight_bytes = 0, cache_blocks = 0, cache_bytes = 0;
   std::size_t allocate = 0, offload = 0, restore = 0;  // creates + maps, unmaps, creates + maps
