@@ -1084,7 +1084,7 @@ class virtual_arena {
                                        std::size_t to_map) noexcept {
     planned_mapping* m = to_map <= headroom() / opts_.granularity ? idle_record(to_map) : nullptr;
     if (m == nullptr) {
-      unmap_fresh_and_drop(first, last);
+      (void)drop_user(first, last);  // nothing mapped yet
       return {};
     }
     trim(kept_free_bytes(to_map));  // as `map_new_granules`: mapped memory stays within the rule
@@ -1510,7 +1510,7 @@ class virtual_arena {
 
   /// Counts the new chunk among the users of granules [first, last] (free mapped ones are in use
   /// again); returns how many have no physical piece (`map_new_granules` maps them, or a plan;
-  /// `unmap_fresh_and_drop` undoes this). The block lies in a free chunk, so a chunk touching its
+  /// `drop_user` undoes this). The block lies in a free chunk, so a chunk touching its
   /// first or last granule ends there (`ends` counts them), and no chunk touches the granules
   /// strictly inside it: those are counted and marked a word of the bit tables per 64 granules.
   [[gnu::always_inline]] std::size_t add_user(std::size_t first, std::size_t last, std::uint16_t t) noexcept {
@@ -1584,7 +1584,7 @@ class virtual_arena {
     // What the backend could give at most if every free mapped granule went back (and a release
     // in flight finished): when even that is too little, fail now and keep the cache.
     if (to_map > headroom() / g_bytes && !(wait_for_release() && to_map <= headroom() / g_bytes)) {
-      unmap_fresh_and_drop(first, last);
+      (void)drop_user(first, last);  // nothing mapped yet
       return false;
     }
     // The granules about to be mapped count against what is kept free: trimmed first, so that
@@ -1593,7 +1593,7 @@ class virtual_arena {
     bool retried = false;
     if (map_chunk_granules(first, last, start, rounded, may_release, to_map, retried) == map_result::mapped)
       return true;
-    (void)drop_user(first, last);
+    (void)drop_user(first, last);  // what it mapped is unmapped already
     return false;
   }
   /// Maps the `to_map` unmapped granules of a chunk at `start` (`rounded` bytes on granules
@@ -1708,15 +1708,6 @@ class virtual_arena {
       granules_[i].fresh = true;
     }
     return true;
-  }
-
-  /// Undoes `add_user` and a failed `map_new_granules`: granules it mapped are unmapped and released, every
-  /// granule of the span loses the user it gained, and those mapped before with no other user
-  /// are free mapped again.
-  void unmap_fresh_and_drop(std::size_t first, std::size_t last) noexcept {
-    for (std::size_t g = first; g <= last; ++g)
-      if (granules_[g].fresh) unmap_piece(g);  // a block-sized piece lies inside [first, last]
-    (void)drop_user(first, last);
   }
 
   /// Unmaps and releases the piece mapped at granule `g`, every granule it spans; returns how many.
