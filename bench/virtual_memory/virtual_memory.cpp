@@ -41,7 +41,6 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -53,6 +52,7 @@
 #include "replay/min_capacity.hpp"
 #include "replay/trace_reader.hpp"
 #include "support/pairs_workload.hpp"
+#include "support/sleep_wake_workload.hpp"
 
 namespace {
 
@@ -318,22 +318,21 @@ offload_calls sleep_and_wake(std::uint64_t seed, bool block_sized) {
   o.arena.block_sized_pieces = block_sized;
   virtual_allocator<vmm_ref<host_vmm>> a{vmm_ref<host_vmm>{backend}, o};
   const auto created_and_mapped = [&] { return backend.calls().creates + backend.calls().maps; };
-  std::mt19937_64 rng{seed};
+  const bench::sleep_wake_sizes sizes = bench::sleep_wake_workload(seed);
   offload_calls r;
   std::vector<block> weights, cache;
-  while (r.weight_bytes < 512_MiB) {
-    const std::size_t bytes = rng() % 4 == 0 ? 4_KiB + rng() % 60_KiB : 1_MiB + rng() % 23_MiB;
+  for (const std::size_t bytes : sizes.weights) {
     const block b = a.allocate(bytes, 256, tag{1});
     if (!b) return r;
     std::memset(b.ptr, static_cast<int>(weights.size() % 251), bytes);
     weights.push_back(b);
     r.weight_bytes += bytes;
   }
-  for (int i = 0; i < 48; ++i) {
-    const block b = a.allocate(8_MiB + (rng() % 3) * 4_MiB, 256, tag{2});
+  for (const std::size_t bytes : sizes.cache) {
+    const block b = a.allocate(bytes, 256, tag{2});
     if (!b) return r;
     cache.push_back(b);
-    r.cache_bytes += b.size;
+    r.cache_bytes += bytes;
   }
   r.weight_blocks = weights.size();
   r.cache_blocks = cache.size();

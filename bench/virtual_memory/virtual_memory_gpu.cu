@@ -5,6 +5,7 @@
 //   virtual_memory_gpu calls                # what each driver call costs here, per 2 MiB granule
 //   virtual_memory_gpu w1 [SEEDS [PAIRS]]   # W1 (1,000 live, 256 B-4 MiB), default 3 seeds, 100,000 pairs
 //   virtual_memory_gpu traces TRACE...      # alloy-replay's trace files (RMM CSV, MiniMalloc)
+//   virtual_memory_gpu offload [SEEDS]      # a sleep / wake cycle, default 3 seeds
 //
 // Peers, one process, one device, each on a fresh allocator per run:
 //   cudaMalloc per request   one cudaMalloc / cudaFree per request (cuda_malloc_upstream)
@@ -23,11 +24,19 @@
 // 1,000 operations of the cold pass where they are counted (virtual_allocator: cuMemCreate,
 // cuMemMap, cuMemUnmap, cuMemRelease, each map's cuMemSetAccess not counted; default_allocator:
 // cudaMalloc, cudaFree), then virtual_allocator's ratios to default_allocator over the workloads.
+//
+// offload: `virtual_memory offload`'s sleep / wake cycle (bench/support/sleep_wake_workload.hpp)
+// through virtual_allocator<cuda_vmm>: ms of each phase (allocate the weights, tag 1, and the
+// cache, tag 2; offload the weights to the arena's default host memory; discard the cache; restore
+// each) and the creates + maps of allocate and restore, with block-sized pieces and with a piece
+// per 2 MiB granule; median of 3 cycles. Beside them, the copies alone: the weights' bytes from
+// one cudaMalloc to fresh host memory and back. Every weight byte is checked after the restore.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +49,7 @@
 
 #include "replay/trace_reader.hpp"
 #include "support/pairs_workload.hpp"
+#include "support/sleep_wake_workload.hpp"
 
 namespace {
 
@@ -397,6 +407,122 @@ int calls(std::size_t count) {
   return 0;
 }
 
+/// Milliseconds of each phase of one sleep / wake cycle, and its creates + maps.
+struct sleep_wake_times {
+  double allocate = 0, offload = 0, discard = 0, restore_weights = 0, restore_cache = 0;
+  std::size_t allocate_calls = 0, restore_calls = 0, weight_bytes = 0, cache_bytes = 0;
+  bool ok = false;
+};
+
+double ms_since(clock_type::time_point start) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - start).count();
+}
+
+sleep_wake_times sleep_and_wake_once(const bench::sleep_wake_sizes& sizes, bool block_sized) {
+  virtual_allocator<cuda_vmm>::options o;
+  o.arena.block_sized_pieces = block_sized;
+  virtual_allocator<cuda_vmm> a{cuda_vmm{}, o};
+  const auto created_and_mapped = [&] { return a.counters().num_device_alloc + a.counters().num_maps; };
+  sleep_wake_times t;
+  std::vector<block> weights, cache;
+  auto start = clock_type::now();
+  for (const std::size_t bytes : sizes.weights) weights.push_back(a.allocate(bytes, 256, tag{1}));
+  for (const std::size_t bytes : sizes.cache) cache.push_back(a.allocate(bytes, 256, tag{2}));
+  t.allocate = ms_since(start);
+  t.allocate_calls = created_and_mapped();
+  bool ok = std::all_of(weights.begin(), weights.end(), [](block b) { return b.ptr != nullptr; }) &&
+            std::all_of(cache.begin(), cache.end(), [](block b) { return b.ptr != nullptr; });
+  for (std::size_t i = 0; ok && i < weights.size(); ++i) {
+    check(cudaMemset(weights[i].ptr, static_cast<int>(i % 251), weights[i].size), "cudaMemset");
+    t.weight_bytes += weights[i].size;
+  }
+  for (const block& b : cache) t.cache_bytes += b.size;
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const auto timed = [&](double& ms, auto&& call) {
+    const auto begin = clock_type::now();
+    ok = ok && call() == offload_status::done;
+    ms = ms_since(begin);
+  };
+  timed(t.offload, [&] { return a.offload(tag{1}); });
+  timed(t.discard, [&] { return a.discard(tag{2}); });
+  const std::size_t before = created_and_mapped();
+  timed(t.restore_weights, [&] { return a.restore(tag{1}); });
+  timed(t.restore_cache, [&] { return a.restore(tag{2}); });
+  t.restore_calls = created_and_mapped() - before;
+  std::vector<unsigned char> back;
+  for (std::size_t i = 0; ok && i < weights.size(); ++i) {
+    back.resize(weights[i].size);
+    check(cudaMemcpy(back.data(), weights[i].ptr, back.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    const auto written = static_cast<unsigned char>(i % 251);
+    ok = std::all_of(back.begin(), back.end(), [written](unsigned char c) { return c == written; });
+  }
+  for (const block& b : weights)
+    if (b) a.deallocate(b);
+  for (const block& b : cache)
+    if (b) a.deallocate(b);
+  a.release();
+  t.ok = ok;
+  return t;
+}
+
+/// The copies an offload and a restore of `bytes` make, without the allocator: one cudaMalloc to
+/// fresh host memory (as the arena's default host allocation) and back; ms each.
+std::pair<double, double> copies_alone(std::size_t bytes) {
+  void* device = nullptr;
+  check(cudaMalloc(&device, bytes), "cudaMalloc");
+  check(cudaMemset(device, 7, bytes), "cudaMemset");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  auto start = clock_type::now();
+  const std::unique_ptr<std::byte[]> host{new std::byte[bytes]};
+  check(cudaMemcpy(host.get(), device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  const double out = ms_since(start);
+  start = clock_type::now();
+  check(cudaMemcpy(device, host.get(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  const double in = ms_since(start);
+  check(cudaFree(device), "cudaFree");
+  return {out, in};
+}
+
+int offload(int seeds) {
+  std::printf(
+      "A sleep / wake cycle through virtual_allocator<cuda_vmm>: ms per phase (median of 3), block-sized "
+      "pieces (the default) / a piece per 2 MiB granule\n\n"
+      "| seed | weights (tag 1) | cache (tag 2) | allocate | creates + maps | offload weights | discard cache | "
+      "restore weights | restore cache | creates + maps | copies alone: out / in |\n"
+      "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int s = 1; s <= seeds; ++s) {
+    const bench::sleep_wake_sizes sizes = bench::sleep_wake_workload(static_cast<std::uint64_t>(s));
+    sleep_wake_times median[2];
+    for (int k = 0; k < 2; ++k) {
+      std::vector<sleep_wake_times> runs;
+      for (int r = 0; r < 3; ++r) runs.push_back(sleep_and_wake_once(sizes, k == 0));
+      if (!std::all_of(runs.begin(), runs.end(), [](const sleep_wake_times& t) { return t.ok; })) {
+        std::fprintf(stderr, "virtual_memory_gpu offload: seed %d: a call failed or the weights changed\n", s);
+        return 1;
+      }
+      median[k] = runs.front();
+      const auto phase = [&](double sleep_wake_times::* field) {
+        std::vector<double> v;
+        for (const sleep_wake_times& t : runs) v.push_back(t.*field);
+        median[k].*field = bench::median(v);
+      };
+      for (auto field : {&sleep_wake_times::allocate, &sleep_wake_times::offload, &sleep_wake_times::discard,
+                         &sleep_wake_times::restore_weights, &sleep_wake_times::restore_cache})
+        phase(field);
+    }
+    const auto [out, in] = copies_alone(median[0].weight_bytes);
+    const sleep_wake_times &p = median[0], &g = median[1];
+    std::printf(
+        "| %d | %zu MiB in %zu blocks | %zu MiB in %zu blocks | %.1f / %.1f | %zu / %zu | %.1f / %.1f | %.1f / %.1f | "
+        "%.1f / %.1f | %.1f / %.1f | %zu / %zu | %.1f / %.1f |\n",
+        s, p.weight_bytes >> 20, sizes.weights.size(), p.cache_bytes >> 20, sizes.cache.size(), p.allocate, g.allocate,
+        p.allocate_calls, g.allocate_calls, p.offload, g.offload, p.discard, g.discard, p.restore_weights,
+        g.restore_weights, p.restore_cache, g.restore_cache, p.restore_calls, g.restore_calls, out, in);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -411,6 +537,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %.1f GiB\n\n", prop.name, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
   const std::string what = argc > 1 ? argv[1] : "";
   if (what == "calls") return calls(512);
+  if (what == "offload") return offload(argc > 2 ? std::max(1, std::atoi(argv[2])) : 3);
   if (what == "w1") {
     const int seeds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
     const std::size_t pairs = argc > 3 ? static_cast<std::size_t>(std::atoll(argv[3])) : 100'000;
@@ -437,6 +564,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(
       stderr,
-      "usage: virtual_memory_gpu calls | virtual_memory_gpu w1 [SEEDS [PAIRS]] | virtual_memory_gpu traces TRACE...\n");
+      "usage: virtual_memory_gpu calls | virtual_memory_gpu w1 [SEEDS [PAIRS]] | virtual_memory_gpu traces TRACE... | "
+      "virtual_memory_gpu offload [SEEDS]\n");
   return 2;
 }
