@@ -27,16 +27,16 @@
 //
 // offload: `virtual_memory offload`'s sleep / wake cycle (bench/support/sleep_wake_workload.hpp)
 // through virtual_allocator<cuda_vmm>: ms of each phase (allocate the weights, tag 1, and the
-// cache, tag 2; offload the weights to the arena's default host memory; discard the cache; restore
-// each) and the creates + maps of allocate and restore, with block-sized pieces and with a piece
-// per 2 MiB granule; median of 3 cycles. Beside them, the copies alone: the weights' bytes from
-// one cudaMalloc to fresh host memory and back. Every weight byte is checked after the restore.
+// cache, tag 2; offload the weights to pinned host memory, the arena's default over cuda_vmm;
+// discard the cache; restore each) and the creates + maps of allocate and restore, with
+// block-sized pieces and with a piece per 2 MiB granule; median of 3 cycles. Beside them, the
+// copies alone: pinned host memory allocated and the weights' bytes copied out of one cudaMalloc,
+// then back in and the host memory freed. Every weight byte is checked after the restore.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -465,19 +465,22 @@ sleep_wake_times sleep_and_wake_once(const bench::sleep_wake_sizes& sizes, bool 
   return t;
 }
 
-/// The copies an offload and a restore of `bytes` make, without the allocator: one cudaMalloc to
-/// fresh host memory (as the arena's default host allocation) and back; ms each.
+/// What an offload and a restore of `bytes` cost without the allocator, as the arena makes them
+/// over cuda_vmm: pinned host memory allocated and the bytes copied out of one cudaMalloc, then
+/// copied back in and the host memory freed; ms each.
 std::pair<double, double> copies_alone(std::size_t bytes) {
   void* device = nullptr;
   check(cudaMalloc(&device, bytes), "cudaMalloc");
   check(cudaMemset(device, 7, bytes), "cudaMemset");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  void* host = nullptr;
   auto start = clock_type::now();
-  const std::unique_ptr<std::byte[]> host{new std::byte[bytes]};
-  check(cudaMemcpy(host.get(), device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaMallocHost(&host, bytes), "cudaMallocHost");
+  check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   const double out = ms_since(start);
   start = clock_type::now();
-  check(cudaMemcpy(device, host.get(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaFreeHost(host), "cudaFreeHost");
   const double in = ms_since(start);
   check(cudaFree(device), "cudaFree");
   return {out, in};
