@@ -221,12 +221,12 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.027; default_allocator 1.004-1.742, 1.305);
 ///   W1 1.13-1.19x default_allocator's time over three seeds (host CPU time, the simulated
 ///   driver's books cost next to nothing), mapped ÷ live 1.11-1.13; synthetic transformer traces
-///   of six seeds (scripts/synthetic-traces): smallest device 1.000-1.031. On an H200
-///   (bench/virtual_memory/virtual_memory_gpu.cu), with a piece per 2 MiB granule (the default
-///   until 2026-11-26): 8.4x default_allocator's time replaying a trace on a fresh allocator
-///   (geometric mean over the 15 traces, 2.0-27x), 1.16x replaying it again (0.47-1.91x); W1
-///   1.6x / 1.3x; with 16 MiB granules 1.2x and 1.0x. Block-sized pieces were not measured on a
-///   device yet (bench/README.md, "On a real device").
+///   of six seeds (scripts/synthetic-traces): smallest device 1.000-1.031. On an H100
+///   (bench/virtual_memory/virtual_memory_gpu.cu, two runs): 1.38-1.41x default_allocator's time
+///   replaying a trace on a fresh allocator (geometric mean over the 15 traces, 0.81-4.7x; a
+///   piece per 2 MiB granule 8.0x), 1.11-1.13x replaying it again, at 0.74x its device memory;
+///   synthetic traces 1.09x / 1.00x; W1 1.4-1.6x cold, 1.0-1.2x warm (bench/README.md, "On a
+///   real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
@@ -235,7 +235,8 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   `owns` only once a small tagged block was served, so untagged use costs one branch. Every
 ///   tag's blocks get block-sized pieces, and `restore` maps them so: a sleep / wake cycle of
 ///   about 1.1 GiB in two tags makes 248-258 creates + maps to restore against 1,084-1,110 with a
-///   piece per granule (`bench/virtual_memory offload`).
+///   piece per granule (`bench/virtual_memory offload`); on an H100 restoring the discarded cache
+///   of that cycle takes 1.8-2.7 ms against 10.4-15.1 (`virtual_memory_gpu offload`).
 /// - Failure: an empty block, after the pool's wholly free slabs went back to the arena and the
 ///   request was tried again (the arena has unmapped every free granule first). Thread safety:
 ///   none (wrap in `synchronized`).
