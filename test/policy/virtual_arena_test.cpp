@@ -799,6 +799,46 @@ BOOST_AUTO_TEST_CASE(backend_failing_at_every_call_with_block_sized_pieces) {
       {.address_space = 16_MiB, .release_threshold = virtual_arena<failing>::keep_all, .block_sized_pieces = true});
 }
 
+// A run's create failing: `allocate` goes on granule by granule (it may release free pieces, and
+// single granules may fit), `allocate_keeping_cache` (stream_ordered's first try, which releases
+// nothing) fails at once: granule by granule it would map what fits and fail the same way.
+BOOST_AUTO_TEST_CASE(a_run_the_device_refuses_fails_a_keeping_cache_allocation_at_once) {
+  host_vmm v{{.granularity = 64_KiB}};
+  {
+    virtual_arena<failing> a{failing{vmm_ref<host_vmm>{v}, {.fail_at = {0, 1}, .kinds = failing::creates}},
+                             {.release_threshold = virtual_arena<failing>::keep_all, .block_sized_pieces = true}};
+    // Four whole granules at the start of the range: one run.
+    BOOST_TEST(!a.allocate_keeping_cache(256_KiB, 64_KiB));
+    BOOST_TEST(a.vmm().calls() == 1u, "the run's create, and no granule after it");
+    BOOST_TEST(v.calls().creates == 0u);
+    BOOST_TEST(v.physical_bytes() == 0u);
+    BOOST_TEST(a.counters().num_ooms == 0u, "a keeping-cache failure is not an OOM");
+    BOOST_TEST(a.check_invariants());
+
+    const block b = a.allocate(256_KiB, 64_KiB);  // create 1 (the run) fails, 2-5 (granules) do not
+    BOOST_REQUIRE(b);
+    BOOST_TEST(a.vmm().calls() == 6u);
+    BOOST_TEST(a.counters().num_device_alloc == 4u, "a piece per granule after the run failed");
+    BOOST_TEST(a.counters().num_maps == 4u);
+    BOOST_TEST(a.counters().num_ooms == 0u);
+    fill_pattern(b, 7);
+    BOOST_TEST(has_pattern(b, 7));
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+
+    const block c = a.allocate_keeping_cache(256_KiB, 64_KiB);  // nothing fails now: one run
+    BOOST_REQUIRE(c);
+    BOOST_TEST(a.counters().num_device_alloc == 5u);
+    fill_pattern(c, 8);
+    BOOST_TEST(has_pattern(b, 7));
+    BOOST_TEST(has_pattern(c, 8));
+    a.deallocate(b);
+    a.deallocate(c);
+    BOOST_TEST(a.check_invariants());
+  }
+  check_backend_clean(v);
+}
+
 BOOST_AUTO_TEST_CASE(reserve_failing_at_construction_is_retried_later) {
   host_vmm v{{.granularity = 64_KiB}};
   {

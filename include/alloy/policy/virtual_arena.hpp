@@ -1601,8 +1601,8 @@ class virtual_arena {
   /// covers whole take one create and one map a run; an edge granule it covers in part gets its
   /// own piece, since a neighbour may come to share it and would then pin the run. The device
   /// short: with `may_release`, free pieces go back (`make_room`) and a run is tried once more,
-  /// then granule by granule. On failure what it mapped is unmapped again, and the result says
-  /// whether memory or a map failed.
+  /// then granule by granule; without, a run whose create failed fails the call. On failure what
+  /// it mapped is unmapped again, and the result says whether memory or a map failed.
   map_result map_chunk_granules(std::size_t first, std::size_t last, std::uintptr_t start, std::size_t rounded,
                                 bool may_release, std::size_t& to_map, bool& retried) noexcept {
     const auto [run_from, run_to] = whole_run_span(first, last, start, rounded);
@@ -1619,13 +1619,16 @@ class virtual_arena {
         std::size_t end = g + 1;
         while (end < run_to && unmapped(end)) ++end;
         if (end - g > 1) {
-          bool mapped = map_whole_run(g, end - g);
-          if (!mapped && may_release && make_room(to_map, retried)) mapped = map_whole_run(g, end - g);
-          if (mapped) {
+          map_result run = map_whole_run(g, end - g);
+          if (run != map_result::mapped && may_release && make_room(to_map, retried)) run = map_whole_run(g, end - g);
+          if (run == map_result::mapped) {
             to_map -= end - g;
             g = end - 1;
             continue;
           }
+          // Short of memory with nothing to give back (allocate_keeping_cache): granule by granule
+          // would only map what fits and fail the same way.
+          if (run == map_result::no_memory && !may_release) return fail(map_result::no_memory);
           whole_runs = false;  // the rest granule by granule, releasing free ones when the capacity needs it
         }
       }
@@ -1691,23 +1694,23 @@ class virtual_arena {
     const std::uintptr_t in_granule = opts_.granularity - 1;
     return {(start & in_granule) != 0 ? first + 1 : first, ((start + rounded) & in_granule) != 0 ? last : last + 1};
   }
-  /// Maps granules [g, g + n) (none mapped) with one piece; false, nothing changed, when the
-  /// create or the map failed.
-  bool map_whole_run(std::size_t g, std::size_t n) noexcept {
+  /// Maps granules [g, g + n) (none mapped) with one piece; on failure nothing changed, and the
+  /// result says whether the create or the map failed.
+  map_result map_whole_run(std::size_t g, std::size_t n) noexcept {
     const physical_memory piece = vmm_.create(n << gshift_);
-    if (!piece) return false;
+    if (!piece) return map_result::no_memory;
     ++counters_.num_device_alloc;
     if (!vmm_.map(granule_address(g), piece)) {
       vmm_.release(piece);
       ++counters_.num_device_free;
-      return false;
+      return map_result::map_failed;
     }
     ++counters_.num_maps;
     for (std::size_t i = g; i < g + n; ++i) {
       set_piece(i, piece.id, g, n);
       granules_[i].fresh = true;
     }
-    return true;
+    return map_result::mapped;
   }
 
   /// Unmaps and releases the piece mapped at granule `g`, every granule it spans; returns how many.
