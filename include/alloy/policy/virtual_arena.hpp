@@ -90,7 +90,7 @@ namespace alloy {
 ///   once, without releasing the cache, when `capacity()` alone shows it. On failure everything is
 ///   undone: granules mapped for the request are unmapped and
 ///   released, nothing is carved. `allocate_keeping_cache` never releases free mapped granules to
-///   retry.
+///   retry, nor maps granule by granule a run whose create the backend refused.
 /// - Metadata (host memory only; the managed memory is never touched): the chunk nodes, free index
 ///   and address map of `best_fit_arena` (detail/best_fit_index.hpp), a table of 32-byte granule
 ///   records (piece, its first granule and length, count of allocated chunks whose first or last
