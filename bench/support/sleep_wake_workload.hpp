@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include <alloy/literals.hpp>
+
 namespace alloy::bench {
 
 struct sleep_wake_sizes {
@@ -20,16 +22,16 @@ struct sleep_wake_sizes {
 };
 
 inline sleep_wake_sizes sleep_wake_workload(std::uint64_t seed) {
-  constexpr std::size_t KiB = 1024, MiB = 1024 * KiB;
+  using namespace alloy::literals;
   std::mt19937_64 rng{seed};
   sleep_wake_sizes s;
   std::size_t weight_bytes = 0;
-  while (weight_bytes < 512 * MiB) {
-    const std::size_t bytes = rng() % 4 == 0 ? 4 * KiB + rng() % (60 * KiB) : MiB + rng() % (23 * MiB);
+  while (weight_bytes < 512_MiB) {
+    const std::size_t bytes = rng() % 4 == 0 ? 4_KiB + rng() % 60_KiB : 1_MiB + rng() % 23_MiB;
     s.weights.push_back(bytes);
     weight_bytes += bytes;
   }
-  for (int i = 0; i < 48; ++i) s.cache.push_back(8 * MiB + (rng() % 3) * 4 * MiB);
+  for (int i = 0; i < 48; ++i) s.cache.push_back(8_MiB + (rng() % 3) * 4_MiB);
   return s;
 }
 
