@@ -241,7 +241,8 @@ class virtual_arena {
     /// device"), an edge granule it covers in part as its own. A piece goes back only whole (see
     /// the class comment). Measured over the shipped traces: 35 map + unmap calls per 1,000
     /// operations without a limit instead of 237 (geometric mean), for a smallest device of 1.027x
-    /// peak live instead of 1.023. Tag 0's chunks only; planned growth maps the same runs.
+    /// peak live instead of 1.023. For the chunks of every tag (`restore` maps them so too);
+    /// planned growth maps the same runs.
     bool block_sized_pieces = false;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
