@@ -5,24 +5,41 @@
 // patterns (at each block's ends) intact until freed, the statistics exact after every operation
 // (bytes asked for in use, from the outermost part that counts them; `stats<>`'s num_allocs and
 // PyTorch allocation count every 64 operations) — a bad free must change nothing — and, at the
-// end, nothing leaked, every upstream free sized right, the arena's own invariants. Any violation
-// traps.
+// end, nothing leaked, every upstream free sized right; the arena's own invariants every 64
+// operations and at the end. Any violation traps.
+//
+// The virtual compositions (virtual_arena<host_vmm> with its default release rule and with
+// `virtual_allocator`'s block-sized pieces, and `stats<virtual_allocator>`) also take tags, offload,
+// discard and restore, and run over a backend that fails chosen creates, maps and reserves and a
+// host copy that fails when asked: a tag's blocks must come back at the same addresses holding
+// the same bytes after an offload, a failed call must change no tag's state, the backend's
+// physical bytes must equal the arena's mapped bytes after every operation, and after everything
+// is freed and released nothing is mapped, nor, once the composition is gone, reserved (inputs of
+// odd length restore every tag first; even ones leave offloaded tags to the destructor).
 //
 // Input: byte 0 picks the composition; then 4 bytes per operation:
 //   [op] [size exponent] [size mantissa] [alignment exponent / victim]
 // op % 4 == 3 is a check (and sometimes a release) when op & 0x10 is clear, else a bad free whose
-// kind is arg % 4.
+// kind is arg % 4. For the virtual compositions op >> 6 picks the tag of an allocation (0-2), and
+// a check with arg % 8 of 1-6 offloads, discards or restores tag (arg >> 3) % 3, makes the host copy
+// fail or succeed, or schedules backend failures (bytes 1 and 2: which call, which kinds, whether
+// every call from then on fails).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <new>
 #include <vector>
 
 #include <alloy/alloy.hpp>
 #include <alloy/memory_stats.hpp>
+#include <alloy/policy/virtual_arena.hpp>
+#include <alloy/showcase.hpp>
+#include <alloy/vmm/host_vmm.hpp>
 
 #include "support/checking_upstream.hpp"
+#include "support/failing_vmm.hpp"
 
 using namespace alloy::literals;
 using alloy::block;
@@ -59,6 +76,21 @@ struct live_block {
   block b;
   std::uint8_t pattern;
   int stream;
+  std::uint16_t tag;
+};
+
+using fuzz_vmm = alloy::testing::failing_vmm<alloy::vmm_ref<alloy::host_vmm>>;
+
+/// What the input may make fail in a virtual composition: the backend (a copy sharing the
+/// arena's failure options) and the host copy of an offload.
+struct fault_injection {
+  fuzz_vmm vmm;
+  bool host_copy_fails = false;
+
+  static void* host_allocate(std::size_t bytes, void* self) {
+    return static_cast<fault_injection*>(self)->host_copy_fails ? nullptr : ::operator new(bytes, std::nothrow);
+  }
+  static void host_deallocate(void* p, std::size_t, void*) { ::operator delete(p); }
 };
 
 // The pattern covers a block's first and last `edge` bytes: enough to catch a block handed out
@@ -118,9 +150,83 @@ void check_counts(A& alloc, const model_counts& model, bool full) {
   }
 }
 
+/// Tags, offload and failures of a virtual composition, against the model of each tag's state.
 template <class A>
-void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
+class tag_model {
+ public:
+  static constexpr bool enabled = requires(A& a) { a.offload(alloy::tag{1}); };
+  static constexpr std::uint16_t tags = 3;
+
+  bool resident(std::uint16_t t) const { return state_[t] == alloy::tag_state::resident; }
+
+  /// A check operation's tag work; the caller has checked every resident block's pattern.
+  void apply(A& alloc, std::vector<live_block>& live, fault_injection& faults, const std::uint8_t* op) {
+    const std::uint8_t arg = op[3];
+    const alloy::tag t{static_cast<std::uint16_t>((arg >> 3) % tags)};
+    const alloy::tag_state before = state_[t.value];
+    switch (arg % 8) {
+      case 1:    // offload: every byte kept on the host
+      case 2: {  // discard: the bytes are gone
+        const bool copy = arg % 8 == 1;
+        const alloy::offload_status s = copy ? alloc.offload(t) : alloc.discard(t);
+        if (before != alloy::tag_state::resident) {
+          ALLOY_FUZZ_CHECK(s == alloy::offload_status::not_resident);
+        } else if (s == alloy::offload_status::done) {
+          state_[t.value] = copy ? alloy::tag_state::offloaded : alloy::tag_state::discarded;
+        } else {
+          ALLOY_FUZZ_CHECK(copy && s == alloy::offload_status::host_out_of_memory && faults.host_copy_fails);
+        }
+        break;
+      }
+      case 3: {  // restore: the same addresses, the same bytes when they were offloaded
+        const alloy::offload_status s = alloc.restore(t);
+        if (before == alloy::tag_state::resident) {
+          ALLOY_FUZZ_CHECK(s == alloy::offload_status::already_resident);
+        } else if (s == alloy::offload_status::done) {
+          state_[t.value] = alloy::tag_state::resident;
+          for (live_block& l : live) {
+            if (l.tag != t.value) continue;
+            if (before == alloy::tag_state::offloaded) {
+              ALLOY_FUZZ_CHECK(intact(l));
+            } else {
+              fill(l);
+            }
+          }
+        } else {
+          ALLOY_FUZZ_CHECK(s == alloy::offload_status::device_out_of_memory || s == alloy::offload_status::map_failed);
+        }
+        break;
+      }
+      case 4: faults.host_copy_fails = !faults.host_copy_fails; break;
+      case 5: {  // one call a few ahead fails, or every call from then on
+        const std::size_t ahead = faults.vmm.calls() + op[1] % 8;
+        const unsigned kinds = 1 + op[2] % 7;  // creates 1, maps 2, reserves 4
+        fuzz_vmm::options o{.kinds = kinds};
+        if (op[2] & 0x80) {
+          o.fail_from = ahead;
+        } else {
+          o.fail_at = {ahead};
+        }
+        faults.vmm.set_options(std::move(o));
+        break;
+      }
+      case 6: faults.vmm.set_options({}); break;
+      default: break;
+    }
+    ALLOY_FUZZ_CHECK(alloc.state(t) == state_[t.value]);
+  }
+
+ private:
+  alloy::tag_state state_[tags] = {alloy::tag_state::resident, alloy::tag_state::resident, alloy::tag_state::resident};
+};
+
+/// Drives `alloc` with the operations of `data`; sizes below 2^exponents bytes.
+template <class A, class Check>
+void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection* faults, Check& check,
+           std::size_t exponents) {
   constexpr bool streams = alloy::stream_ordered_allocator<A, inline_stream>;
+  using tags_type = tag_model<A>;
+  tags_type tags;
   std::vector<live_block> live;
   std::map<std::uintptr_t, std::uintptr_t> ranges;  // start -> end of every live non-empty block
   std::vector<block> freed;                         // recently freed blocks, for double frees (most recent last)
@@ -130,7 +236,7 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
   std::uint8_t next_pattern = 1;
   for (std::size_t at = 0; at + 4 <= size && live.size() < 512; at += 4) {
     const std::uint8_t op = data[at];
-    const std::size_t exponent = data[at + 1] % 23;  // up to 4 MiB
+    const std::size_t exponent = data[at + 1] % exponents;
     const std::size_t bytes = (std::size_t{1} << exponent) + (data[at + 2] << exponent >> 8);
     const std::uint8_t arg = data[at + 3];
     const int stream = streams ? op >> 6 : 0;
@@ -139,8 +245,13 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
       case 1: {  // allocate
         const std::size_t alignment = std::size_t{1} << (arg % 13);
         block b;
+        std::uint16_t tag = 0;
         if constexpr (streams) {
           b = (op & 0x20) ? alloc.allocate(bytes, alignment) : alloc.allocate(bytes, alignment, inline_stream{stream});
+        } else if constexpr (tags_type::enabled) {
+          tag = static_cast<std::uint16_t>((op >> 6) % tags_type::tags);
+          b = alloc.allocate(bytes, alignment, alloy::tag{tag});
+          ALLOY_FUZZ_CHECK(!b || tags.resident(tag));  // an offloaded or discarded tag takes nothing
         } else {
           b = alloc.allocate(bytes, alignment);
         }
@@ -155,7 +266,7 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
           ALLOY_FUZZ_CHECK(next == ranges.begin() || std::prev(next)->second <= lo);
           ranges.emplace(lo, hi);
         }
-        live.push_back({b, next_pattern++, stream});
+        live.push_back({b, next_pattern++, stream, tag});
         if (next_pattern == 0) next_pattern = 1;
         fill(live.back());
         model.bytes += b.size;
@@ -167,7 +278,7 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
         if (live.empty()) break;
         const std::size_t victim = arg % live.size();
         const live_block l = live[victim];
-        ALLOY_FUZZ_CHECK(intact(l));
+        ALLOY_FUZZ_CHECK(!tags.resident(l.tag) || intact(l));  // a block of an offloaded tag may be freed
         if (l.b.size != 0) ranges.erase(reinterpret_cast<std::uintptr_t>(l.b.ptr));
         live[victim] = live.back();
         live.pop_back();
@@ -226,34 +337,88 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size) {
           }
           break;  // checked below, as after every operation
         }
-        // Every live block still holds its pattern; sometimes release the cache.
-        for (const live_block& l : live) ALLOY_FUZZ_CHECK(intact(l));
+        // Every resident block still holds its pattern; sometimes release the cache; the tags.
+        for (const live_block& l : live) ALLOY_FUZZ_CHECK(!tags.resident(l.tag) || intact(l));
         if constexpr (alloy::releasing_allocator<A>) {
           if (arg % 8 == 0) alloc.release();
         }
+        if constexpr (tags_type::enabled) tags.apply(alloc, live, *faults, data + at);
         break;
     }
-    check_counts(alloc, model, (at / 4) % 64 == 63);
+    const bool full = (at / 4) % 64 == 63;
+    check_counts(alloc, model, full);
+    check(alloc, full);
   }
   for (const live_block& l : live) {
-    ALLOY_FUZZ_CHECK(intact(l));
+    ALLOY_FUZZ_CHECK(!tags.resident(l.tag) || intact(l));
     alloc.deallocate(l.b);
   }
   model = {0, 0, model.allocations};
   check_counts(alloc, model, true);
+  check(alloc, true);
   elsewhere.deallocate(foreign);
 }
 
 template <class A, class Check>
 void run(A&& alloc, const std::uint8_t* data, std::size_t size, Check&& check) {
-  drive(alloc, data, size);
-  check(alloc);
+  drive(alloc, data, size, nullptr, check, 23);  // below 8 MiB
 }
 
-constexpr auto no_check = [](auto&) {};
-constexpr auto arena_check = [](auto& a) {
-  ALLOY_FUZZ_CHECK(alloy::find<alloy::best_fit_arena>(a).check_invariants());
+constexpr auto no_check = [](auto&, bool) {};
+constexpr auto arena_check = [](auto& a, bool full) {
+  if (full) ALLOY_FUZZ_CHECK(alloy::find<alloy::best_fit_arena>(a).check_invariants());
 };
+/// The virtual_arena of a composition (`virtual_allocator` has no `parts()`: its `arena()`).
+template <class A>
+const auto& virtual_arena_of(const A& a) {
+  if constexpr (requires { a.arena(); }) {
+    return a.arena();
+  } else if constexpr (requires { a.inner(); }) {
+    return virtual_arena_of(a.inner());
+  } else {
+    return a;
+  }
+}
+
+/// The arena's books, and the backend's physical bytes against its mapped bytes (no plan is ever
+/// pending here), after every operation.
+constexpr auto virtual_check = [](const auto& a, bool full) {
+  const auto& arena = virtual_arena_of(a);
+  ALLOY_FUZZ_CHECK(arena.vmm().physical_bytes() == arena.mapped_bytes());
+  ALLOY_FUZZ_CHECK(arena.mapped_bytes() <= arena.vmm().capacity());
+  if (full) ALLOY_FUZZ_CHECK(arena.check_invariants());
+};
+
+/// A virtual composition over a small host_vmm whose calls fail as the input says: after
+/// everything is freed and released nothing is mapped, and once it is gone nothing is reserved.
+/// 48 granules of 16 KiB and requests below 512 KiB: the device runs short often, and the maps
+/// (system calls) and offload copies stay few and small, so a run stays fast.
+template <class Make>
+void run_virtual(const std::uint8_t* data, std::size_t size, Make&& make) {
+  alloy::host_vmm backend{{.capacity = 768_KiB, .granularity = 16_KiB}};
+  fault_injection faults{fuzz_vmm{alloy::vmm_ref<alloy::host_vmm>{backend}}};
+  {
+    auto alloc = make(faults);
+    drive(alloc, data, size, &faults, virtual_check, 19);  // below 512 KiB
+    faults.vmm.set_options({});
+    if (size % 2 == 1)
+      for (std::uint16_t t = 0; t < tag_model<decltype(alloc)>::tags; ++t) (void)alloc.restore(alloy::tag{t});
+    alloc.release();
+    ALLOY_FUZZ_CHECK(virtual_arena_of(alloc).mapped_bytes() == 0);
+    ALLOY_FUZZ_CHECK(backend.physical_bytes() == 0);
+  }
+  ALLOY_FUZZ_CHECK(backend.physical_bytes() == 0);
+  ALLOY_FUZZ_CHECK(backend.calls().reserves == backend.calls().unreserves);
+  ALLOY_FUZZ_CHECK(backend.calls().creates == backend.calls().releases);
+}
+
+template <class Options>
+Options with_fault_injection(Options o, fault_injection& faults) {
+  o.host_allocate = &fault_injection::host_allocate;
+  o.host_deallocate = &fault_injection::host_deallocate;
+  o.host_context = &faults;
+  return o;
+}
 
 }  // namespace
 
@@ -267,7 +432,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     using heap = alloy::segregator<64_KiB, pool, arena>;
     const std::uint8_t* ops = data + 1;
     const std::size_t n = size - 1;
-    switch (data[0] % 6) {
+    using virtual_arena = alloy::virtual_arena<fuzz_vmm>;
+    using virtual_allocator = alloy::virtual_allocator<fuzz_vmm>;
+    switch (data[0] % 9) {
       case 0: run(arena{up, {.growth_size = 64_KiB, .max_growth_size = 1_MiB}}, ops, n, arena_check); break;
       case 1:
         run(arena{up, {.initial_size = 4_MiB, .maximum_size = 4_MiB, .max_split_size = 256_KiB}}, ops, n, arena_check);
@@ -277,11 +444,33 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 4:
         run(alloy::stream_ordered<arena, inline_stream>{arena{up, {.maximum_size = 8_MiB}}}, ops, n, arena_check);
         break;
-      default:
+      case 5:
         run(
             alloy::limited<alloy::stream_ordered<heap, inline_stream>>{
                 alloy::stream_ordered<heap, inline_stream>{heap{pool{up}, arena{up}}}, {.bytes_limit = 6_MiB}},
             ops, n, arena_check);
+        break;
+      case 6:  // the default release rule: a least-recently-freed list, trims at frees and allocations
+        run_virtual(ops, n, [](fault_injection& f) {
+          return virtual_arena{f.vmm, with_fault_injection(virtual_arena::options{.address_space = 2_MiB}, f)};
+        });
+        break;
+      case 7:  // block-sized pieces, nothing released until the device runs short
+        run_virtual(ops, n, [](fault_injection& f) {
+          return virtual_arena{f.vmm,
+                               with_fault_injection(virtual_arena::options{.address_space = 2_MiB,
+                                                                           .release_threshold = virtual_arena::keep_all,
+                                                                           .block_sized_pieces = true},
+                                                    f)};
+        });
+        break;
+      default:  // the showcase composition, counted
+        run_virtual(ops, n, [](fault_injection& f) {
+          virtual_allocator::options o;
+          o.arena = with_fault_injection(o.arena, f);
+          o.arena.address_space = 2_MiB;
+          return alloy::stats<virtual_allocator>{virtual_allocator{f.vmm, o}};
+        });
         break;
     }
   }
