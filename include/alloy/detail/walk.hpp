@@ -110,7 +110,7 @@ constexpr std::size_t first_containing() {
   using parts = parts_below_t<Rule, std::remove_cv_t<A>>;
   return []<std::size_t... I>(std::index_sequence<I...>) {
     std::size_t found = sizeof...(I);
-    ((found == sizeof...(I) && contains<Rule, Match, std::tuple_element_t<I, parts>>() ? (found = I, true) : false),
+    ((found == sizeof...(I) && contains<Rule, Match, std::tuple_element_t<I, parts>>() ? void(found = I) : void()),
      ...);
     return found;
   }(std::make_index_sequence<std::tuple_size_v<parts>>{});
