@@ -8,10 +8,10 @@
 // end, nothing leaked, every upstream free sized right; the arena's own invariants every 64
 // operations and at the end. Any violation traps.
 //
-// The virtual compositions (virtual_arena<host_vmm> with its default release rule and with
-// `virtual_allocator`'s block-sized pieces, and `stats<virtual_allocator>`) also take tags, offload,
-// discard and restore, and run over a backend that fails chosen creates, maps and reserves and a
-// host copy that fails when asked: a tag's blocks must come back at the same addresses holding
+// The virtual compositions (virtual_arena<host_vmm> with its default release rule; with
+// `virtual_allocator`'s block-sized pieces, alone and under stream_ordered; and
+// `stats<virtual_allocator>`) also take tags, offload, discard and restore, and run over a
+// backend that fails chosen creates, maps and reserves and a host copy that fails when asked: a tag's blocks must come back at the same addresses holding
 // the same bytes after an offload, a failed call must change no tag's state, the backend's
 // physical bytes must equal the arena's mapped bytes after every operation, and after everything
 // is freed and released nothing is mapped, nor, once the composition is gone, reserved (inputs of
@@ -20,7 +20,9 @@
 // Input: byte 0 picks the composition; then 4 bytes per operation:
 //   [op] [size exponent] [size mantissa] [alignment exponent / victim]
 // op % 4 == 3 is a check (and sometimes a release) when op & 0x10 is clear, else a bad free whose
-// kind is arg % 4. For the virtual compositions op >> 6 picks the tag of an allocation (0-2), and
+// kind is arg % 4. For the virtual compositions (op >> 2) % 3 picks the tag of an allocation,
+// op & 0x20 whether it is the current tag (`scoped_tag`; `allocate_keeping_cache` where there is
+// one) or the call's (stream-ordered ones: always the current tag, op & 0x20 the default stream), and
 // a check with arg % 8 of 1-6 offloads, discards or restores tag (arg >> 3) % 3, makes the host copy
 // fail or succeed, or schedules backend failures (bytes 1 and 2: which call, which kinds, whether
 // every call from then on fails).
@@ -245,16 +247,33 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
       case 1: {  // allocate
         const std::size_t alignment = std::size_t{1} << (arg % 13);
         block b;
-        std::uint16_t tag = 0;
+        const auto tag = static_cast<std::uint16_t>(tags_type::enabled ? (op >> 2) % tags_type::tags : 0);
         if constexpr (streams) {
-          b = (op & 0x20) ? alloc.allocate(bytes, alignment) : alloc.allocate(bytes, alignment, inline_stream{stream});
+          const auto allocate = [&] {
+            return (op & 0x20) ? alloc.allocate(bytes, alignment)
+                               : alloc.allocate(bytes, alignment, inline_stream{stream});
+          };
+          if constexpr (tags_type::enabled) {  // stream_ordered takes the current tag only
+            const alloy::scoped_tag current{alloc, alloy::tag{tag}};
+            b = allocate();
+          } else {
+            b = allocate();
+          }
         } else if constexpr (tags_type::enabled) {
-          tag = static_cast<std::uint16_t>((op >> 6) % tags_type::tags);
-          b = alloc.allocate(bytes, alignment, alloy::tag{tag});
-          ALLOY_FUZZ_CHECK(!b || tags.resident(tag));  // an offloaded or discarded tag takes nothing
+          if (op & 0x20) {  // the current tag, and the first try of stream_ordered where there is one
+            const alloy::scoped_tag current{alloc, alloy::tag{tag}};
+            if constexpr (requires { alloc.allocate_keeping_cache(bytes, alignment); }) {
+              b = alloc.allocate_keeping_cache(bytes, alignment);
+            } else {
+              b = alloc.allocate(bytes, alignment);
+            }
+          } else {
+            b = alloc.allocate(bytes, alignment, alloy::tag{tag});
+          }
         } else {
           b = alloc.allocate(bytes, alignment);
         }
+        ALLOY_FUZZ_CHECK(!b || tags.resident(tag));  // an offloaded or discarded tag takes nothing
         if (!b) break;
         ALLOY_FUZZ_CHECK(b.size == bytes);
         ALLOY_FUZZ_CHECK(reinterpret_cast<std::uintptr_t>(b.ptr) % alignment == 0);
@@ -434,7 +453,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::size_t n = size - 1;
     using virtual_arena = alloy::virtual_arena<fuzz_vmm>;
     using virtual_allocator = alloy::virtual_allocator<fuzz_vmm>;
-    switch (data[0] % 9) {
+    switch (data[0] % 10) {
       case 0: run(arena{up, {.growth_size = 64_KiB, .max_growth_size = 1_MiB}}, ops, n, arena_check); break;
       case 1:
         run(arena{up, {.initial_size = 4_MiB, .maximum_size = 4_MiB, .max_split_size = 256_KiB}}, ops, n, arena_check);
@@ -462,6 +481,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                                                            .release_threshold = virtual_arena::keep_all,
                                                                            .block_sized_pieces = true},
                                                     f)};
+        });
+        break;
+      case 8:  // stream-ordered reuse over block-sized pieces: allocate_keeping_cache, then allocate
+        run_virtual(ops, n, [](fault_injection& f) {
+          return alloy::stream_ordered<virtual_arena, inline_stream>{virtual_arena{
+              f.vmm, with_fault_injection(virtual_arena::options{.address_space = 2_MiB,
+                                                                 .release_threshold = virtual_arena::keep_all,
+                                                                 .block_sized_pieces = true},
+                                          f)}};
         });
         break;
       default:  // the showcase composition, counted
