@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -128,6 +129,38 @@ BOOST_AUTO_TEST_CASE(bad_frees_are_refused_with_every_figure_unchanged) {
   BOOST_TEST(a.bytes_in_use() == 0u);
   BOOST_TEST(a.requested_bytes() == 0u);
   check_books(a, d);
+}
+
+// A pool slab is an arena chunk of the slab's size, so a free of {slab base, slab bytes} above the
+// threshold (a large block freed twice after a slab took its place) matched it exactly, and the
+// arena took the slab back from under the pool's live blocks. Found by compositions_fuzz.
+BOOST_AUTO_TEST_CASE(a_large_free_on_a_pool_slab_is_refused) {
+  host_allocator a{alloy::host_vmm{{.capacity = 256_MiB}}};
+  std::vector<alloy::block> small;  // 16 KiB blocks: four fill the class's first slab (64 KiB)
+  for (int i = 0; i < 5; ++i) small.push_back(a.allocate(16'000, 256));
+  for (const alloy::block& b : small) BOOST_REQUIRE(b);
+  const alloy::block first_of_second_slab = small[4];  // the second slab is twice as large
+  std::memset(first_of_second_slab.ptr, 0x5a, first_of_second_slab.size);
+  const std::size_t in_use = a.bytes_in_use(), requested = a.requested_bytes(), mapped = a.mapped_bytes();
+  const std::size_t pool_misuses = a.small().misuse_count();
+  for (const std::size_t bytes : {128_KiB, 64_KiB + 256, 256_KiB}) {
+    const alloy::block bad{first_of_second_slab.ptr, bytes};
+    BOOST_TEST(!a.try_deallocate(bad), bytes << " bytes on the slab");
+    a.deallocate(bad);
+  }
+  BOOST_TEST(a.small().misuse_count() == pool_misuses + 6, "the pool refuses them as wrong sizes");
+  BOOST_TEST(a.bytes_in_use() == in_use);
+  BOOST_TEST(a.requested_bytes() == requested);
+  BOOST_TEST(a.mapped_bytes() == mapped);
+  const alloy::block large = a.allocate(128_KiB, 256);  // would have taken the slab's place
+  BOOST_REQUIRE(large);
+  std::memset(large.ptr, 0xa5, large.size);
+  const auto* p = static_cast<const unsigned char*>(first_of_second_slab.ptr);
+  BOOST_TEST(std::all_of(p, p + first_of_second_slab.size, [](unsigned char c) { return c == 0x5a; }));
+  a.deallocate(large);
+  for (const alloy::block& b : small) BOOST_TEST(a.try_deallocate(b));
+  BOOST_TEST(a.bytes_in_use() == 0u);
+  BOOST_TEST(a.arena().check_invariants());
 }
 
 // A small request the pool cannot align goes to the arena; while it lives, the pool's own

@@ -164,8 +164,9 @@ class default_allocator : public detail::default_base_t<Upstream> {
 // ---- virtual_allocator ------------------------------------------------------------------------
 
 namespace detail {
+inline constexpr std::size_t virtual_largest_class = std::size_t{128} << 10;
 template <class Vmm>
-using virtual_small_t = size_class_pool<ref<virtual_arena<Vmm>>, power2_classes<4, 256, (std::size_t{128} << 10)>>;
+using virtual_small_t = size_class_pool<ref<virtual_arena<Vmm>>, power2_classes<4, 256, virtual_largest_class>>;
 template <class Vmm>
 using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>, ref<virtual_arena<Vmm>>>;
 }  // namespace detail
@@ -188,6 +189,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   arena's chunks that are not slabs; `for_each_block` = the arena's picture with each slab
 ///   shown as the pool's blocks in it. `small()` and `arena()` give the parts; there is no `parts()`, so that no
 ///   statistics walker adds the arena to the slabs it holds.
+/// - Bad frees (DESIGN §7) are refused by the part that holds the address, counted in its
+///   `misuses()`: a free above 64 KiB of an address in a pool slab goes to the pool (the slab is
+///   an arena chunk, and the arena alone would take a free of the slab's exact bytes back from
+///   under the pool's blocks), a look-up only for sizes up to the largest slab (256 KiB by default).
 /// - Capabilities: `try_deallocate` (checked frees), `owns`, `release` (wholly free slabs to the
 ///   arena, then every free mapped granule to the backend), `reserved_bytes`, `mapped_bytes`,
 ///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`; over a `thread_safe_vmm`,
@@ -308,8 +313,8 @@ class virtual_allocator {
     return b;
   }
   void deallocate(block b) noexcept {
-    if (tagged_small_ && b.ptr != nullptr && b.size <= threshold && !heap_.small().owns(b)) [[unlikely]] {
-      arena_->deallocate(b);
+    if (b.ptr != nullptr && not_where_its_size_goes(b)) [[unlikely]] {
+      (void)try_deallocate_elsewhere(b);
       return;
     }
     heap_.deallocate(b);
@@ -319,8 +324,8 @@ class virtual_allocator {
   bool try_deallocate(block b) noexcept
     requires checked_deallocating_allocator<heap_type>
   {
-    if (tagged_small_ && b.ptr != nullptr && b.size <= threshold && !heap_.small().owns(b)) [[unlikely]]
-      return arena_->try_deallocate(b);
+    if (b.ptr != nullptr && not_where_its_size_goes(b)) [[unlikely]]
+      return try_deallocate_elsewhere(b);
     return heap_.try_deallocate(b);
   }
 
@@ -409,6 +414,19 @@ class virtual_allocator {
   const arena_type& arena() const noexcept { return *arena_; }
 
  private:
+  /// Whether a free does not go where the segregator sends its size: a small block of a tag other
+  /// than 0 lives in the arena; a large size on a pool slab is the pool's to refuse, since the
+  /// slab is an arena chunk of the slab's bytes, which the arena would take back from under the
+  /// pool's live blocks (a large block freed twice after a slab took its place). Only sizes up to
+  /// the largest slab can match a slab, so most large frees skip the look-up.
+  bool not_where_its_size_goes(block b) const noexcept {
+    if (b.size <= threshold) return tagged_small_ && !heap_.small().owns(b);
+    return b.size <= largest_slab_ && heap_.small().owns(b);
+  }
+  bool try_deallocate_elsewhere(block b) noexcept {
+    return b.size <= threshold ? arena_->try_deallocate(b) : heap_.small().try_deallocate(b);
+  }
+
   /// A request failed: the pool's wholly free slabs go back to the arena, where they merge with
   /// their neighbours and their granules can be unmapped for the retry. True when any went.
   [[gnu::cold]] bool release_empty_slabs() noexcept {
@@ -420,6 +438,8 @@ class virtual_allocator {
   std::unique_ptr<arena_type> arena_;
   heap_type heap_;
   std::size_t ooms_ = 0;
+  /// The pool's largest slab: a class above `slab_size` takes a slab of one block.
+  std::size_t largest_slab_ = std::max(heap_.small().slab_size(), detail::virtual_largest_class);
   tag current_tag_{};
   bool tagged_small_ =
       false;  ///< a tagged block of at most `threshold` bytes came from the arena (frees check the pool)
