@@ -189,10 +189,11 @@ namespace alloy {
 ///   operations on PyTorch and 6,500-20,200 on MiniMalloc (blocks of hundreds of MiB that move:
 ///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): 72-74
 ///   ns/pair against default_allocator's 46-48, mapped ÷ live 1.12-1.17 (the granules live
-///   chunks touch at the peak: 1.118-1.149), 0.016-0.023 map calls per pair. Each map or unmap is a system call over `host_vmm` and a driver call on
-///   a GPU (an H200: create + map about 36 us a piece whatever its size, unmap + release 27 us;
-///   a larger `granularity` makes fewer of them, bench/README.md "On a real device"); what no
-///   release rule removes is the free bytes in granules a live chunk also touches. Block-sized
+///   chunks touch at the peak: 1.118-1.149), 0.016-0.023 map calls per pair. Each map or unmap
+///   is a system call over `host_vmm` and a driver call on a GPU (an H200: create + map about
+///   36 us a piece whatever its size, unmap + release 27 us; a larger `granularity` makes fewer
+///   of them, bench/README.md "On a real device"); what no release rule removes is the free
+///   bytes in granules a live chunk also touches. Block-sized
 ///   pieces with `keep_all` (`virtual_allocator`'s; `bench/virtual_memory pieces`): 35 map +
 ///   unmap calls per 1,000 operations on a replay without a limit against 237 (geometric mean
 ///   over the traces; synthetic traces of six seeds 9.7 against 170), for a smallest device of
