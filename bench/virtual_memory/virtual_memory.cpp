@@ -19,9 +19,10 @@
 // ns per operation (geometric mean of the medians of 3 replays).
 //
 // pieces: virtual_allocator with a physical piece per granule of 2-32 MiB and with block-sized
-// pieces (its default) over every trace (or those named): the smallest device ÷ peak live and the
-// map + unmap calls per 1,000 operations there and without a limit, per trace. On a GPU the calls
-// are the time (bench/virtual_memory/virtual_memory_gpu.cu).
+// pieces, without and with frontier growth (its default: 1/32), over every trace (or those named):
+// the smallest device ÷ peak live, the map + unmap calls per 1,000 operations there and without a
+// limit, and the peak mapped without a limit, per trace. On a GPU the calls are the time
+// (bench/virtual_memory/virtual_memory_gpu.cu).
 //
 // w1: workload W1 (1,000 live blocks, 256 B-4 MiB log-uniform, a million free+allocate pairs,
 // alignment 256) with several seeds: ns per pair (this thread's CPU time, median of 3),
@@ -200,11 +201,13 @@ int candidates(std::vector<std::string> paths) {
 
 /// pieces: virtual_allocator with one physical piece per granule of 2, 4, 8, 16 and 32 MiB
 /// (`options.arena.granularity`, `block_sized_pieces` off; the device's granule stays 2 MiB), and
-/// as it is, 2 MiB granules with block-sized pieces (a block's run of unmapped granules in one). On
-/// a GPU a create and a map cost about 36 us whatever the piece's size (virtual_memory_gpu calls,
-/// an H200), so the calls are the time; this is what fewer of them cost in device memory. Each
-/// cell: the smallest device ÷ peak live, the map + unmap calls per 1,000 operations there, and
-/// those of a replay without a limit (the first mapping of each piece: a cold run's calls).
+/// 2 MiB granules with block-sized pieces (a block's run of unmapped granules in one), without and
+/// with frontier growth of 1/16 and 1/32 (the default) of the mapped granules. On a GPU a create
+/// and a map cost about 36 us whatever the piece's size (virtual_memory_gpu calls, an H200), so the
+/// calls are the time; this is what fewer of them cost in device memory. Each cell: the smallest
+/// device ÷ peak live, the map + unmap calls per 1,000 operations there and those of a replay
+/// without a limit (the first mapping of each piece: a cold run's calls), and that replay's peak
+/// mapped ÷ peak live.
 int pieces(std::vector<std::string> paths) {
   const std::vector<bench::rmm_trace> traces = read_traces(paths);
   if (traces.empty()) return 1;
@@ -218,15 +221,23 @@ int pieces(std::vector<std::string> paths) {
     layouts.back().options.arena.granularity = p;
     layouts.back().options.arena.block_sized_pieces = false;
   }
-  layouts.push_back({"block-sized pieces (the default)", {}});
+  for (std::size_t divisor : {0, 16, 32}) {
+    layouts.push_back({divisor == 0 ? "block-sized pieces"
+                       : divisor == 32 ? "frontier growth 1/32 (the default)"
+                                       : "frontier growth 1/" + std::to_string(divisor),
+                       {}});
+    layouts.back().options.arena.frontier_growth_divisor = divisor;
+  }
   std::printf(
       "virtual_allocator by physical piece size: smallest device ÷ peak live (to 0.5 %%), map + unmap calls "
-      "per 1,000 operations at that device / without a limit\n\n| trace | peak live |");
+      "per 1,000 operations at that device / without a limit; peak mapped ÷ peak live without a limit\n\n| trace | peak "
+      "live |");
   for (const layout& l : layouts) std::printf(" %s |", l.name.c_str());
   std::printf("\n|---|---:|");
   for (std::size_t k = 0; k < layouts.size(); ++k) std::printf("---:|");
   std::printf("\n");
-  std::vector<double> log_sum(layouts.size()), worst(layouts.size()), log_calls(layouts.size());
+  std::vector<double> log_sum(layouts.size()), worst(layouts.size()), log_calls(layouts.size()),
+      log_mapped(layouts.size());
   for (const bench::rmm_trace& t : traces) {
     std::printf("| %s | %.1f MiB |", std::filesystem::path(t.name).filename().c_str(),
                 static_cast<double>(t.peak_live_bytes) / (1 << 20));
@@ -242,8 +253,11 @@ int pieces(std::vector<std::string> paths) {
       const auto per_1k = [](const replay::replay_result& r) {
         return 1000.0 * static_cast<double>(r.map_calls) / static_cast<double>(std::max<std::size_t>(r.operations, 1));
       };
-      std::printf(" %.3f (%.0f / %.1f) |", m.over_live, per_1k(m.at_capacity), per_1k(unlimited));
+      const double mapped =
+          static_cast<double>(unlimited.peak_mapped) / static_cast<double>(std::max<std::size_t>(t.peak_live_bytes, 1));
+      std::printf(" %.3f (%.0f / %.1f; %.3f) |", m.over_live, per_1k(m.at_capacity), per_1k(unlimited), mapped);
       log_sum[k] += std::log(m.over_live);
+      log_mapped[k] += std::log(mapped);
       log_calls[k] += std::log(std::max(per_1k(unlimited), 0.01));
       worst[k] = std::max(worst[k], m.over_live);
     }
@@ -253,7 +267,8 @@ int pieces(std::vector<std::string> paths) {
   const double n = static_cast<double>(traces.size());
   std::printf("| geometric mean | |");
   for (std::size_t k = 0; k < layouts.size(); ++k)
-    std::printf(" %.3f (%.1f without a limit) |", std::exp(log_sum[k] / n), std::exp(log_calls[k] / n));
+    std::printf(" %.3f (%.1f without a limit; %.3f) |", std::exp(log_sum[k] / n), std::exp(log_calls[k] / n),
+                std::exp(log_mapped[k] / n));
   std::printf("\n| worst | |");
   for (double w : worst) std::printf(" %.3f |", w);
   std::printf("\n");

@@ -14,8 +14,10 @@
 //   default_allocator        alloy's pooled composition over cudaMalloc
 //   virtual_allocator        alloy's composition over cuda_vmm (cuMemCreate / cuMemMap, 2 MiB
 //                            granules, block-sized pieces: a block's run of unmapped granules in
-//                            one piece), and the same with one piece per granule of 2 MiB (the
-//                            default before 2026-11-26) and of 16 MiB (`options.arena.granularity`)
+//                            one piece, with frontier growth: 1/32 of the mapped granules more
+//                            while the device is at most 1/16 full), the same without frontier
+//                            growth (the default before 2026-11-27) and with one piece per granule
+//                            of 16 MiB (`options.arena.granularity`)
 // Figures: ns per operation (wall clock, the driver's time included; median of 3 runs) of a cold
 // pass (a fresh allocator) and of a warm one (the same workload again on the same allocator, all
 // blocks of the first pass freed: a training loop's second step), device memory ÷ peak live (the
@@ -251,7 +253,17 @@ figures measure(const workload& w) {
 using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
 using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
 
-/// Ratios of virtual_allocator (block-sized pieces; a piece per granule of 2 and of 16 MiB) to
+/// virtual_allocator with block-sized pieces but no frontier growth (the default before 2026-11-27).
+struct virtual_no_frontier_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
+  virtual_no_frontier_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
+  static virtual_allocator<cuda_vmm>::options options() {
+    virtual_allocator<cuda_vmm>::options o;
+    o.arena.frontier_growth_divisor = 0;
+    return o;
+  }
+};
+
+/// Ratios of virtual_allocator (the default; without frontier growth; a piece per 16 MiB granule) to
 /// default_allocator, per workload.
 struct ratios {
   std::vector<double> cold[3], warm[3], memory[3];
@@ -278,13 +290,13 @@ void row(const std::string& name, const workload& w, ratios& r) {
   char live[32];
   std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
   const figures m = measure<cuda_malloc_peer>(w), a = measure<cuda_async_peer>(w), d = measure<default_peer>(w);
-  const figures v[3] = {measure<virtual_peer>(w), measure<virtual_granule_pieces_peer<2>>(w),
+  const figures v[3] = {measure<virtual_peer>(w), measure<virtual_no_frontier_peer>(w),
                         measure<virtual_granule_pieces_peer<16>>(w)};
   print(name, live, "cudaMalloc per request", m, true);
   print("", "", "cudaMallocAsync", a, false);
   print("", "", "default_allocator", d, true);
   print("", "", "virtual_allocator", v[0], true);
-  print("", "", "virtual_allocator, a piece per 2 MiB granule", v[1], true);
+  print("", "", "virtual_allocator, no frontier growth", v[1], true);
   print("", "", "virtual_allocator, a piece per 16 MiB granule", v[2], true);
   for (int k = 0; k < 3; ++k) {
     r.cold[k].push_back(v[k].cold / d.cold);
@@ -306,7 +318,8 @@ void summary(const ratios& r) {
                 *std::max_element(v.begin(), v.end()));
   };
   std::printf("\nvirtual_allocator ÷ default_allocator, geometric mean (range) over the workloads:\n");
-  const char* pieces[] = {"block-sized pieces (default)", "a piece per 2 MiB granule", "a piece per 16 MiB granule"};
+  const char* pieces[] = {"block-sized pieces with frontier growth (default)", "no frontier growth",
+                          "a piece per 16 MiB granule"};
   for (int k = 0; k < 3; ++k) {
     std::printf("- %s: time cold ", pieces[k]);
     spread(r.cold[k]);

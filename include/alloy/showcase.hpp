@@ -221,17 +221,21 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35 map +
 ///   unmap calls per 1,000 operations without a limit against 237 with a piece per 2 MiB granule
 ///   (geometric mean over the traces), for a smallest device of 1.027 against 1.023; pieces of
-///   a fixed 16 MiB make 31 calls at 1.132.
+///   a fixed 16 MiB make 31 calls at 1.132. With frontier growth (`frontier_growth_divisor = 32`:
+///   a run at the top of the heap maps 1/32 of the mapped granules more, while the device is at
+///   most 1/16 full): 19.9 calls, the same smallest devices, peak mapped without a limit 1.219x
+///   peak live against 1.215 (synthetic traces: 4.9 calls against 9.7, 1.045x against 1.018).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.027; default_allocator 1.004-1.742, 1.305);
 ///   W1 1.13-1.19x default_allocator's time over three seeds (host CPU time, the simulated
 ///   driver's books cost next to nothing), mapped ÷ live 1.11-1.13; synthetic transformer traces
 ///   of six seeds (scripts/synthetic-traces): smallest device 1.000-1.031. On an H100
-///   (bench/virtual_memory/virtual_memory_gpu.cu, two runs): 1.38-1.41x default_allocator's time
-///   replaying a trace on a fresh allocator (geometric mean over the 15 traces, 0.81-4.7x; a
-///   piece per 2 MiB granule 8.0x), 1.11-1.13x replaying it again, at 0.74x its device memory;
-///   synthetic traces 1.09x / 1.00x; W1 1.4-1.6x cold, 1.0-1.2x warm (bench/README.md, "On a
-///   real device").
+///   (bench/virtual_memory/virtual_memory_gpu.cu, two runs, fifteenth session): 0.98-0.99x
+///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
+///   traces, 0.38-2.41x; without frontier growth 1.35-1.47x, a piece per 2 MiB granule 8.0x),
+///   1.23-1.34x replaying it again (1.11-1.13x in the thirteenth session's runs), at 0.74x its
+///   device memory; synthetic traces 0.72-0.82x cold, 0.88-1.24x warm; W1 1.38x cold, 1.44x warm
+///   (bench/README.md, "On a real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
@@ -259,7 +263,8 @@ class virtual_allocator {
     /// Free granules stay mapped until the device runs short (the arena then unmaps them anywhere)
     /// or `release()`, and a block's run of new granules is one physical piece: measured, the
     /// fewest driver calls for about the same smallest device.
-    typename arena_type::options arena{.release_threshold = arena_type::keep_all, .block_sized_pieces = true};
+    typename arena_type::options arena{
+        .release_threshold = arena_type::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 32};
     typename small_type::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
   };
 

@@ -287,6 +287,73 @@ BOOST_AUTO_TEST_CASE(block_sized_pieces_map_a_run_at_once_and_go_back_whole) {
   check_backend_clean(v);
 }
 
+BOOST_AUTO_TEST_CASE(frontier_growth_maps_granules_ahead_in_the_piece_while_the_device_holds_little) {
+  host_vmm v{{.capacity = 64_MiB, .granularity = 64_KiB}};  // 1/16: 4 MiB, 64 granules
+  {
+    shared_arena a{
+        vmm_ref<host_vmm>{v},
+        {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 4}};
+    const block x = a.allocate(1_MiB, 64_KiB);  // granules 0-15 and 16/4 = 4 ahead: one piece
+    BOOST_REQUIRE(x);
+    BOOST_TEST(a.counters().num_maps == 1u);
+    BOOST_TEST(v.calls().creates == 1u);
+    BOOST_TEST(a.reserved_bytes() == 20 * 64_KiB);
+    BOOST_TEST(a.free_mapped_bytes() == 4 * 64_KiB);
+    BOOST_TEST(a.stranded_free_bytes() == 4 * 64_KiB);
+    const block y = a.allocate(200_KiB, 256);  // granules 16-19, ahead already: no call
+    BOOST_REQUIRE(y);
+    BOOST_TEST(y.ptr == static_cast<char*>(x.ptr) + 1_MiB);
+    BOOST_TEST(a.counters().num_maps == 1u);
+    BOOST_TEST(a.free_mapped_bytes() == 0u);
+    // A block of whole granules goes to the next boundary rather than span one more (19-35):
+    // granules 20-35 and (20 + 16) / 4 = 9 ahead, one piece.
+    const block z = a.allocate(1_MiB, 256);
+    BOOST_REQUIRE(z);
+    BOOST_TEST(z.ptr == static_cast<char*>(x.ptr) + 20 * 64_KiB);
+    BOOST_TEST(a.counters().num_maps == 2u);
+    BOOST_TEST(a.reserved_bytes() == 45 * 64_KiB);
+    BOOST_TEST(a.free_mapped_bytes() == 9 * 64_KiB);
+    // Granules 36-67: 36-44 mapped ahead, 45-67 new; with them 68 granules would be held, more
+    // than 1/16 of the capacity: a block-sized piece of its own, nothing ahead.
+    const block w = a.allocate(2_MiB, 64_KiB);
+    BOOST_REQUIRE(w);
+    BOOST_TEST(w.ptr == static_cast<char*>(x.ptr) + 36 * 64_KiB);
+    BOOST_TEST(a.counters().num_maps == 3u);
+    BOOST_TEST(a.reserved_bytes() == 68 * 64_KiB);
+    BOOST_TEST(a.free_mapped_bytes() == 0u);
+    fill_pattern(x, 1);
+    fill_pattern(y, 2);
+    fill_pattern(z, 3);
+    fill_pattern(w, 4);
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+    a.deallocate(y);
+    BOOST_TEST(a.stranded_free_bytes() == 4 * 64_KiB, "granules 16-19, in x's piece");
+    BOOST_TEST(a.release() == 0u, "pieces in use go back only whole");
+    a.deallocate(x);
+    BOOST_TEST(a.release() == 20 * 64_KiB, "the first piece, wholly free");
+    a.deallocate(z);
+    BOOST_TEST(a.release() == 0u);
+    BOOST_TEST(a.stranded_free_bytes() == 16 * 64_KiB, "granules 20-35 of the second, which w shares");
+    BOOST_TEST(has_pattern(w, 4));
+    // 20 granules in the hole below w: at its back (16-35), where only 16-19 are unmapped; they
+    // lie below mapped granules, so they take a run of their own and nothing ahead.
+    const block h = a.allocate(1_MiB + 256_KiB, 64_KiB);
+    BOOST_REQUIRE(h);
+    BOOST_TEST(h.ptr == static_cast<char*>(x.ptr) + 16 * 64_KiB);
+    BOOST_TEST(a.counters().num_maps == 4u);
+    BOOST_TEST(a.stranded_free_bytes() == 0u);
+    BOOST_TEST(a.reserved_bytes() == 52 * 64_KiB);
+    BOOST_TEST(a.check_invariants());
+    a.deallocate(h);
+    a.deallocate(w);
+    BOOST_TEST(a.release() == 52 * 64_KiB);
+    BOOST_TEST(a.counters().num_unmaps == 4u);
+    BOOST_TEST(a.check_invariants());
+  }
+  check_backend_clean(v);
+}
+
 BOOST_AUTO_TEST_CASE(block_sized_pieces_need_keep_all) {
   // With a release rule that trims granule by granule, pieces stay one granule each.
   host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 1_MiB, .block_sized_pieces = true}};
@@ -748,9 +815,10 @@ std::size_t scripted_run(virtual_arena<failing>& a) {
 
 /// The scripted run with a create, a map or any call failing at each call index (and from it on):
 /// the failures are counted as OOMs and everything goes back to the backend.
-void fail_at_every_call(const virtual_arena<failing>::options& options) {
-  // Capacity tight enough that the end of the run meets pressure (5 MiB; the run peaks near it).
-  auto make_backend = [] { return host_vmm{{.capacity = 5_MiB, .granularity = 64_KiB}}; };
+/// `capacity`: by default tight enough that the end of the run meets pressure (5 MiB; the run
+/// peaks near it).
+void fail_at_every_call(const virtual_arena<failing>::options& options, std::size_t capacity = 5_MiB) {
+  auto make_backend = [capacity] { return host_vmm{{.capacity = capacity, .granularity = 64_KiB}}; };
   std::size_t total_calls = 0;
   {
     host_vmm v = make_backend();
@@ -758,11 +826,13 @@ void fail_at_every_call(const virtual_arena<failing>::options& options) {
       virtual_arena<failing> a{failing{vmm_ref<host_vmm>{v}}, options};
       BOOST_TEST(scripted_run(a) == 0u, "the scripted run must succeed when nothing fails");
       total_calls = a.vmm().calls();
-      BOOST_TEST(a.counters().num_alloc_retries > 0u, "the run is meant to meet capacity pressure");
+      if (capacity == 5_MiB)
+        BOOST_TEST(a.counters().num_alloc_retries > 0u, "the run is meant to meet capacity pressure");
     }
     check_backend_clean(v);
   }
-  BOOST_TEST(total_calls > 30u);  // enough call indices for the matrix below to mean something
+  // Enough call indices for the matrix below to mean something (frontier growth makes fewer).
+  BOOST_TEST(total_calls > (options.frontier_growth_divisor == 0 ? 30u : 15u));
   for (unsigned kinds : {unsigned{failing::all}, unsigned{failing::creates}, unsigned{failing::maps}}) {
     for (std::size_t k = 0; k <= total_calls; ++k) {
       for (bool from_k_on : {false, true}) {
@@ -797,6 +867,17 @@ BOOST_AUTO_TEST_CASE(backend_failing_at_every_call) {
 BOOST_AUTO_TEST_CASE(backend_failing_at_every_call_with_block_sized_pieces) {
   fail_at_every_call(
       {.address_space = 16_MiB, .release_threshold = virtual_arena<failing>::keep_all, .block_sized_pieces = true});
+}
+
+// Block-sized pieces with frontier growth, on a backend of 64 MiB (granules ahead while it holds
+// at most 4 MiB, most of the run; no pressure): a failing create or map of a piece with granules
+// ahead falls back to the block's own pieces.
+BOOST_AUTO_TEST_CASE(backend_failing_at_every_call_with_frontier_growth) {
+  fail_at_every_call({.address_space = 16_MiB,
+                      .release_threshold = virtual_arena<failing>::keep_all,
+                      .block_sized_pieces = true,
+                      .frontier_growth_divisor = 2},
+                     64_MiB);
 }
 
 // A run's create failing: `allocate` goes on granule by granule (it may release free pieces, and
@@ -1051,9 +1132,10 @@ bool marks_hold(const model::entry& e) {
 /// `up_to_peak` its keep_up_to_peak (free mapped granules kept: the most of the threshold, the
 /// touched bytes ÷ divisor and the peak bytes in use since the last release() less the touched);
 /// `block_sized` its block_sized_pieces (keep_all only), whose free granules in pieces still in
-/// use (`stranded_free_bytes`) neither release() nor pressure can give back.
+/// use (`stranded_free_bytes`) neither release() nor pressure can give back; `frontier_divisor` its
+/// frontier_growth_divisor (with block_sized only).
 void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold = 4_MiB, std::size_t divisor = 32,
-               bool up_to_peak = true, bool block_sized = false) {
+               bool up_to_peak = true, bool block_sized = false, std::size_t frontier_divisor = 0) {
   constexpr std::size_t g = 64_KiB;
   constexpr std::size_t capacity = 32_MiB;
   host_vmm v{{.capacity = capacity, .granularity = g}};
@@ -1062,7 +1144,8 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
                    {.release_threshold = threshold,
                     .release_threshold_divisor = divisor,
                     .keep_up_to_peak = up_to_peak,
-                    .block_sized_pieces = block_sized}};
+                    .block_sized_pieces = block_sized,
+                    .frontier_growth_divisor = frontier_divisor}};
     model m{.rounding = 256, .g = g, .base = 0, .live = {}, .touched = {}, .addresses = {}};
     m.base = reinterpret_cast<std::uintptr_t>([&] {
       const void* seg = nullptr;
@@ -1134,6 +1217,22 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         BOOST_REQUIRE(a.check_invariants());
         for (const auto& [at, e] : m.live) BOOST_REQUIRE(marks_hold(e));
       }
+      if (frontier_divisor != 0 && op % 50'000 == 25'000) {
+        // Everything goes and is released, so that the heap grows from nothing again: the
+        // frontier growth below 1/16 of the capacity happens many times a run.
+        for (const auto& [at, e] : m.live) {
+          BOOST_REQUIRE(marks_hold(e));
+          a.deallocate(e.b);
+          m.touch(at, e.chunk, -1);
+        }
+        m.live.clear();
+        m.addresses.clear();
+        in_use = 0;
+        a.release();
+        BOOST_REQUIRE(a.mapped_bytes() == 0u);
+        peak_in_use = 0;
+        check_accounting();
+      }
       if (op % 250'000 == 249'999) {
         a.release();
         BOOST_REQUIRE(a.free_mapped_bytes() == a.stranded_free_bytes());
@@ -1169,6 +1268,9 @@ BOOST_AUTO_TEST_CASE(model_based_randomized) {
   run_model(6, 1'000'000, host_arena::keep_all, 32, true);
   // virtual_allocator's: keep_all with block-sized pieces.
   run_model(7, 1'000'000, host_arena::keep_all, 32, true, true);
+  // ... and frontier growth (a piece of a granule ahead for every two mapped, while the backend
+  // holds at most 2 MiB: after each release() the heap grows from few granules again).
+  run_model(8, 1'000'000, host_arena::keep_all, 32, true, true, 2);
 }
 
 // ---- statistics ---------------------------------------------------------------------------------------

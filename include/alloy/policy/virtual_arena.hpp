@@ -69,9 +69,18 @@ namespace alloy {
 ///   capacity is held a block that would not cover a wholly free piece whole (using some of its
 ///   granules, or ending inside one, which a neighbour may then share) releases it first and maps
 ///   its own. A piece serves one tag at a time (see tags).
+/// - Frontier growth (`frontier_growth_divisor`, with block-sized pieces; `virtual_allocator`'s:
+///   1/32): a block whose unmapped granules end the used range maps 1/divisor of the mapped
+///   granules more in its piece, while the backend then holds at most 1/16 of its capacity. A
+///   heap growing from nothing thus makes a few creates, geometrically larger, instead of one or
+///   two a block (a fresh process's first pass pays each on a GPU), and the granules ahead serve
+///   the next blocks that grow the heap; they cost at most 1/divisor of the mapped bytes mapped
+///   and not yet used. Such pieces go back only whole; made below 1/16 of the capacity, they
+///   total at most that, so under pressure the rest of the heap is in block-sized pieces. Not for
+///   tagged chunks, `restore` or planned growth (those map block-sized pieces).
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
-///   not mapped (a `create` and a `map` each, or each run with block-sized pieces; none when its
-///   granules are mapped already), after
+///   not mapped (a `create` and a `map` each, or each run with block-sized pieces, with granules
+///   ahead at the frontier under frontier growth; none when its granules are mapped already), after
 ///   unmapping the oldest free granules the rule no longer keeps; a deallocate unmaps and
 ///   releases the granules the rule no longer keeps (an `unmap` and a `release` each);
 ///   `release()` does that for every free mapped granule (a whole piece at a time); growth calls
@@ -199,7 +208,9 @@ namespace alloy {
 ///   over the traces; synthetic traces of six seeds 9.7 against 170), for a smallest device of
 ///   1.027x peak live against 1.023 (worst 1.145 both; MiniMalloc 1.008-1.066); at that device
 ///   253 calls per 1,000 operations (a run retried whole under pressure; granule by granule
-///   after a failed run, 585).
+///   after a failed run, 585). With frontier growth of 1/32 (`virtual_allocator`'s): 19.9 calls
+///   without a limit (synthetic traces of six seeds 4.9), every smallest device the same, peak
+///   mapped without a limit 1.219x peak live against 1.215 (synthetic 1.045 against 1.018).
 template <virtual_memory Vmm>
 class virtual_arena {
  public:
@@ -245,6 +256,14 @@ class virtual_arena {
     /// peak live instead of 1.023. For the chunks of every tag (`restore` maps them so too);
     /// planned growth maps the same runs.
     bool block_sized_pieces = false;
+    /// With `block_sized_pieces` only: a block that maps new granules at the top of the used
+    /// range maps 1/this of the mapped granules more in the same piece, while the backend then
+    /// holds at most 1/16 of its capacity: a heap growing from nothing makes a few creates, not
+    /// one or two a block, and the free granules ahead serve the next blocks that grow the heap.
+    /// Such a piece goes back only whole; together they hold at most 1/16 of the capacity, so
+    /// pressure finds the rest in block-sized pieces. 0: off (`virtual_allocator`: 32, chosen in
+    /// bench/README.md, "What changed on 2026-11-27 (fifteenth session)").
+    std::size_t frontier_growth_divisor = 0;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;      ///< passed to `on_misuse`
@@ -797,6 +816,7 @@ class virtual_arena {
     o.granularity = g;
     if (o.rounding > g) o.rounding = g;
     if (o.release_threshold != keep_all) o.block_sized_pieces = false;  // the release rule goes granule by granule
+    if (!o.block_sized_pieces) o.frontier_growth_divisor = 0;
     if (o.address_space == 0) {
       constexpr std::size_t lowest = std::size_t{1} << 30, highest = std::size_t{1} << 40;
       const std::size_t capacity = vmm.capacity();
@@ -1592,11 +1612,35 @@ class virtual_arena {
     // The granules about to be mapped count against what is kept free: trimmed first, so that
     // mapped memory never passes what the live chunks touch plus what a free may keep.
     if (may_release) trim(kept_free_bytes(to_map));
+    if (opts_.frontier_growth_divisor != 0 && map_with_granules_ahead(first, last, to_map)) return true;
     bool retried = false;
     if (map_chunk_granules(first, last, start, rounded, may_release, to_map, retried) == map_result::mapped)
       return true;
     (void)drop_user(first, last);  // what it mapped is unmapped already
     return false;
+  }
+  /// Frontier growth (`frontier_growth_divisor`): when granules [first, last] end the used range
+  /// and the `to_map` unmapped ones are its last, maps them and 1/divisor of the mapped granules
+  /// after them as one piece; those ahead are free mapped. False, nothing changed, when the block
+  /// is not at the frontier, nothing fits ahead (half the capacity, the reserved range), tags or
+  /// another thread's growth or release are about, or the create or map failed (the caller then
+  /// maps the block's own pieces).
+  bool map_with_granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
+    if (tags_in_use_ || pending_plans_ != 0 || batch_.active) return false;
+    const std::size_t from = granules_[first].piece != 0 ? first + 1 : first;
+    if (from > last || to_map != last + 1 - from || mapped_bits_.count(last + 1, granules_.size()) != 0) return false;
+    std::size_t ahead = (mapped_ + to_map) / opts_.frontier_growth_divisor;
+    // Only while the backend holds little: such pieces then total at most 1/16 of its capacity,
+    // all that they can keep from going back under pressure.
+    const std::size_t held = vmm_.physical_bytes() + (to_map << gshift_), bound = vmm_.capacity() / 16;
+    ahead = std::min(ahead, held < bound ? (bound - held) >> gshift_ : 0);
+    ahead = std::min(ahead, ((end_ - base_) >> gshift_) - (last + 1));
+    if (ahead == 0 || !cover_granules(last + 1 + ahead)) return false;
+    const std::size_t n = last + 1 + ahead - from;
+    if (map_whole_run(from, n) != map_result::mapped) return false;
+    for (std::size_t g = from; g < from + n; ++g) granules_[g].fresh = false;
+    free_mapped_ += ahead;
+    return true;
   }
   /// Maps the `to_map` unmapped granules of a chunk at `start` (`rounded` bytes on granules
   /// [first, last]), as `allocate` and `restore` do. Block-sized pieces: the unmapped granules it
