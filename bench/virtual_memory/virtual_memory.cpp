@@ -222,7 +222,7 @@ int pieces(std::vector<std::string> paths) {
     layouts.back().options.arena.block_sized_pieces = false;
   }
   for (std::size_t divisor : {0, 16, 32}) {
-    layouts.push_back({divisor == 0 ? "block-sized pieces"
+    layouts.push_back({divisor == 0    ? "block-sized pieces"
                        : divisor == 32 ? "frontier growth 1/32 (the default)"
                                        : "frontier growth 1/" + std::to_string(divisor),
                        {}});
@@ -230,7 +230,8 @@ int pieces(std::vector<std::string> paths) {
   }
   std::printf(
       "virtual_allocator by physical piece size: smallest device ÷ peak live (to 0.5 %%), map + unmap calls "
-      "per 1,000 operations at that device / without a limit; peak mapped ÷ peak live without a limit\n\n| trace | peak "
+      "per 1,000 operations at that device / without a limit; peak mapped ÷ peak live without a limit\n\n| trace | "
+      "peak "
       "live |");
   for (const layout& l : layouts) std::printf(" %s |", l.name.c_str());
   std::printf("\n|---|---:|");

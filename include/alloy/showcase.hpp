@@ -234,8 +234,8 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
 ///   traces, 0.38-2.41x; without frontier growth 1.35-1.47x, a piece per 2 MiB granule 8.0x),
 ///   1.23-1.34x replaying it again (1.11-1.13x in the thirteenth session's runs), at 0.74x its
-///   device memory; synthetic traces 0.72-0.82x cold, 0.88-1.24x warm; W1 1.38x cold, 1.44x warm
-///   (bench/README.md, "On a real device").
+///   device memory; synthetic traces 0.72-0.82x cold, 0.88-1.24x warm; W1 0.86-1.53x cold,
+///   0.92-1.61x warm over five seed-runs (bench/README.md, "On a real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
