@@ -227,8 +227,9 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   peak live against 1.215 (synthetic traces: 4.9 calls against 9.7, 1.045x against 1.018).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.027; default_allocator 1.004-1.742, 1.305);
-///   W1 1.13-1.19x default_allocator's time over three seeds (host CPU time, the simulated
-///   driver's books cost next to nothing), mapped ÷ live 1.11-1.13; synthetic transformer traces
+///   W1 1.13-1.23x default_allocator's time over five seeds and several sessions' runs (host CPU
+///   time, the simulated driver's books cost next to nothing), mapped ÷ live 1.13-1.17 (granules
+///   ahead at the peak; 1.11-1.14 without frontier growth); synthetic transformer traces
 ///   of six seeds (scripts/synthetic-traces): smallest device 1.000-1.031. On an H100
 ///   (bench/virtual_memory/virtual_memory_gpu.cu, two runs, fifteenth session): 0.98-0.99x
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
