@@ -1268,8 +1268,8 @@ BOOST_AUTO_TEST_CASE(model_based_randomized) {
   run_model(6, 1'000'000, host_arena::keep_all, 32, true);
   // virtual_allocator's: keep_all with block-sized pieces.
   run_model(7, 1'000'000, host_arena::keep_all, 32, true, true);
-  // ... and frontier growth (a piece of a granule ahead for every two mapped, while the backend
-  // holds at most 2 MiB: after each release() the heap grows from few granules again).
+  // ... and frontier growth (a granule ahead for every two mapped, while the backend holds at
+  // most 2 MiB; every 50,000 operations the heap is emptied and released, and grows again).
   run_model(8, 1'000'000, host_arena::keep_all, 32, true, true, 2);
 }
 

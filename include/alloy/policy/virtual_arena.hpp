@@ -71,10 +71,11 @@ namespace alloy {
 ///   its own. A piece serves one tag at a time (see tags).
 /// - Frontier growth (`frontier_growth_divisor`, with block-sized pieces; `virtual_allocator`'s:
 ///   1/32): a block whose unmapped granules end the used range maps 1/divisor of the mapped
-///   granules more in its piece, while the backend then holds at most 1/16 of its capacity. A
-///   heap growing from nothing thus makes a few creates, geometrically larger, instead of one or
-///   two a block (a fresh process's first pass pays each on a GPU), and the granules ahead serve
-///   the next blocks that grow the heap; they cost at most 1/divisor of the mapped bytes mapped
+///   granules more in its piece, while the backend then holds at most 1/16 of its capacity. Each
+///   such create adds about 1/divisor of the heap, so a growing heap makes at most about divisor
+///   creates at its top each time it doubles (once 1/divisor of it is a granule), instead of one
+///   or two a block (a fresh process's first pass pays each on a GPU); the granules ahead serve
+///   the next blocks that grow the heap, and cost at most 1/divisor of the mapped bytes mapped
 ///   and not yet used. Such pieces go back only whole; made below 1/16 of the capacity, they
 ///   total at most that, so under pressure the rest of the heap is in block-sized pieces. Not for
 ///   tagged chunks, `restore` or planned growth (those map block-sized pieces).
@@ -258,8 +259,9 @@ class virtual_arena {
     bool block_sized_pieces = false;
     /// With `block_sized_pieces` only: a block that maps new granules at the top of the used
     /// range maps 1/this of the mapped granules more in the same piece, while the backend then
-    /// holds at most 1/16 of its capacity: a heap growing from nothing makes a few creates, not
-    /// one or two a block, and the free granules ahead serve the next blocks that grow the heap.
+    /// holds at most 1/16 of its capacity: a growing heap makes at most this many creates at its
+    /// top each time it doubles, not one or two a block, and the free granules ahead serve the
+    /// next blocks that grow the heap.
     /// Such a piece goes back only whole; together they hold at most 1/16 of the capacity, so
     /// pressure finds the rest in block-sized pieces. 0: off (`virtual_allocator`: 32, chosen in
     /// bench/README.md, "What changed on 2026-11-27 (fifteenth session)").
@@ -1622,7 +1624,7 @@ class virtual_arena {
   /// Frontier growth (`frontier_growth_divisor`): when granules [first, last] end the used range
   /// and the `to_map` unmapped ones are its last, maps them and 1/divisor of the mapped granules
   /// after them as one piece; those ahead are free mapped. False, nothing changed, when the block
-  /// is not at the frontier, nothing fits ahead (half the capacity, the reserved range), tags or
+  /// is not at the frontier, nothing fits ahead (1/16 of the capacity, the reserved range), tags or
   /// another thread's growth or release are about, or the create or map failed (the caller then
   /// maps the block's own pieces).
   bool map_with_granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
