@@ -221,7 +221,7 @@ int pieces(std::vector<std::string> paths) {
     layouts.back().options.arena.granularity = p;
     layouts.back().options.arena.block_sized_pieces = false;
   }
-  for (std::size_t divisor : {0, 16, 32}) {
+  for (const std::size_t divisor : {std::size_t{0}, std::size_t{16}, std::size_t{32}}) {
     layouts.push_back({divisor == 0    ? "block-sized pieces"
                        : divisor == 32 ? "frontier growth 1/32 (the default)"
                                        : "frontier growth 1/" + std::to_string(divisor),
