@@ -230,9 +230,8 @@ int pieces(std::vector<std::string> paths) {
   }
   std::printf(
       "virtual_allocator by physical piece size: smallest device ÷ peak live (to 0.5 %%), map + unmap calls "
-      "per 1,000 operations at that device / without a limit; peak mapped ÷ peak live without a limit\n\n| trace | "
-      "peak "
-      "live |");
+      "per 1,000 operations at that device / without a limit; peak mapped ÷ peak live without a limit\n\n"
+      "| trace | peak live |");
   for (const layout& l : layouts) std::printf(" %s |", l.name.c_str());
   std::printf("\n|---|---:|");
   for (std::size_t k = 0; k < layouts.size(); ++k) std::printf("---:|");
