@@ -1629,15 +1629,18 @@ class virtual_arena {
   /// maps the block's own pieces).
   bool map_with_granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
     if (tags_in_use_ || pending_plans_ != 0 || batch_.active) return false;
-    const std::size_t from = granules_[first].piece != 0 ? first + 1 : first;
-    if (from > last || to_map != last + 1 - from || mapped_bits_.count(last + 1, granules_.size()) != 0) return false;
+    // How many fit ahead first (arithmetic): once the heap is past 1/16 of the capacity nothing
+    // does, and the frontier's scan of the mapped table below is skipped.
     std::size_t ahead = (mapped_ + to_map) / opts_.frontier_growth_divisor;
+    if (ahead == 0) return false;
     // Only while the backend holds little: such pieces then total at most 1/16 of its capacity,
     // all that they can keep from going back under pressure.
     const std::size_t held = vmm_.physical_bytes() + (to_map << gshift_), bound = vmm_.capacity() / 16;
-    ahead = std::min(ahead, held < bound ? (bound - held) >> gshift_ : 0);
-    ahead = std::min(ahead, ((end_ - base_) >> gshift_) - (last + 1));
-    if (ahead == 0 || !cover_granules(last + 1 + ahead)) return false;
+    ahead = std::min({ahead, held < bound ? (bound - held) >> gshift_ : 0, granule_of(end_) - (last + 1)});
+    if (ahead == 0) return false;
+    const std::size_t from = granules_[first].piece != 0 ? first + 1 : first;
+    if (from > last || to_map != last + 1 - from || mapped_bits_.count(last + 1, granules_.size()) != 0) return false;
+    if (!cover_granules(last + 1 + ahead)) return false;
     const std::size_t n = last + 1 + ahead - from;
     if (map_whole_run(from, n) != map_result::mapped) return false;
     for (std::size_t g = from; g < from + n; ++g) granules_[g].fresh = false;
