@@ -10,10 +10,11 @@
 //   script sees the other thread wait: the test can fail. The same with a gate in `unmap` while
 //   thread A runs `release()`; and a request on granules being released waits for their unmaps.
 // - The two phases called directly: a pending chunk is not handed out twice, its granules are
-//   avoided by other placements, a free of its address is a misuse; a model-based randomized run
-//   keeps up to four growths pending while it allocates, frees and releases around them, with
-//   creates and maps failing and a capacity limit, checking invariants, fill patterns and overlap
-//   after every step and exact balances at the end.
+//   avoided by other placements, a free of its address is a misuse; a growth at the frontier maps
+//   granules ahead, held until its commit; a model-based randomized run keeps up to four growths
+//   pending while it allocates, frees and releases around them (one run with frontier growth),
+//   with creates and maps failing and a capacity limit, checking invariants, fill patterns and
+//   overlap after every step and exact balances at the end.
 // - Scripted failures: one create or map fails, at every call index of a script through
 //   synchronized<stats<virtual_arena>>: each request is still served, statistics exact.
 // - Threads: 4 threads over a small device with failing calls, blocks handed to other threads to
@@ -520,6 +521,67 @@ BOOST_AUTO_TEST_CASE(a_planned_growth_maps_block_sized_pieces_as_allocate_does) 
   BOOST_TEST(a.check_invariants());
 }
 
+BOOST_AUTO_TEST_CASE(a_planned_growth_at_the_frontier_maps_granules_ahead_as_allocate_does) {
+  // Frontier growth with divisor 1 (as many granules ahead as are mapped) on a device of 256
+  // granules: granules ahead while the backend then holds at most 16.
+  const auto s = device(256 * granule);
+  arena a{gated_vmm{s},
+          {.release_threshold = arena::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 1}};
+  const block small = a.allocate(8 << 10, 256);  // granule 0 and one ahead: one piece of two
+  BOOST_REQUIRE(small);
+  const auto base = reinterpret_cast<std::uintptr_t>(small.ptr);
+  const auto at = [base](std::size_t g) { return reinterpret_cast<void*>(base + g * granule); };
+  BOOST_TEST(a.mapped_bytes() == 2 * granule);
+  fill_pattern(small, 1);
+
+  // Four whole granules go on a boundary, on granules 1-4; 2-4 are new and end the used range, so
+  // the plan maps them and 5 granules ahead (2 + 3 mapped then) as one run.
+  alloy::growth_plan plan;
+  BOOST_TEST(!a.allocate_or_plan(4 * granule, 256, plan));
+  BOOST_REQUIRE(static_cast<bool>(plan));
+  BOOST_TEST(plan.bytes == 8 * granule);
+  BOOST_TEST(a.check_invariants());
+  // Until the commit the granules ahead are held: another block goes past them (its own piece:
+  // no granules ahead while a growth is pending).
+  const block beyond = a.allocate(granule, 256);
+  BOOST_REQUIRE(beyond);
+  BOOST_TEST(beyond.ptr == at(10));
+  BOOST_TEST(a.counters().num_maps == 2u);
+  BOOST_TEST(a.check_invariants());
+  plan.fetch();
+  BOOST_REQUIRE(static_cast<bool>(plan.got));
+  const block four = a.allocate_planned(plan, 4 * granule, 256);
+  plan.give_back_unused();
+  BOOST_REQUIRE(four);
+  BOOST_TEST(four.ptr == at(1));
+  BOOST_TEST(a.counters().num_maps == 3u);
+  BOOST_TEST(a.counters().num_device_alloc == 3u);
+  BOOST_TEST(a.mapped_bytes() == 11 * granule);
+  BOOST_TEST(a.bytes_in_use() == 4 * granule + granule + (8 << 10));
+  BOOST_TEST(a.check_invariants());
+
+  // The granules ahead serve the next blocks without a driver call.
+  const std::size_t creates = s->calls().creates;
+  const block three = a.allocate(3 * granule, 256);
+  BOOST_REQUIRE(three);
+  BOOST_TEST(three.ptr == at(5));
+  BOOST_TEST(s->calls().creates == creates);
+  fill_pattern(four, 2);
+  fill_pattern(three, 3);
+  fill_pattern(beyond, 4);
+  BOOST_TEST(has_pattern(small, 1));
+  BOOST_TEST(has_pattern(four, 2));
+  BOOST_TEST(a.check_invariants());
+
+  for (const block& b : {small, four, three, beyond}) a.deallocate(b);
+  BOOST_TEST(a.release() == 11 * granule);
+  const alloy::allocator_counters c = a.counters();
+  BOOST_TEST(c.num_device_alloc == c.num_device_free);
+  BOOST_TEST(c.num_maps == c.num_unmaps);
+  BOOST_TEST(a.check_invariants());
+  BOOST_TEST(s->backend.physical_bytes() == 0u);
+}
+
 /// A live block with its pattern id.
 struct live_block {
   block b;
@@ -539,23 +601,27 @@ enum class rule {
   keep_free,         ///< the arena's default release rule
   unmap_at_once,     ///< every wholly free granule is unmapped at once (many more growths)
   keep_all_in_runs,  ///< virtual_allocator's: nothing trimmed, block-sized pieces (released whole, detached too)
+  frontier,          ///< keep_all_in_runs with frontier growth (1/2), on a device of 1024 granules
 };
 
 /// Up to four growths pending at once while the arena allocates, frees and releases around them,
-/// up to 40 blocks live; creates and maps fail one call in eleven; the device holds 96 granules.
+/// up to 40 blocks live; creates and maps fail one call in eleven; the device holds 96 granules
+/// (`rule::frontier`: 1024, so that granules go ahead while it holds up to 64).
 void run_model(std::uint64_t seed, std::size_t steps, rule release_rule) {
   std::set<std::size_t> fail_at;
   for (std::size_t i = 5; i < 40 * steps; i += 11) fail_at.insert(i);
+  const std::size_t capacity = (release_rule == rule::frontier ? 1024 : 96) * granule;
   const auto s =
-      device(96 * granule, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
+      device(capacity, {.fail_at = fail_at, .kinds = vmm_state::failing::creates | vmm_state::failing::maps});
   {
     arena::options opts;
     if (release_rule == rule::unmap_at_once) {
       opts.release_threshold_divisor = 0;
       opts.keep_up_to_peak = false;
-    } else if (release_rule == rule::keep_all_in_runs) {
+    } else if (release_rule == rule::keep_all_in_runs || release_rule == rule::frontier) {
       opts.release_threshold = arena::keep_all;
       opts.block_sized_pieces = true;
+      if (release_rule == rule::frontier) opts.frontier_growth_divisor = 2;
     }
     arena a{gated_vmm{s}, opts};
     std::mt19937_64 rng(seed);
@@ -567,6 +633,7 @@ void run_model(std::uint64_t seed, std::size_t steps, rule release_rule) {
     std::vector<pending> waiting;
     std::uint64_t next_id = 1;
     std::size_t planned = 0, committed = 0, served = 0, failed = 0;
+    std::size_t ahead = 0;  // plans that map more granules than their block can touch
     const auto size = [&] {
       const double e = std::uniform_real_distribution<double>(6.0, 19.0)(rng);  // 64 B - 512 KiB
       return static_cast<std::size_t>(std::exp2(e));
@@ -593,6 +660,7 @@ void run_model(std::uint64_t seed, std::size_t steps, rule release_rule) {
           keep(b, p.bytes, p.alignment);
         } else if (p.plan) {
           ++planned;
+          ahead += p.plan.bytes > (p.bytes / granule + 2) * granule;
           waiting.push_back(p);
         } else {
           keep(a.allocate(p.bytes, p.alignment), p.bytes, p.alignment);
@@ -659,11 +727,15 @@ void run_model(std::uint64_t seed, std::size_t steps, rule release_rule) {
     BOOST_TEST(c.num_maps == c.num_unmaps);
     BOOST_TEST(c.num_maps == s->calls().maps);
     BOOST_TEST(planned == committed);
-    BOOST_TEST_MESSAGE("seed " << seed << ": " << planned << " planned, " << served << " served, " << failed
-                               << " failed");
+    BOOST_TEST_MESSAGE("seed " << seed << ": " << planned << " planned (" << ahead << " with granules ahead), "
+                               << served << " served, " << failed << " failed");
     BOOST_TEST(planned > steps / (release_rule == rule::unmap_at_once ? 20 : 200),
                "too few growths were planned to test anything");
-    BOOST_TEST(failed > 0u, "the device never ran short");
+    if (release_rule == rule::frontier) {
+      BOOST_TEST(ahead > 0u, "no planned growth mapped granules ahead");
+    } else {
+      BOOST_TEST(failed > 0u, "the device never ran short");
+    }
     BOOST_TEST(served > 10 * failed);
   }
   const alloy::host_vmm::call_counts calls = s->calls();
@@ -674,10 +746,11 @@ void run_model(std::uint64_t seed, std::size_t steps, rule release_rule) {
 }
 
 BOOST_AUTO_TEST_CASE(model_with_growths_pending_around_every_call) {
-  for (std::uint64_t seed : {1u, 2u, 3u, 4u})
+  for (std::uint64_t seed : {1u, 2u, 3u, 4u, 5u})
     run_model(seed, under_tsan ? 20000 : 200000,
               seed == 1   ? rule::keep_free
               : seed == 4 ? rule::keep_all_in_runs
+              : seed == 5 ? rule::frontier
                           : rule::unmap_at_once);
 }
 

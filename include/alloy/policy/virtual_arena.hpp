@@ -78,7 +78,9 @@ namespace alloy {
 ///   the next blocks that grow the heap, and cost at most 1/divisor of the mapped bytes mapped
 ///   and not yet used. Such pieces go back only whole; made below 1/16 of the capacity, they
 ///   total at most that, so under pressure the rest of the heap is in block-sized pieces. Not for
-///   tagged chunks, `restore` or planned growth (those map block-sized pieces).
+///   tagged chunks or `restore` (those map block-sized pieces). A planned growth maps granules
+///   ahead too when no other growth or release batch is pending; a placeholder chunk over them
+///   keeps other placements off until its commit.
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
 ///   not mapped (a `create` and a `map` each, or each run with block-sized pieces, with granules
 ///   ahead at the frontier under frontier growth; none when its granules are mapped already), after
@@ -176,8 +178,8 @@ namespace alloy {
 ///   `allocate` does, trims what the release rule no longer keeps, carves the chunk (not yet in
 ///   use: not in `bytes_in_use`, a free of its address is a misuse, `for_each_block` shows it
 ///   unmapped) and marks its unmapped granules *pending*; without the lock `plan.fetch()` creates
-///   and maps them, in the pieces `allocate` would make (touching only a record the arena owns
-///   and reuses, and the backend); under the lock again `allocate_planned` adds them to the
+///   and maps them, in the pieces `allocate` would make, granules ahead included (touching only a
+///   record the arena owns and reuses, and the backend); under the lock again `allocate_planned` adds them to the
 ///   books and hands the block out. Meanwhile no placement touches a pending granule: a block
 ///   whose first or last granule is pending goes to whole free granules instead (O(1) check,
 ///   only while a growth is pending), so two threads never map one granule. When a create or
@@ -365,6 +367,10 @@ class virtual_arena {
     --pending_plans_;
     in_use_ += m.rounded;
     requested_ += m.bytes;
+    if (m.ahead_bytes != 0) {  // the granules ahead are free (mapped unless the run failed)
+      merge_free(map_.take(pool_, m.ahead_at), m.ahead_at);
+      m.ahead_bytes = 0;
+    }
     if (m.mapped == m.runs.size() && state(tag{m.tag}) == tag_state::resident) [[likely]]
       return {reinterpret_cast<void*>(m.start), m.bytes};
     free_chunk(map_.take(pool_, m.start), m.start);
@@ -493,11 +499,17 @@ class virtual_arena {
   /// Frees allocated chunk `c` at `addr` (taken off the address map): merged with its free
   /// neighbours; its granules lose a user, those left with none are free mapped, then trimmed.
   void free_chunk(std::uint32_t c, std::uintptr_t addr) noexcept {
+    const detail::best_fit_chunk& node = pool_[c];
+    peak_in_use_ = std::max(peak_in_use_, in_use_);  // a peak ends with a free
+    in_use_ -= node.size();
+    requested_ -= node.requested();
+    merge_free(c, addr);
+  }
+  /// Frees chunk `c` at `addr` (taken off the address map; not counted in use) without the
+  /// counts: merged with its free neighbours, its granules lose a user.
+  void merge_free(std::uint32_t c, std::uintptr_t addr) noexcept {
     detail::best_fit_chunk& node = pool_[c];
     const std::size_t size = node.size();
-    peak_in_use_ = std::max(peak_in_use_, in_use_);  // a peak ends with a free
-    in_use_ -= size;
-    requested_ -= node.requested();
     node.set_free(size);
     if (node.next_free()) {
       index_.erase(pool_, node.next());
@@ -999,10 +1011,11 @@ class virtual_arena {
 
   /// A granule a planned growth maps outside the lock (no placement may touch it meanwhile).
   bool pending_granule(std::size_t g) const noexcept { return g < granules_.size() && granules_[g].pending; }
-  /// Whether the allocated chunk at `addr` belongs to a planned growth not committed yet.
+  /// Whether the allocated chunk at `addr` belongs to a planned growth not committed yet (its block,
+  /// or the placeholder over its granules ahead).
   bool pending_chunk(std::uintptr_t addr) const noexcept {
     for (const auto& m : plans_)
-      if (m->active && m->start == addr) return true;
+      if (m->active && (m->start == addr || (m->ahead_bytes != 0 && m->ahead_at == addr))) return true;
     return false;
   }
   /// Pieces `release_detached` took off the books, unmapped and released by `give` (the
@@ -1064,7 +1077,8 @@ class virtual_arena {
   /// allocates no host memory.
   struct planned_mapping {
     /// Pending granules mapped with one piece: a granule each, or with block-sized pieces a run
-    /// the block covers whole (the rule of `map_new_granules`).
+    /// the block covers whole (the rule of `map_new_granules`), or its granules at the frontier
+    /// and those ahead.
     struct run {
       std::uintptr_t at = 0;
       std::size_t granules = 0;
@@ -1077,6 +1091,10 @@ class virtual_arena {
     std::size_t map_failures = 0;  ///< pieces created whose map failed (released at once)
     std::uintptr_t start = 0;      ///< the carved chunk
     std::size_t rounded = 0, bytes = 0;
+    /// Frontier growth: a placeholder chunk carved over the granules ahead of the block (the last
+    /// run maps them too), so that no other placement uses them before the commit frees it.
+    std::uintptr_t ahead_at = 0;
+    std::size_t ahead_bytes = 0;  ///< 0: none
     std::uint16_t tag = 0;
     bool active = false;
 
@@ -1112,21 +1130,32 @@ class virtual_arena {
       return {};
     }
     trim(kept_free_bytes(to_map));  // as `map_new_granules`: mapped memory stays within the rule
-    const auto [run_from, run_to] = whole_run_span(first, last, start, rounded);
-    std::size_t runs = 0;
-    for (std::size_t g = first; g <= last; ++g) {
-      if (granules_[g].piece != 0) continue;
-      std::size_t end = g + 1;
-      if (g >= run_from && g < run_to)
-        while (end < run_to && granules_[end].piece == 0) ++end;
-      for (std::size_t i = g; i < end; ++i) granules_[i].pending = true;
-      m->runs[runs++] = {base_ + (g << gshift_), end - g, 0};
-      g = end - 1;
-    }
-    m->runs.resize(runs);
     (void)carve(c, start, rounded, bytes);
     in_use_ -= rounded;  // counted at the commit, when memory is behind it
     requested_ -= bytes;
+    m->ahead_bytes = 0;
+    std::size_t runs = 0;
+    if (const std::size_t ahead = plan_granules_ahead(first, last, to_map); ahead != 0) {
+      // Frontier growth, as `map_with_granules_ahead`: one run, the block's granules and those ahead.
+      const std::size_t from = last + 1 - to_map;
+      for (std::size_t g = from; g <= last + ahead; ++g) granules_[g].pending = true;
+      m->runs[runs++] = {base_ + (from << gshift_), to_map + ahead, 0};
+      m->ahead_at = base_ + ((last + 1) << gshift_);
+      m->ahead_bytes = ahead << gshift_;
+      to_map += ahead;
+    } else {
+      const auto [run_from, run_to] = whole_run_span(first, last, start, rounded);
+      for (std::size_t g = first; g <= last; ++g) {
+        if (granules_[g].piece != 0) continue;
+        std::size_t end = g + 1;
+        if (g >= run_from && g < run_to)
+          while (end < run_to && granules_[end].piece == 0) ++end;
+        for (std::size_t i = g; i < end; ++i) granules_[i].pending = true;
+        m->runs[runs++] = {base_ + (g << gshift_), end - g, 0};
+        g = end - 1;
+      }
+    }
+    m->runs.resize(runs);
     m->start = start;
     m->rounded = rounded;
     m->bytes = bytes;
@@ -1141,6 +1170,23 @@ class virtual_arena {
     plan.take = &planned_mapping::map_all;
     plan.give = [](void*, block) noexcept {};  // `allocate_planned` adopts or frees everything
     return {};
+  }
+  /// Frontier growth for a planned growth whose block (carved, on granules [first, last]) ends the
+  /// used range: carves a placeholder chunk over the granules ahead from the free chunk after it
+  /// (the range's last), not counted in use, and returns how many; 0 when none go ahead or host
+  /// memory for the chunk ran out.
+  std::size_t plan_granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
+    const std::size_t ahead = granules_ahead(first, last, to_map);
+    if (ahead == 0 || !reserve_metadata()) return 0;
+    // Nothing past the block is touched (no granule there is mapped or pending), so it is free.
+    const std::uintptr_t at = base_ + ((last + 1) << gshift_);
+    const std::size_t bytes = ahead << gshift_;
+    if (!pool_[tail_].free() || pool_[tail_].addr > at || at + bytes > end_) return 0;
+    (void)carve(tail_, at, bytes, bytes);
+    in_use_ -= bytes;
+    requested_ -= bytes;
+    (void)add_user(last + 1, last + ahead, 0);
+    return ahead;
   }
   /// A record not in use, sized for `n` granules; null when host memory ran out.
   planned_mapping* idle_record(std::size_t n) noexcept {
@@ -1622,30 +1668,38 @@ class virtual_arena {
     return false;
   }
   /// Frontier growth (`frontier_growth_divisor`): when granules [first, last] end the used range
-  /// and the `to_map` unmapped ones are its last, maps them and 1/divisor of the mapped granules
-  /// after them as one piece; those ahead are free mapped. False, nothing changed, when the block
-  /// is not at the frontier, nothing fits ahead (1/16 of the capacity, the reserved range), tags or
-  /// another thread's growth or release are about, or the create or map failed (the caller then
-  /// maps the block's own pieces).
+  /// and the `to_map` unmapped ones are its last, maps them and the granules ahead
+  /// (`granules_ahead`) as one piece; those ahead are free mapped. False, nothing changed, when
+  /// none go ahead or the create or map failed (the caller then maps the block's own pieces).
   bool map_with_granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
-    if (tags_in_use_ || pending_plans_ != 0 || batch_.active) return false;
-    // How many fit ahead first (arithmetic): once the heap is past 1/16 of the capacity nothing
-    // does, and the frontier's scan of the mapped table below is skipped.
-    std::size_t ahead = (mapped_ + to_map) / opts_.frontier_growth_divisor;
+    const std::size_t ahead = granules_ahead(first, last, to_map);
     if (ahead == 0) return false;
-    // Only while the backend holds little: such pieces then total at most 1/16 of its capacity,
-    // all that they can keep from going back under pressure.
-    const std::size_t held = vmm_.physical_bytes() + (to_map << gshift_), bound = vmm_.capacity() / 16;
-    ahead = std::min({ahead, held < bound ? (bound - held) >> gshift_ : 0, granule_of(end_) - (last + 1)});
-    if (ahead == 0) return false;
-    const std::size_t from = granules_[first].piece != 0 ? first + 1 : first;
-    if (from > last || to_map != last + 1 - from || mapped_bits_.count(last + 1, granules_.size()) != 0) return false;
-    if (!cover_granules(last + 1 + ahead)) return false;
-    const std::size_t n = last + 1 + ahead - from;
+    const std::size_t from = last + 1 - to_map, n = to_map + ahead;
     if (map_whole_run(from, n) != map_result::mapped) return false;
     for (std::size_t g = from; g < from + n; ++g) granules_[g].fresh = false;
     free_mapped_ += ahead;
     return true;
+  }
+  /// How many granules frontier growth maps ahead of a block on granules [first, last] whose
+  /// `to_map` unmapped granules are its last and end the used range: 1/divisor of the mapped
+  /// granules, while the backend then holds at most 1/16 of its capacity, within the reserved
+  /// range. 0 when the block is not at the frontier, nothing fits ahead, or tags, a planned growth
+  /// or a release batch are about (their granules could lie ahead); the granule table covers them
+  /// when not 0.
+  std::size_t granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
+    if (opts_.frontier_growth_divisor == 0 || tags_in_use_ || pending_plans_ != 0 || batch_.active) return 0;
+    // How many fit ahead first (arithmetic): once the heap is past 1/16 of the capacity nothing
+    // does, and the frontier's scan of the mapped table below is skipped.
+    std::size_t ahead = (mapped_ + to_map) / opts_.frontier_growth_divisor;
+    if (ahead == 0) return 0;
+    // Only while the backend holds little: such pieces then total at most 1/16 of its capacity,
+    // all that they can keep from going back under pressure.
+    const std::size_t held = vmm_.physical_bytes() + (to_map << gshift_), bound = vmm_.capacity() / 16;
+    ahead = std::min({ahead, held < bound ? (bound - held) >> gshift_ : 0, granule_of(end_) - (last + 1)});
+    if (ahead == 0) return 0;
+    const std::size_t from = granules_[first].piece != 0 ? first + 1 : first;
+    if (from > last || to_map != last + 1 - from || mapped_bits_.count(last + 1, granules_.size()) != 0) return 0;
+    return cover_granules(last + 1 + ahead) ? ahead : 0;
   }
   /// Maps the `to_map` unmapped granules of a chunk at `start` (`rounded` bytes on granules
   /// [first, last]), as `allocate` and `restore` do. Block-sized pieces: the unmapped granules it
