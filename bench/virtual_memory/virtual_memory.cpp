@@ -5,6 +5,7 @@
 //   virtual_memory pieces [TRACE...]       # virtual_allocator's physical pieces: device and calls
 //   virtual_memory w1 [SEEDS]              # default: 5 seeds
 //   virtual_memory offload [SEEDS]         # default: 3 seeds
+//   virtual_memory planned [TRACE...]      # synchronized over a thread-safe backend: the same calls?
 //
 // All but `offload` run on alloy-replay's simulated devices (tools/replay): the virtual compositions on
 // the device with virtual memory (2 MiB granules, physical memory counted, addresses never
@@ -38,6 +39,12 @@
 // and the cache discarded, both restored; the driver calls of each phase (creates + maps,
 // unmaps), with block-sized pieces (the default) and with a piece per granule. On a GPU each call
 // is microseconds (about 36 us a create + map on an H200), so they are the wake-up's time.
+//
+// planned: every trace (or those named) through virtual_allocator and through
+// synchronized<virtual_allocator> over a thread-safe backend (`vmm_ref<synchronized_vmm<V>>`),
+// whose growths are planned under the lock and mapped outside it, in one thread: map + unmap
+// calls per 1,000 operations and peak mapped ÷ peak live without a limit. The two should make
+// the same calls: threads are not to pay for the lock with more driver calls.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -48,9 +55,11 @@
 #include <string>
 #include <vector>
 
+#include <alloy/policy/synchronized.hpp>
 #include <alloy/showcase.hpp>
 #include <alloy/tag.hpp>
 #include <alloy/vmm/host_vmm.hpp>
+#include <alloy/vmm/synchronized_vmm.hpp>
 
 #include "replay/compositions.hpp"
 #include "replay/min_capacity.hpp"
@@ -400,6 +409,62 @@ int offload(int seeds) {
   return 0;
 }
 
+/// Replays `t` through `a` (every block at alignment 256, none limited): map + unmap calls per
+/// 1,000 operations and peak mapped ÷ peak live on `d`; `failed` counts requests not served.
+/// A loop of its own: `synchronized` does not move, as alloy-replay's targets do.
+template <class A>
+std::pair<double, double> replay_in_place(const bench::rmm_trace& t, simulated_vm_device& d, A& a,
+                                          std::size_t& failed) {
+  std::vector<block> live(t.allocations);
+  std::size_t operations = 0;
+  for (const bench::trace_event& e : t.events) {
+    if (e.action == bench::trace_action::allocate) {
+      live[e.allocation] = a.allocate(e.size, 256);
+      failed += !live[e.allocation];
+    } else if (e.action == bench::trace_action::free) {
+      a.deallocate(live[e.allocation]);
+      live[e.allocation] = {};
+    } else {
+      continue;
+    }
+    ++operations;
+  }
+  for (const block& b : live)
+    if (b) a.deallocate(b);
+  return {1000.0 * static_cast<double>(d.map_calls()) / static_cast<double>(std::max<std::size_t>(operations, 1)),
+          static_cast<double>(d.peak_mapped()) / static_cast<double>(std::max<std::size_t>(t.peak_live_bytes, 1))};
+}
+
+int planned(std::vector<std::string> paths) {
+  const std::vector<bench::rmm_trace> traces = read_traces(paths);
+  if (traces.empty()) return 1;
+  using shared_backend = synchronized_vmm<vm>;
+  using planning = virtual_allocator<vmm_ref<shared_backend>>;
+  static_assert(growth_planning_allocator<planning> && !growth_planning_allocator<virtual_allocator<vm>>);
+  std::printf(
+      "virtual_allocator alone and under synchronized over a thread-safe backend (growths planned, mapped "
+      "outside the lock), one thread, no limit: map + unmap calls per 1,000 operations; peak mapped ÷ peak live\n\n"
+      "| trace | alone: calls | mapped | synchronized: calls | mapped |\n|---|---:|---:|---:|---:|\n");
+  double log_alone = 0, log_planned = 0;
+  std::size_t failed = 0;
+  for (const bench::rmm_trace& t : traces) {
+    simulated_vm_device d1, d2;
+    virtual_allocator<vm> alone{vm{d1}};
+    const auto [calls, mapped] = replay_in_place(t, d1, alone, failed);
+    shared_backend backend{vm{d2}};
+    synchronized<planning> locked{planning{vmm_ref<shared_backend>{backend}}};
+    const auto [planned_calls, planned_mapped] = replay_in_place(t, d2, locked, failed);
+    std::printf("| %s | %.1f | %.3f | %.1f | %.3f |\n", std::filesystem::path(t.name).filename().c_str(), calls, mapped,
+                planned_calls, planned_mapped);
+    log_alone += std::log(std::max(calls, 0.01));
+    log_planned += std::log(std::max(planned_calls, 0.01));
+  }
+  const double n = static_cast<double>(traces.size());
+  std::printf("| geometric mean | %.1f | | %.1f | |\n", std::exp(log_alone / n), std::exp(log_planned / n));
+  if (failed != 0) std::printf("\n%zu requests failed (none should without a limit)\n", failed);
+  return failed == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -408,8 +473,9 @@ int main(int argc, char** argv) {
   if (what == "pieces") return pieces(std::vector<std::string>(argv + 2, argv + argc));
   if (what == "w1") return w1(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
   if (what == "offload") return offload(argc > 2 ? std::max(1, std::atoi(argv[2])) : 3);
+  if (what == "planned") return planned(std::vector<std::string>(argv + 2, argv + argc));
   std::fprintf(stderr,
                "usage: virtual_memory candidates [TRACE...] | virtual_memory pieces [TRACE...] | virtual_memory w1 "
-               "[SEEDS] | virtual_memory offload [SEEDS]\n");
+               "[SEEDS] | virtual_memory offload [SEEDS] | virtual_memory planned [TRACE...]\n");
   return 2;
 }
