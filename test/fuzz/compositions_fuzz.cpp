@@ -9,8 +9,10 @@
 // operations and at the end. Any violation traps.
 //
 // The virtual compositions (virtual_arena<host_vmm> with its default release rule; with
-// `virtual_allocator`'s block-sized pieces, alone and under stream_ordered; and
-// `stats<virtual_allocator>`) also take tags, offload, discard and restore, and run over a
+// `virtual_allocator`'s block-sized pieces, alone and under stream_ordered; `stats<virtual_allocator>`;
+// and `synchronized<virtual_allocator>` over a thread-safe backend, whose growths are planned,
+// mapped and committed within each call, granules ahead at the frontier included) also take
+// tags, offload, discard and restore, and run over a
 // backend that fails chosen creates, maps and reserves and a host copy that fails when asked: a
 // tag's blocks must come back at the same addresses holding the same bytes after an offload, a
 // failed call must change no tag's state, the backend's physical bytes must equal the arena's
@@ -33,6 +35,7 @@
 #include <iterator>
 #include <map>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include <alloy/alloy.hpp>
@@ -40,6 +43,7 @@
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
 #include <alloy/vmm/host_vmm.hpp>
+#include <alloy/vmm/synchronized_vmm.hpp>
 
 #include "support/checking_upstream.hpp"
 #include "support/failing_vmm.hpp"
@@ -83,12 +87,15 @@ struct live_block {
 };
 
 using fuzz_vmm = alloy::testing::failing_vmm<alloy::vmm_ref<alloy::host_vmm>>;
+/// The same backend behind a lock: a `thread_safe_vmm`, so that `synchronized` plans growths.
+using planning_vmm = alloy::vmm_ref<alloy::synchronized_vmm<fuzz_vmm>>;
 
 /// What the input may make fail in a virtual composition: the backend (a copy sharing the
 /// arena's failure options) and the host copy of an offload.
 struct fault_injection {
   fuzz_vmm vmm;
   bool host_copy_fails = false;
+  std::optional<alloy::synchronized_vmm<fuzz_vmm>> locked{};  ///< `planning_vmm`'s backend, when used
 
   static void* host_allocate(std::size_t bytes, void* self) {
     return static_cast<fault_injection*>(self)->host_copy_fails ? nullptr : ::operator new(bytes, std::nothrow);
@@ -158,7 +165,9 @@ template <class A>
 class tag_model {
  public:
   static constexpr bool enabled = requires(A& a) { a.offload(alloy::tag{1}); };
-  static constexpr std::uint16_t tags = 3;
+  /// A composition that plans its growth takes tag 0 only: a tagged request is never planned
+  /// (`virtual_arena::allocate_or_plan`), and with three tags two requests in three would be.
+  static constexpr std::uint16_t tags = alloy::growth_planning_allocator<A> ? 1 : 3;
 
   bool resident(std::uint16_t t) const { return state_[t] == alloy::tag_state::resident; }
 
@@ -220,7 +229,7 @@ class tag_model {
   }
 
  private:
-  alloy::tag_state state_[tags] = {alloy::tag_state::resident, alloy::tag_state::resident, alloy::tag_state::resident};
+  alloy::tag_state state_[3] = {alloy::tag_state::resident, alloy::tag_state::resident, alloy::tag_state::resident};
 };
 
 /// Drives `alloc` with the operations of `data`; sizes below 2^exponents bytes.
@@ -411,11 +420,11 @@ constexpr auto virtual_check = [](const auto& a, bool full) {
 
 /// A virtual composition over a small host_vmm whose calls fail as the input says: after
 /// everything is freed and released nothing is mapped, and once it is gone nothing is reserved.
-/// 48 granules of 16 KiB and requests below 512 KiB: the device runs short often, and the maps
-/// (system calls) and offload copies stay few and small, so a run stays fast.
+/// 48 granules of 16 KiB (by default) and requests below 512 KiB: the device runs short often, and
+/// the maps (system calls) and offload copies stay few and small, so a run stays fast.
 template <class Make>
-void run_virtual(const std::uint8_t* data, std::size_t size, Make&& make) {
-  alloy::host_vmm backend{{.capacity = 768_KiB, .granularity = 16_KiB}};
+void run_virtual(const std::uint8_t* data, std::size_t size, Make&& make, std::size_t capacity = 768_KiB) {
+  alloy::host_vmm backend{{.capacity = capacity, .granularity = 16_KiB}};
   fault_injection faults{fuzz_vmm{alloy::vmm_ref<alloy::host_vmm>{backend}}};
   {
     auto alloc = make(faults);
@@ -454,7 +463,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::size_t n = size - 1;
     using virtual_arena = alloy::virtual_arena<fuzz_vmm>;
     using virtual_allocator = alloy::virtual_allocator<fuzz_vmm>;
-    switch (data[0] % 10) {
+    switch (data[0] % 11) {
       case 0: run(arena{up, {.growth_size = 64_KiB, .max_growth_size = 1_MiB}}, ops, n, arena_check); break;
       case 1:
         run(arena{up, {.initial_size = 4_MiB, .maximum_size = 4_MiB, .max_split_size = 256_KiB}}, ops, n, arena_check);
@@ -493,13 +502,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                           f)}};
         });
         break;
-      default:  // the showcase composition, counted
+      case 9:  // the showcase composition, counted
         run_virtual(ops, n, [](fault_injection& f) {
           virtual_allocator::options o;
           o.arena = with_fault_injection(o.arena, f);
           o.arena.address_space = 2_MiB;
           return alloy::stats<virtual_allocator>{virtual_allocator{f.vmm, o}};
         });
+        break;
+      default:  // the showcase composition under synchronized, its large requests' growths planned;
+                // frontier growth 1/1 on 512 granules, so that granules go ahead while up to 32 are held
+        run_virtual(
+            ops, n,
+            [](fault_injection& f) {
+              using planning_allocator = alloy::virtual_allocator<planning_vmm>;
+              static_assert(alloy::growth_planning_allocator<planning_allocator>);
+              f.locked.emplace(f.vmm);
+              planning_allocator::options o;
+              o.arena = with_fault_injection(o.arena, f);
+              o.arena.address_space = 2_MiB;
+              o.arena.frontier_growth_divisor = 1;
+              return alloy::synchronized<planning_allocator>{planning_allocator{planning_vmm{*f.locked}, o}};
+            },
+            8_MiB);
         break;
     }
   }
