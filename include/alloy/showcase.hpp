@@ -198,8 +198,8 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`; over a `thread_safe_vmm`,
 ///   planned growth for requests above 64 KiB (the arena's: `synchronized` and `sharded` map
 ///   their granules, and those ahead, without the lock; a small request's new slab is mapped
-///   under it) and
-///   `release_detached` (the unmaps of `release()` without the lock). Memory kind: the backend's.
+///   under it) and `release_detached` (the unmaps of `release()` without the lock). Memory kind:
+///   the backend's.
 /// - Chosen by measurement (`bench/virtual_memory candidates`, tables in bench/README.md,
 ///   "Virtual memory"): the arena alone and pools up to 16 KiB / 64 KiB / 256 KiB / 1 MiB with
 ///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,

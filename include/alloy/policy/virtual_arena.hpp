@@ -178,21 +178,22 @@ namespace alloy {
 ///   `allocate` does, trims what the release rule no longer keeps, carves the chunk (not yet in
 ///   use: not in `bytes_in_use`, a free of its address is a misuse, `for_each_block` shows it
 ///   unmapped) and marks its unmapped granules *pending*; without the lock `plan.fetch()` creates
-///   and maps them, in the pieces `allocate` would make, granules ahead included (touching only a
-///   record the arena owns and reuses, and the backend); under the lock again `allocate_planned` adds them to the
-///   books and hands the block out. Meanwhile no placement touches a pending granule: a block
-///   whose first or last granule is pending goes to whole free granules instead (O(1) check,
-///   only while a growth is pending), so two threads never map one granule. When a create or
-///   map failed, the granules mapped are kept as free mapped ones, the chunk is freed and the
-///   request served as `allocate` serves it, under the lock (the release-and-retry under
-///   pressure is a last resort). Likewise `release()`
+///   and maps them, in the pieces `allocate` would make, granules ahead included (touching only
+///   a record the arena owns and reuses, and the backend); under the lock again
+///   `allocate_planned` adds them to the books and hands the block out. Meanwhile no placement
+///   touches a pending granule: a block whose first or last granule is pending goes to whole
+///   free granules instead (O(1) check, only while a growth is pending), so two threads never
+///   map one granule. When a create or map failed, the granules mapped are kept as free mapped
+///   ones, the chunk is freed and the request served as `allocate` serves it, under the lock
+///   (the release-and-retry under pressure is a last resort). Likewise `release()`
 ///   (`release_detached`): free mapped granules leave the books under the lock, marked releasing,
 ///   and are unmapped and released without it; a placement that needs one waits (holding the lock)
 ///   until its batch is done. Still under the lock: the trims of a free or an allocate,
 ///   address-range growth, tagged requests (no plan is made once a tag other than 0 was used or
 ///   any tag offloaded). Tested by test/policy/virtual_unlocked_growth_test.cpp (a gated map and
-///   a gated unmap, a model with four growths pending and detached releases, a failure at every
-///   call index, threads; under ThreadSanitizer too).
+///   a gated unmap, granules ahead at the frontier, a model with four growths pending and
+///   detached releases, a failure at every call index, threads; under ThreadSanitizer too) and
+///   compositions_fuzz (`synchronized<virtual_allocator>`).
 /// - Today's figures (alloy-replay, the 15 shipped traces, 2 MiB granules, bench/README.md
 ///   "Virtual memory"; ratios and call counts are deterministic): smallest device ÷ peak live
 ///   1.000-1.145 (geometric mean 1.022); with the defaults and no limit, peak mapped ÷ peak live
