@@ -11,14 +11,14 @@
 // The virtual compositions (virtual_arena<host_vmm> with its default release rule; with
 // `virtual_allocator`'s block-sized pieces, alone and under stream_ordered; `stats<virtual_allocator>`;
 // and `synchronized<virtual_allocator>` over a thread-safe backend, whose growths are planned,
-// mapped and committed within each call, granules ahead at the frontier included) also take
-// tags, offload, discard and restore, and run over a
-// backend that fails chosen creates, maps and reserves and a host copy that fails when asked: a
-// tag's blocks must come back at the same addresses holding the same bytes after an offload, a
-// failed call must change no tag's state, the backend's physical bytes must equal the arena's
-// mapped bytes after every operation, and after everything is freed and released nothing is
-// mapped, nor, once the composition is gone, reserved (inputs of odd length restore every tag
-// first; even ones leave offloaded tags to the destructor).
+// mapped and committed within each call, granules ahead at the frontier included, on tag 0 only)
+// also take tags, offload, discard and restore, and run over a backend that fails chosen creates,
+// maps and reserves and a host copy that fails when asked: a tag's blocks must come back at the
+// same addresses holding the same bytes after an offload, a failed call must change no tag's
+// state, the backend's physical bytes must equal the arena's mapped bytes after every operation,
+// and after everything is freed and released nothing is mapped, nor, once the composition is
+// gone, reserved (inputs of odd length restore every tag first; even ones leave offloaded tags to
+// the destructor).
 //
 // Input: byte 0 picks the composition; then 4 bytes per operation:
 //   [op] [size exponent] [size mantissa] [alignment exponent / victim]
