@@ -79,8 +79,8 @@ namespace alloy {
 ///   and not yet used. Such pieces go back only whole; made below 1/16 of the capacity, they
 ///   total at most that, so under pressure the rest of the heap is in block-sized pieces. Not for
 ///   tagged chunks or `restore` (those map block-sized pieces). A planned growth maps granules
-///   ahead too when no other growth or release batch is pending; a placeholder chunk over them
-///   keeps other placements off until its commit.
+///   ahead too when no other growth or release batch is pending; a chunk carved over them, held
+///   by the plan and not handed out, keeps other placements off until its commit frees it.
 /// - Driver calls (each one a backend call): an allocate maps the granules of its chunk that are
 ///   not mapped (a `create` and a `map` each, or each run with block-sized pieces, with granules
 ///   ahead at the frontier under frontier growth; none when its granules are mapped already), after
@@ -1013,7 +1013,7 @@ class virtual_arena {
   /// A granule a planned growth maps outside the lock (no placement may touch it meanwhile).
   bool pending_granule(std::size_t g) const noexcept { return g < granules_.size() && granules_[g].pending; }
   /// Whether the allocated chunk at `addr` belongs to a planned growth not committed yet (its block,
-  /// or the placeholder over its granules ahead).
+  /// or the chunk that holds its granules ahead).
   bool pending_chunk(std::uintptr_t addr) const noexcept {
     for (const auto& m : plans_)
       if (m->active && (m->start == addr || (m->ahead_bytes != 0 && m->ahead_at == addr))) return true;
@@ -1092,8 +1092,9 @@ class virtual_arena {
     std::size_t map_failures = 0;  ///< pieces created whose map failed (released at once)
     std::uintptr_t start = 0;      ///< the carved chunk
     std::size_t rounded = 0, bytes = 0;
-    /// Frontier growth: a placeholder chunk carved over the granules ahead of the block (the last
-    /// run maps them too), so that no other placement uses them before the commit frees it.
+    /// Frontier growth: the chunk carved over the granules ahead of the block (the last run maps
+    /// them too) and held by the plan, so that no other placement uses them before the commit
+    /// frees it.
     std::uintptr_t ahead_at = 0;
     std::size_t ahead_bytes = 0;  ///< 0: none
     std::uint16_t tag = 0;
@@ -1173,9 +1174,9 @@ class virtual_arena {
     return {};
   }
   /// Frontier growth for a planned growth whose block (carved, on granules [first, last]) ends the
-  /// used range: carves a placeholder chunk over the granules ahead from the free chunk after it
-  /// (the range's last), not counted in use, and returns how many; 0 when none go ahead or host
-  /// memory for the chunk ran out.
+  /// used range: carves a chunk over the granules ahead from the free chunk after the block (the
+  /// range's last), held by the plan and not counted in use, and returns how many; 0 when none go
+  /// ahead or host memory for the chunk ran out.
   std::size_t plan_granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
     const std::size_t ahead = granules_ahead(first, last, to_map);
     if (ahead == 0 || !reserve_metadata()) return 0;
