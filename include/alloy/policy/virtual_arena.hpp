@@ -508,7 +508,7 @@ class virtual_arena {
   }
   /// Frees chunk `c` at `addr` (taken off the address map; not counted in use) without the
   /// counts: merged with its free neighbours, its granules lose a user.
-  void merge_free(std::uint32_t c, std::uintptr_t addr) noexcept {
+  [[gnu::always_inline]] void merge_free(std::uint32_t c, std::uintptr_t addr) noexcept {
     detail::best_fit_chunk& node = pool_[c];
     const std::size_t size = node.size();
     node.set_free(size);
