@@ -35,11 +35,12 @@ namespace alloy {
 ///   multiple of `rounding` (default 256 B) and served by the smallest free chunk that holds it
 ///   (same index, same ties), the rest split off; a freed chunk merges at once with its free
 ///   address neighbours. Where inside that chunk the block goes is chosen by granules: when its
-///   front would add granules, the front, the back and both moved to a granule boundary are
-///   compared, fewest granules no live chunk touches first, then (blocks of whole granules) fewest
-///   granules spanned, then fewest unmapped (O(granules of the block / 64), only when granules are
-///   added): memory already held is used first, and a block of whole granules does not straddle
-///   one more. There is one range, so no boundary ever keeps two free chunks apart.
+///   front would add granules, the front and the front moved to a granule boundary (and, for a
+///   block of at most a granule, the back and the back moved to one) are compared, fewest
+///   granules no live chunk touches first, then (blocks of whole granules) fewest granules
+///   spanned, then fewest unmapped (O(granules of the block / 64), only when granules are added):
+///   memory already held is used first, and a block of whole granules does not straddle one
+///   more. There is one range, so no boundary ever keeps two free chunks apart.
 ///   At first the whole range is one free chunk; it is the largest, so best fit takes it last and
 ///   the used part of the range grows upward from its start. When nothing fits, the arena
 ///   reserves more addresses and keeps them only when they lie right after its range (it grows in
@@ -439,7 +440,7 @@ class virtual_arena {
     std::size_t to_map = 0;
     for (std::size_t g = 0; g < granules_.size(); ++g)
       to_map += touched(g) && granules_[g].tag == t.value && granules_[g].piece == 0 && !granules_[g].pending;
-    if (to_map > headroom() / opts_.granularity) return offload_status::device_out_of_memory;
+    if (to_map > (headroom() >> gshift_)) return offload_status::device_out_of_memory;
     // Each live chunk's granules in the pieces `allocate` makes (with block-sized pieces a run
     // per chunk, not a piece per granule), free pieces released when the capacity needs it.
     bool retried = true;  // a restore is no allocation: not counted in `num_alloc_retries`
@@ -998,7 +999,7 @@ class virtual_arena {
       consider(last_start & ~fine);
       consider(last_start & ~coarse);
     }
-    if (best_chunk == detail::best_fit_npos || best == tried || best_cost.untouched > headroom() / opts_.granularity)
+    if (best_chunk == detail::best_fit_npos || best == tried || best_cost.untouched > (headroom() >> gshift_))
       return {};
     const std::size_t first = granule_of(best), last = granule_of(best + rounded - 1);
     if (batch_.active) wait_if_releasing(first, last);
@@ -1126,7 +1127,7 @@ class virtual_arena {
   [[gnu::noinline]] block plan_mapping(growth_plan& plan, std::uint32_t c, std::uintptr_t start, std::size_t rounded,
                                        std::size_t bytes, std::size_t first, std::size_t last,
                                        std::size_t to_map) noexcept {
-    planned_mapping* m = to_map <= headroom() / opts_.granularity ? idle_record(to_map) : nullptr;
+    planned_mapping* m = to_map <= (headroom() >> gshift_) ? idle_record(to_map) : nullptr;
     if (m == nullptr) {
       (void)drop_user(first, last);  // nothing mapped yet
       return {};
@@ -1228,7 +1229,7 @@ class virtual_arena {
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
     // Granules spanned count for blocks of whole granules only: other blocks packed end to end
     // fill granules better than blocks each moved to a boundary (measured on every trace).
-    placement_cost cost{0, rounded % opts_.granularity == 0 ? last - first + 1 : 0, not_counted};
+    placement_cost cost{0, (rounded & (opts_.granularity - 1)) == 0 ? last - first + 1 : 0, not_counted};
     const auto untouched = [&](std::size_t g) { return std::size_t{g >= granules_.size() || !touched(g)}; };
     cost.untouched = untouched(first) + (last > first ? untouched(last) + (last - first - 1) : 0);
     return cost;
@@ -1246,8 +1247,10 @@ class virtual_arena {
   /// by `placement_cost` and the cheapest taken (the earliest of equals): a block uses granules
   /// live chunks already touch before untouched ones, does not straddle a granule it need not
   /// (a block of whole granules placed off a boundary holds one more), and uses free mapped
-  /// granules before unmapped ones. The back is not tried in the last chunk (the untouched
-  /// rest of the range): blocks stay at the low end.
+  /// granules before unmapped ones. The back is tried only for a block of at most a granule,
+  /// which may fit in the granule the next live chunk touches; a larger block there leaves the
+  /// chunk's front a hole (measured: smaller devices and fewer splits without, bench/README.md).
+  /// Nor is it tried in the last chunk (the untouched rest of the range): blocks stay low.
   std::uintptr_t placement_in(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
                               std::size_t alignment) const noexcept {
     const std::size_t first = granule_of(front), last = granule_of(front + rounded - 1);
@@ -1280,7 +1283,7 @@ class virtual_arena {
     };
     const std::uintptr_t front_on_granule = (front + on_granule) & ~on_granule;
     if (front_on_granule >= front) consider(front_on_granule);
-    if (c != tail_) {
+    if (c != tail_ && rounded <= opts_.granularity) {
       const std::uintptr_t back =
           (chunk_end - rounded) & ~static_cast<std::uintptr_t>(std::max(alignment, opts_.rounding) - 1);
       consider(back);
