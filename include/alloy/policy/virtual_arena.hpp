@@ -1782,9 +1782,19 @@ class virtual_arena {
   /// reused as it is, without a driver call (bench/README.md measures both).
   void release_pieces_partly_reused(std::uintptr_t start, std::size_t rounded) noexcept {
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
-    // Table lookups first: the backend's getters are calls, and most blocks meet no such piece.
-    if (!in_block_sized_piece(first) && !in_block_sized_piece(last)) return;
-    if (vmm_.physical_bytes() <= vmm_.capacity() / 2) return;
+    // Most blocks meet no such piece: told by the touched bits and the table, without a call.
+    if (!maybe_in_free_piece(first) && !maybe_in_free_piece(last)) [[likely]]
+      return;
+    release_free_pieces_partly_reused(start, rounded, first, last);
+  }
+  /// Whether granule `g` may lie in a wholly free block-sized piece: none if a live chunk touches
+  /// `g` (its piece is in use).
+  bool maybe_in_free_piece(std::size_t g) const noexcept {
+    return g < granules_.size() && !touched(g) && in_block_sized_piece(g);
+  }
+  [[gnu::noinline]] void release_free_pieces_partly_reused(std::uintptr_t start, std::size_t rounded, std::size_t first,
+                                                           std::size_t last) noexcept {
+    if (vmm_.physical_bytes() <= vmm_.capacity() / 2) return;  // the backend's getters: calls
     for (const std::size_t g : {first, last}) {
       if (!in_block_sized_piece(g)) continue;
       const std::size_t from = granules_[g].piece_first, n = granules_[g].piece_granules;
