@@ -59,8 +59,8 @@ options:
   --list                 print the compositions and exit
   --alignment N          alignment of every request (default 256)
   --scale N              multiply every MiniMalloc size by N (the shipped events use 1024)
-  --repeat N             timed replays per composition, the compositions taking turns;
-                         ns/op (this thread's CPU time) is their median (default 3)
+  --repeat N             timed replays per composition; ns/op (this thread's CPU time) is
+                         their median (default 3)
   --warm                 each timed replay goes over the trace a second time through the same
                          allocator, timed apart ("warm": memory already held, as at a training
                          loop's next step); printed beside ns/op and in the JSON
@@ -173,35 +173,6 @@ std::ostream& open_output(const std::string& path, std::unique_ptr<std::ofstream
 }
 
 }  // namespace
-
-/// `opts.repetitions` rounds of one timed replay per composition, in turns; each composition's
-/// ns/op (and warm ns/op) is the median of its rounds.
-void time_in_turns(const bench::rmm_trace& trace, const std::vector<const replay::composition*>& chosen,
-                   replay::devices& device, const replay::replay_options& opts, replay::trace_report& report,
-                   progress_bar& bar, const std::string& label) {
-  replay::replay_options timed = opts;
-  timed.repetitions = 1;
-  timed.timed_only = true;
-  timed.progress = {};
-  const auto rounds = static_cast<std::size_t>(opts.repetitions);
-  bar.start(label + "  timing, compositions in turns");
-  for (std::size_t r = 0; r < rounds; ++r) {
-    for (std::size_t k = 0; k < chosen.size(); ++k) {
-      device.set_capacity(opts.capacity);
-      const replay::replay_result t = chosen[k]->run(trace, device, timed);
-      replay::replay_result& x = report.results[k];
-      x.ns_per_op_runs.insert(x.ns_per_op_runs.end(), t.ns_per_op_runs.begin(), t.ns_per_op_runs.end());
-      x.warm_ns_per_op_runs.insert(x.warm_ns_per_op_runs.end(), t.warm_ns_per_op_runs.begin(),
-                                   t.warm_ns_per_op_runs.end());
-      bar.update(static_cast<double>(r * chosen.size() + k + 1) / static_cast<double>(rounds * chosen.size()));
-    }
-  }
-  bar.finish();
-  for (replay::replay_result& x : report.results) {
-    x.ns_per_op = replay::detail::median(x.ns_per_op_runs);
-    x.warm_ns_per_op = replay::detail::median(x.warm_ns_per_op_runs);
-  }
-}
 
 int main(int argc, char** argv) {
   replay::replay_options opts;
@@ -351,16 +322,11 @@ int main(int argc, char** argv) {
       continue;
     }
     replay::trace_report report{path, trace.get(), {}};
-    // The checked replay of each composition first, for the figures; then the timed replays,
-    // the compositions taking turns, so that a machine that speeds up or slows down meanwhile
-    // moves every composition's times alike and their ratios stay true.
-    replay::replay_options checked = opts;
-    checked.repetitions = 0;
     for (const replay::composition* c : chosen) {
       bar.start(replay::display_name(path) + "  " + c->name);
-      checked.progress = [&bar](double f) { bar.update(f); };
+      opts.progress = [&bar](double f) { bar.update(f); };
       device.set_capacity(opts.capacity);
-      report.results.push_back(c->run(*trace, device, checked));
+      report.results.push_back(c->run(*trace, device, opts));
       if (min_capacity) {
         replay::replay_options probe = opts;
         probe.progress = {};
@@ -380,7 +346,6 @@ int main(int argc, char** argv) {
         if (status == 0) status = 3;
       }
     }
-    if (opts.repetitions > 0) time_in_turns(*trace, chosen, device, opts, report, bar, replay::display_name(path));
     if (!quiet) {
       if (min_capacity) {
         replay::print_min_capacity_table(std::cout, report, settings);

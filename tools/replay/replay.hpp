@@ -67,9 +67,6 @@ struct replay_options {
   /// Each timed replay goes over the trace a second time through the same target, timed apart:
   /// the warm figure (memory already mapped or held, as at a training loop's next step).
   bool warm = false;
-  /// Only the timed replays (`repetitions` of them), without the checked one: the figures stay
-  /// empty but for the times. alloy-replay takes turns between compositions this way.
-  bool timed_only = false;
   std::size_t series_points = 600;  ///< points of the in-use / reserved series (at most)
   /// Called now and then with the fraction of the current replay done (0..1); may be empty.
   std::function<void(double)> progress{};
@@ -365,7 +362,7 @@ replay_result replay(const bench::rmm_trace& trace, Device& device, Make&& make,
   r.composition = std::move(name);
   const int runs = 1 + std::max(0, opts.repetitions);
   replay_options each = opts;
-  for (int i = opts.timed_only ? 1 : 0; i < runs; ++i) {
+  for (int i = 0; i < runs; ++i) {
     if (opts.progress) each.progress = [&, i](double f) { opts.progress((i + f) / runs); };
     double warm = 0;
     const double ns =
