@@ -214,24 +214,27 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
 ///   makes 290-51,000; it holds 1.00-1.21x peak live on the PyTorch traces without a limit (0:
 ///   1.00-1.18x), less than default_allocator's 1.02-2.10x. Set `options::arena` to the arena's
-///   defaults (`{}`: threshold 0, a 1/32 share, kept up to the peak in use: 1.046 against 1.215
-///   geometric mean over the traces, for 5,207 map calls per 1,000 operations against 787) to
+///   defaults (`{}`: threshold 0, a 1/32 share, kept up to the peak in use: 1.046 against 1.227
+///   geometric mean over the traces, for 5,976 map calls per 1,000 operations against 803) to
 ///   give memory back to other processes sooner.
 /// - Block-sized pieces (`options.arena.block_sized_pieces`, on): a block's run of new granules is
 ///   mapped as one physical piece, since a driver's create + map costs about the same for any
-///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35 map +
-///   unmap calls per 1,000 operations without a limit against 237 with a piece per 2 MiB granule
-///   (geometric mean over the traces), for a smallest device of 1.027 against 1.023; pieces of
-///   a fixed 16 MiB make 31 calls at 1.132. With frontier growth (`frontier_growth_divisor = 32`:
+///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35.5 map
+///   + unmap calls per 1,000 operations without a limit against 239 with a piece per 2 MiB
+///   granule (geometric mean over the traces), for the same smallest device (1.023); pieces of
+///   a fixed 16 MiB make 30 calls at 1.132. With frontier growth (`frontier_growth_divisor = 32`:
 ///   a run at the top of the heap maps 1/32 of the mapped granules more, while the device is at
-///   most 1/16 full): 19.9 calls, the same smallest devices, peak mapped without a limit 1.219x
-///   peak live against 1.215 (synthetic traces: 4.9 calls against 9.7, 1.045x against 1.018).
+///   most 1/16 full): 20.2 calls, the same smallest devices, peak mapped without a limit 1.236x
+///   peak live against 1.227 (synthetic traces, sixteenth session: 4.9 calls against 9.7,
+///   1.045x against 1.018).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
-///   device ÷ peak live 1.000-1.145 (geometric mean 1.027; default_allocator 1.004-1.742, 1.305);
-///   W1 1.13-1.23x default_allocator's time over five seeds and several sessions' runs (host CPU
-///   time, the simulated driver's books cost next to nothing), mapped ÷ live 1.13-1.17 (granules
-///   ahead at the peak; 1.11-1.14 without frontier growth); synthetic transformer traces
-///   of six seeds (scripts/synthetic-traces): smallest device 1.000-1.031. On an H100
+///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
+///   replaying them, 1.40x default_allocator's time on a fresh allocator and 1.28x replayed again
+///   (geometric means of host CPU time); W1 1.18-1.25x over five seeds (1.13-1.23x in earlier
+///   sessions' runs; the simulated driver's books cost next to nothing),
+///   mapped ÷ live 1.13-1.17 (granules ahead at the peak; 1.11-1.14 without frontier growth);
+///   synthetic transformer traces of eight seeds (scripts/synthetic-traces): smallest device
+///   1.000-1.023. On an H100
 ///   (bench/virtual_memory/virtual_memory_gpu.cu, two runs, fifteenth session): 0.98-0.99x
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
 ///   traces, 0.38-2.41x; without frontier growth 1.35-1.47x, a piece per 2 MiB granule 8.0x),

@@ -208,14 +208,15 @@ namespace alloy {
 ///   36 us a piece whatever its size, unmap + release 27 us; a larger `granularity` makes fewer
 ///   of them, bench/README.md "On a real device"); what no release rule removes is the free
 ///   bytes in granules a live chunk also touches. Block-sized
-///   pieces with `keep_all` (`virtual_allocator`'s; `bench/virtual_memory pieces`): 35 map +
-///   unmap calls per 1,000 operations on a replay without a limit against 237 (geometric mean
-///   over the traces; synthetic traces of six seeds 9.7 against 170), for a smallest device of
-///   1.027x peak live against 1.023 (worst 1.145 both; MiniMalloc 1.008-1.066); at that device
-///   253 calls per 1,000 operations (a run retried whole under pressure; granule by granule
-///   after a failed run, 585). With frontier growth of 1/32 (`virtual_allocator`'s): 19.9 calls
-///   without a limit (synthetic traces of six seeds 4.9), every smallest device the same, peak
-///   mapped without a limit 1.219x peak live against 1.215 (synthetic 1.045 against 1.018).
+///   pieces with `keep_all` (`virtual_allocator`'s; `bench/virtual_memory pieces`): 35.5 map +
+///   unmap calls per 1,000 operations on a replay without a limit against 239 (geometric mean
+///   over the traces; synthetic traces of six seeds, sixteenth session, 9.7 against 170), for
+///   the same smallest device, 1.023x peak live (worst 1.145; MiniMalloc 1.008-1.012); at that
+///   device 277 calls per 1,000 operations (a run retried whole under pressure; granule by
+///   granule after a failed run, 585 when measured). With frontier growth of 1/32
+///   (`virtual_allocator`'s): 20.2 calls without a limit (synthetic traces of six seeds 4.9),
+///   every smallest device the same, peak mapped without a limit 1.236x peak live against 1.227
+///   (synthetic 1.045 against 1.018).
 template <virtual_memory Vmm>
 class virtual_arena {
  public:
@@ -256,9 +257,9 @@ class virtual_arena {
     /// mapped as one physical piece a run (one create and one map, where a GPU's driver takes
     /// about as long for a piece of many granules as for one: bench/README.md, "On a real
     /// device"), an edge granule it covers in part as its own. A piece goes back only whole (see
-    /// the class comment). Measured over the shipped traces: 35 map + unmap calls per 1,000
-    /// operations without a limit instead of 237 (geometric mean), for a smallest device of 1.027x
-    /// peak live instead of 1.023. For the chunks of every tag (`restore` maps them so too);
+    /// the class comment). Measured over the shipped traces: 35.5 map + unmap calls per 1,000
+    /// operations without a limit instead of 239 (geometric mean), for the same smallest device
+    /// (1.023x peak live). For the chunks of every tag (`restore` maps them so too);
     /// planned growth maps the same runs.
     bool block_sized_pieces = false;
     /// With `block_sized_pieces` only: a block that maps new granules at the top of the used
