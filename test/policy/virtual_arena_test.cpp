@@ -375,10 +375,10 @@ BOOST_AUTO_TEST_CASE(frontier_growth_maps_granules_ahead_in_the_piece_while_the_
     BOOST_TEST(a.release() == 0u);
     BOOST_TEST(a.stranded_free_bytes() == 16 * 64_KiB, "granules 20-35 of the second, which w shares");
     BOOST_TEST(has_pattern(w, 4));
-    // 20 granules in the hole below w: at its front (0-19; a block of more than a granule does
-    // not go to a hole's back, which would leave the front a hole), all unmapped since the first
-    // piece went back. They lie below mapped granules, so they take a run of their own and
-    // nothing ahead; granules 20-35 stay stranded.
+    // 20 granules in the hole below w: at its front (0-19), all unmapped since the first piece
+    // went back. They lie below mapped granules, so they take a run of their own and nothing
+    // ahead. Granules 20-35 stay stranded: the hole's back would have reused them, but a block of
+    // more than a granule does not go there (over the traces the front needs less memory).
     const block h = a.allocate(1_MiB + 256_KiB, 64_KiB);
     BOOST_REQUIRE(h);
     BOOST_TEST(h.ptr == x.ptr);
