@@ -441,7 +441,7 @@ class virtual_arena {
     std::size_t to_map = 0;
     for (std::size_t g = 0; g < granules_.size(); ++g)
       to_map += touched(g) && granules_[g].tag == t.value && granules_[g].piece == 0 && !granules_[g].pending;
-    if (to_map > (headroom() >> gshift_)) return offload_status::device_out_of_memory;
+    if (to_map > headroom_granules()) return offload_status::device_out_of_memory;
     // Each live chunk's granules in the pieces `allocate` makes (with block-sized pieces a run
     // per chunk, not a piece per granule), free pieces released when the capacity needs it.
     bool retried = true;  // a restore is no allocation: not counted in `num_alloc_retries`
@@ -1000,8 +1000,7 @@ class virtual_arena {
       consider(last_start & ~fine);
       consider(last_start & ~coarse);
     }
-    if (best_chunk == detail::best_fit_npos || best == tried || best_cost.untouched > (headroom() >> gshift_))
-      return {};
+    if (best_chunk == detail::best_fit_npos || best == tried || best_cost.untouched > headroom_granules()) return {};
     const std::size_t first = granule_of(best), last = granule_of(best + rounded - 1);
     if (batch_.active) wait_if_releasing(first, last);
     if (!cover_granules(last + 1)) return {};
@@ -1128,7 +1127,7 @@ class virtual_arena {
   [[gnu::noinline]] block plan_mapping(growth_plan& plan, std::uint32_t c, std::uintptr_t start, std::size_t rounded,
                                        std::size_t bytes, std::size_t first, std::size_t last,
                                        std::size_t to_map) noexcept {
-    planned_mapping* m = to_map <= (headroom() >> gshift_) ? idle_record(to_map) : nullptr;
+    planned_mapping* m = to_map <= headroom_granules() ? idle_record(to_map) : nullptr;
     if (m == nullptr) {
       (void)drop_user(first, last);  // nothing mapped yet
       return {};
@@ -1331,6 +1330,8 @@ class virtual_arena {
     const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
     return vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
   }
+  /// `headroom()` in whole granules.
+  std::size_t headroom_granules() const noexcept { return headroom() >> gshift_; }
   void* granule_address(std::size_t g) const noexcept { return reinterpret_cast<void*>(base_ + (g << gshift_)); }
 
   /// Room for what one allocation adds: three nodes (front padding, the rest, a growth), one
@@ -1656,10 +1657,9 @@ class virtual_arena {
   [[gnu::noinline]] bool map_new_granules(std::size_t first, std::size_t last, bool may_release, std::size_t to_map,
                                           std::uintptr_t start, std::size_t rounded) noexcept {
     if (!may_release) trim_due_ = true;  // maps without trimming first: the next free trims
-    const std::size_t g_bytes = opts_.granularity;
     // What the backend could give at most if every free mapped granule went back (and a release
     // in flight finished): when even that is too little, fail now and keep the cache.
-    if (to_map > headroom() / g_bytes && !(wait_for_release() && to_map <= headroom() / g_bytes)) {
+    if (to_map > headroom_granules() && !(wait_for_release() && to_map <= headroom_granules())) {
       (void)drop_user(first, last);  // nothing mapped yet
       return false;
     }
