@@ -133,7 +133,8 @@ BOOST_AUTO_TEST_CASE(bad_frees_are_refused_with_every_figure_unchanged) {
 
 // A pool slab is an arena chunk of the slab's size, so a free of {slab base, slab bytes} above the
 // threshold (a large block freed twice after a slab took its place) matched it exactly, and the
-// arena took the slab back from under the pool's live blocks. Found by compositions_fuzz.
+// arena took the slab back from under the pool's live blocks. Found by compositions_fuzz. Sizes a
+// slab has had go to the pool; any other size to the arena, which refuses it as a wrong size.
 BOOST_AUTO_TEST_CASE(a_large_free_on_a_pool_slab_is_refused) {
   host_allocator a{alloy::host_vmm{{.capacity = 256_MiB}}};
   std::vector<alloy::block> small;  // 16 KiB blocks: four fill the class's first slab (64 KiB)
@@ -143,12 +144,18 @@ BOOST_AUTO_TEST_CASE(a_large_free_on_a_pool_slab_is_refused) {
   std::memset(first_of_second_slab.ptr, 0x5a, first_of_second_slab.size);
   const std::size_t in_use = a.bytes_in_use(), requested = a.requested_bytes(), mapped = a.mapped_bytes();
   const std::size_t pool_misuses = a.small().misuse_count();
+  const alloy::misuse_counts arena_misuses = a.arena().misuses();
+  BOOST_TEST(a.small().may_hold_slab_of(64_KiB));
+  BOOST_TEST(a.small().may_hold_slab_of(128_KiB));
+  BOOST_TEST(!a.small().may_hold_slab_of(64_KiB + 256), "no slab had it (nor its filter bit)");
+  BOOST_TEST(!a.small().may_hold_slab_of(256_KiB), "no slab had it yet (nor its filter bit)");
   for (const std::size_t bytes : {128_KiB, 64_KiB + 256, 256_KiB}) {
     const alloy::block bad{first_of_second_slab.ptr, bytes};
     BOOST_TEST(!a.try_deallocate(bad), bytes << " bytes on the slab");
     a.deallocate(bad);
   }
-  BOOST_TEST(a.small().misuse_count() == pool_misuses + 6, "the pool refuses them as wrong sizes");
+  BOOST_TEST(a.small().misuse_count() == pool_misuses + 2, "the pool refuses a slab's size as a wrong size");
+  BOOST_TEST(a.arena().misuses().wrong_sizes == arena_misuses.wrong_sizes + 4, "the arena the sizes no slab had");
   BOOST_TEST(a.bytes_in_use() == in_use);
   BOOST_TEST(a.requested_bytes() == requested);
   BOOST_TEST(a.mapped_bytes() == mapped);

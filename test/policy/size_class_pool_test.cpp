@@ -173,6 +173,33 @@ BOOST_AUTO_TEST_CASE(slabs_are_whole_numbers_of_blocks) {
   BOOST_TEST(pool.counters().num_device_free == 2u);
 }
 
+// The filter a composition sharing the upstream asks before it looks a block up among the slabs
+// (virtual_allocator): never "no" for a size a slab had, "no" for most others.
+BOOST_AUTO_TEST_CASE(slab_size_filter_knows_every_slab_size_taken) {
+  alloy::size_class_pool<checking_upstream> pool;
+  BOOST_TEST(!pool.may_hold_slab_of(2_MiB), "no slab yet");
+  const alloy::block a = pool.allocate(700_KiB, 256);  // a slab of 1.5 MiB
+  const alloy::block b = pool.allocate(300, 256);      // a slab of 2 MiB
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(b);
+  BOOST_TEST(pool.may_hold_slab_of(1536_KiB));
+  BOOST_TEST(pool.may_hold_slab_of(2_MiB));
+  std::size_t maybe = 0, sizes = 0;
+  for (std::size_t bytes = 256; bytes <= 2_MiB + 256; bytes += 256) {
+    if (bytes == 1536_KiB || bytes == 2_MiB) continue;
+    ++sizes;
+    if (pool.may_hold_slab_of(bytes)) ++maybe;
+  }
+  BOOST_TEST(maybe * 16 < sizes, maybe << " of " << sizes << " other sizes pass the filter (two of its 64 bits set)");
+  BOOST_TEST(!pool.may_hold_slab_of(2_MiB + 1), "a bit no slab size has");
+  BOOST_TEST(!pool.may_hold_slab_of(4_MiB), "a bit no slab size has");
+  pool.deallocate(a);
+  pool.deallocate(b);
+  pool.release();
+  const alloy::size_class_pool<checking_upstream> moved{std::move(pool)};
+  BOOST_TEST(moved.may_hold_slab_of(2_MiB), "the filter is never cleared, and moves with the pool");
+}
+
 BOOST_AUTO_TEST_CASE(slabs_grow_from_initial_size) {
   using pool_t = alloy::size_class_pool<checking_upstream>;
   pool_t pool{checking_upstream{}, {.slab_size = 256_KiB, .initial_slab_size = 8_KiB}};

@@ -270,7 +270,7 @@ struct size_class_usage {
 ///   stderr. A stale free of a block whose slot was handed out again with the same size is a
 ///   valid free of the new block: no allocator without per-block generations can tell.
 /// - Capabilities: `try_deallocate` (checked deallocation: false for a misuse), `serves` (which
-///   requests it takes at all), `owns`,
+///   requests it takes at all), `owns`, `may_hold_slab_of` (a filter of the slab sizes taken),
 ///   `release`, `reserved_bytes` (O(1)), `counters`, `for_each_block`
 ///   (every block of every slab, free ones included), `bytes_in_use` (sum of class sizes
 ///   handed out) and `requested_bytes` (sum of sizes asked), `usage(class)` per class.
@@ -354,6 +354,8 @@ class size_class_pool {
         granules_(std::move(other.granules_)),
         slab_size_(other.slab_size_),
         granule_shift_(other.granule_shift_),
+        slab_size_bits_(other.slab_size_bits_),
+        slab_size_hashes_(other.slab_size_hashes_),
         reserved_(std::exchange(other.reserved_, 0)),
         in_use_(std::exchange(other.in_use_, 0)),
         requested_(std::exchange(other.requested_, 0)),
@@ -529,6 +531,15 @@ class size_class_pool {
 
   /// Whether `b.ptr` lies in one of this pool's slabs (in use or not).
   bool owns(block b) const noexcept { return b.ptr != nullptr && slab_of(b.ptr) != none; }
+  /// Whether a slab of `bytes` may have been taken from the upstream: false means none ever was,
+  /// so an upstream block of that size is no slab of this pool (a filter: true may be wrong, false
+  /// never is). For a composition that shares the upstream and must not take a slab back as a
+  /// block of its own, to skip `owns`. Two words: a size with a bit set that no slab size has
+  /// (every size not a multiple of 256, since slabs are whole numbers of class sizes) is refused
+  /// at once; the rest by a 64-bit hash of the sizes taken.
+  bool may_hold_slab_of(std::size_t bytes) const noexcept {
+    return (bytes & ~slab_size_bits_) == 0 && ((slab_size_hashes_ >> slab_size_bit(bytes)) & 1u) != 0;
+  }
 
   /// Gives every wholly free slab back to the upstream.
   void release() noexcept {
@@ -642,6 +653,10 @@ class size_class_pool {
     return c >= target ? c : target / c * c;
   }
 
+  static unsigned slab_size_bit(std::size_t bytes) noexcept {
+    return static_cast<unsigned>((static_cast<std::uint64_t>(bytes) * 0x9E3779B97F4A7C15u) >> 58);  // Fibonacci hashing
+  }
+
   std::uint32_t slab_of(const void* p) const noexcept {
     const auto address = reinterpret_cast<std::uintptr_t>(p);
     const auto* e = granules_.find(address >> granule_shift_);
@@ -717,6 +732,8 @@ class size_class_pool {
       return false;
     }
     reserved_ += bytes;
+    slab_size_bits_ |= bytes;
+    slab_size_hashes_ |= std::uint64_t{1} << slab_size_bit(bytes);
     cls.carved += capacity;
     ++cls.slabs;
     cls.reserved += bytes;
@@ -810,6 +827,8 @@ class size_class_pool {
   detail::slab_granule_map granules_;
   std::size_t slab_size_ = 0;
   int granule_shift_ = 20;
+  std::size_t slab_size_bits_ = 0;      ///< every slab size taken, or-ed
+  std::uint64_t slab_size_hashes_ = 0;  ///< bit `slab_size_bit(bytes)` for every slab size taken
   std::size_t reserved_ = 0;
   std::size_t in_use_ = 0;
   std::size_t requested_ = 0;
