@@ -39,8 +39,11 @@ struct side {
   w1_fn w1 = nullptr;
 };
 
+std::string copied_side;  // removed on the way out
+
 [[noreturn]] void fail(const std::string& why) {
   std::fprintf(stderr, "alloy-ab-time: %s\n", why.c_str());
+  if (!copied_side.empty()) std::filesystem::remove(copied_side);
   std::exit(2);
 }
 
@@ -51,6 +54,7 @@ std::string private_copy(const std::string& path) {
   const int fd = mkstemp(name);
   if (fd < 0) fail("cannot make a temporary file");
   close(fd);
+  copied_side = name;
   std::filesystem::copy_file(path, name, std::filesystem::copy_options::overwrite_existing);
   return name;
 }
@@ -170,7 +174,8 @@ int main(int argc, char** argv) {
   if (traces.empty() && w1_seeds == 0) fail("nothing to time: no traces and --w1 0");
 
   const side a = load(a_path), b = load(b_path);
-  if (itself) std::filesystem::remove(b_path);
+  if (itself) std::filesystem::remove(b_path);  // loaded: the file is no longer needed
+  copied_side.clear();
   std::printf(
       "A: %s\nB: %s%s\n%d rounds each, in turns; B ÷ A = median of the rounds' paired ratios "
       "(25th-75th percentile)\n",
