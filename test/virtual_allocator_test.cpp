@@ -147,8 +147,8 @@ BOOST_AUTO_TEST_CASE(a_large_free_on_a_pool_slab_is_refused) {
   const alloy::misuse_counts arena_misuses = a.arena().misuses();
   BOOST_TEST(a.small().may_hold_slab_of(64_KiB));
   BOOST_TEST(a.small().may_hold_slab_of(128_KiB));
-  BOOST_TEST(!a.small().may_hold_slab_of(64_KiB + 256), "no slab had it (nor its filter bit)");
-  BOOST_TEST(!a.small().may_hold_slab_of(256_KiB), "no slab had it yet (nor its filter bit)");
+  BOOST_TEST(!a.small().may_hold_slab_of(64_KiB + 256), "no slab had it (nor its hash bit)");
+  BOOST_TEST(!a.small().may_hold_slab_of(256_KiB), "no slab had it yet (nor its bit 18)");
   for (const std::size_t bytes : {128_KiB, 64_KiB + 256, 256_KiB}) {
     const alloy::block bad{first_of_second_slab.ptr, bytes};
     BOOST_TEST(!a.try_deallocate(bad), bytes << " bytes on the slab");

@@ -194,7 +194,8 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   goes to the pool (the slab is an arena chunk, and the arena alone would take a free of the
 ///   slab's exact bytes back from under the pool's blocks); of any other size the arena refuses
 ///   it (a wrong size or interior pointer of the slab's chunk). The look-up is made only for the
-///   sizes slabs have had (`size_class_pool::may_hold_slab_of`, a filter of 64 bits).
+///   sizes slabs may have had (`size_class_pool::may_hold_slab_of`: the slab sizes' bits or-ed,
+///   and a 64-bit hash of them).
 /// - Capabilities: `try_deallocate` (checked frees), `owns`, `release` (wholly free slabs to the
 ///   arena, then every free mapped granule to the backend), `reserved_bytes`, `mapped_bytes`,
 ///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`; over a `thread_safe_vmm`,
