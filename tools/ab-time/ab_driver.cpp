@@ -12,7 +12,8 @@
 // reads within about 1 % over the traces and 0.5 % on W1 (bench/README.md, "Timing a code change").
 //
 // Before timing, one checked run per side says whether B behaves as A does (requests served,
-// device calls, peak bytes); a difference is printed, so that "behaviour unchanged" is checked.
+// device calls, peak bytes, wrong answers such as overlapping blocks); a difference is printed,
+// so that "behaviour unchanged" is checked.
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -85,12 +86,13 @@ struct ratios {
 };
 
 bool same_behaviour(const alloy_ab_figures& a, const alloy_ab_figures& b) {
-  return a.served == b.served && a.device_calls == b.device_calls && a.peak_bytes == b.peak_bytes;
+  return a.served == b.served && a.device_calls == b.device_calls && a.peak_bytes == b.peak_bytes &&
+         a.faults == b.faults;
 }
 
 std::string behaviour(const alloy_ab_figures& f) {
   return std::to_string(f.served) + " served, " + std::to_string(f.device_calls) + " device calls, peak " +
-         std::to_string(f.peak_bytes) + " B";
+         std::to_string(f.peak_bytes) + " B" + (f.faults != 0 ? ", " + std::to_string(f.faults) + " FAULTS" : "");
 }
 
 /// Runs `one(side, figures)` for A and B in turns, `rounds` times, alternating which goes first.

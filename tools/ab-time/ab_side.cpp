@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "ab_side.hpp"
 #include "replay/compositions.hpp"
@@ -94,6 +95,7 @@ extern "C" [[gnu::visibility("default")]] int alloy_ab_replay(const char* path, 
       out->served = r.served;
       out->device_calls = r.map_calls != 0 ? r.map_calls : r.upstream_calls();
       out->peak_bytes = r.virtual_memory ? r.peak_mapped : r.peak_reserved;
+      out->faults = r.faults;
     } else {
       out->cold_ns_per_op = replay_once(*trace, device, make, opts, nullptr, &out->warm_ns_per_op);
     }

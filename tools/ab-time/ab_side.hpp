@@ -6,14 +6,15 @@
 
 extern "C" {
 
-/// One replay's figures. The behaviour figures (map calls, peak mapped, served, upstream calls)
-/// come from a checked run and say whether the two sides did the same thing.
+/// One replay's figures. The behaviour figures (served, device calls, peak bytes, faults) come
+/// from a checked run and say whether the two sides did the same thing.
 struct alloy_ab_figures {
   double cold_ns_per_op;  ///< a fresh allocator (timed runs only)
   double warm_ns_per_op;  ///< the same allocator over the trace again (timed runs only)
   unsigned long long served;
   unsigned long long device_calls;  ///< map + unmap calls, or upstream allocations + frees
   unsigned long long peak_bytes;    ///< peak mapped, or peak reserved
+  unsigned long long faults;        ///< wrong answers the checked replay found (overlaps, misalignment ...)
 };
 
 /// Replays the trace at `path` (read once per side and kept) through `composition`
