@@ -784,6 +784,8 @@ class virtual_arena {
   static constexpr std::uint32_t none = detail::best_fit_chunk::none;
   static constexpr std::uint32_t no_granule = 0xFFFFFFFFu;
   static constexpr std::size_t max_granules = std::size_t{0xFFFFFFF0u};
+  /// Granules the table has room for from the start (32 GiB at 2 MiB; 512 KiB of host addresses).
+  static constexpr std::size_t initial_granule_table = 16384;
 
   /// One granule of the range.
   struct granule {
@@ -872,6 +874,7 @@ class virtual_arena {
     reserved_end_ = raw + r.size;
     const std::size_t usable = (reserved_end_ - base_) & ~(opts_.granularity - 1);
     end_ = base_ + usable;
+    reserve_granule_table(std::min(usable >> gshift_, initial_granule_table));
     const std::uint32_t c = pool_.take();
     detail::best_fit_chunk& node = pool_[c];
     node.addr = base_;
@@ -1361,6 +1364,17 @@ class virtual_arena {
     } catch (const std::bad_alloc&) {
       return false;
     }
+  }
+  /// Room in the granule table for `n` granules, reserved when the range is: host addresses, whose
+  /// pages are touched only as the table covers more. A cold heap's table then grows without being
+  /// reallocated and copied at each doubling, which with the pages the copies touched was a tenth
+  /// of a cold replay's time on MiniMalloc (bench/README.md). Without the room, growth reallocates.
+  void reserve_granule_table(std::size_t n) noexcept {
+    try {
+      granules_.reserve(n);
+      mapped_bits_.reserve(n);
+      touched_bits_.reserve(n);
+    } catch (const std::bad_alloc&) {}
   }
   /// Makes the granule table cover granules [0, n).
   bool cover_granules(std::size_t n) noexcept {
