@@ -1312,14 +1312,27 @@ class virtual_arena {
   bool touched(std::size_t g) const noexcept { return touched_bits_.test(g); }
   /// Records granule `g` as mapped, part of the piece `id` that spans `granules` from `first`.
   void set_piece(std::size_t g, std::uint64_t id, std::size_t first, std::size_t granules) noexcept {
-    granule& r = granules_[g];
-    r.piece = id;
-    r.piece_first = static_cast<std::uint32_t>(first);
-    r.piece_granules = static_cast<std::uint32_t>(granules);
+    set_piece_fields(g, id, first, granules);
     mapped_bits_.set(g);
     ++mapped_;
   }
   void set_piece(std::size_t g, std::uint64_t id) noexcept { set_piece(g, id, g, 1); }
+  /// Records granules [first, first + n) as mapped to the piece `id`, fresh: the bit table and the
+  /// count once for the run (a per-granule count in memory was most of a large map's time).
+  void set_piece_run(std::size_t first, std::size_t n, std::uint64_t id) noexcept {
+    for (std::size_t g = first; g < first + n; ++g) {
+      set_piece_fields(g, id, first, n);
+      granules_[g].fresh = true;
+    }
+    mapped_bits_.set(first, first + n);
+    mapped_ += n;
+  }
+  void set_piece_fields(std::size_t g, std::uint64_t id, std::size_t first, std::size_t granules) noexcept {
+    granule& r = granules_[g];
+    r.piece = id;
+    r.piece_first = static_cast<std::uint32_t>(first);
+    r.piece_granules = static_cast<std::uint32_t>(granules);
+  }
   void clear_piece(std::size_t g) noexcept {
     granules_[g].piece = 0;
     mapped_bits_.reset(g);
@@ -1853,10 +1866,7 @@ class virtual_arena {
       return map_result::map_failed;
     }
     ++counters_.num_maps;
-    for (std::size_t i = g; i < g + n; ++i) {
-      set_piece(i, piece.id, g, n);
-      granules_[i].fresh = true;
-    }
+    set_piece_run(g, n, piece.id);
     return map_result::mapped;
   }
 
@@ -1866,9 +1876,11 @@ class virtual_arena {
     vmm_.unmap(granule_address(first), n << gshift_);
     vmm_.release(physical_memory{granules_[first].piece, n << gshift_});
     for (std::size_t i = first; i < first + n; ++i) {
-      clear_piece(i);
+      granules_[i].piece = 0;
       granules_[i].fresh = false;
     }
+    mapped_bits_.reset(first, first + n);
+    mapped_ -= n;
     ++counters_.num_unmaps;
     ++counters_.num_device_free;
     return n;
