@@ -111,7 +111,9 @@ namespace alloy {
 ///   the highest granule ever used. Only a block's first and last granule can be shared with
 ///   another chunk, so those two carry counts and the granules strictly inside it are marked in
 ///   the bit tables. They grow geometrically, before anything changes; after warm-up no call
-///   allocates host memory.
+///   allocates host memory. The granule tables have room for the first 16,384 granules from the
+///   start (512 KiB of host addresses, pages touched only as the heap reaches them), so that a
+///   cold heap does not reallocate and copy them as it grows.
 /// - Complexity: as `best_fit_arena` for the chunk work (O(1) below 16384 rounding units,
 ///   O(log n) above), plus O(1 + granules the chunk touches / 64) for the mapping counts (a word
 ///   of the bit tables per 64 granules; one record each only for the granules put on or taken
