@@ -1320,7 +1320,8 @@ class virtual_arena {
   }
   void set_piece(std::size_t g, std::uint64_t id) noexcept { set_piece(g, id, g, 1); }
   /// Records granules [first, first + n) as mapped to the piece `id`, fresh: the bit table and the
-  /// count once for the run (a per-granule count in memory was most of a large map's time).
+  /// count once for the run (counted granule by granule, in memory, it was half of the samples of
+  /// mapping a run).
   void set_piece_run(std::size_t first, std::size_t n, std::uint64_t id) noexcept {
     for (std::size_t g = first; g < first + n; ++g) {
       set_piece_fields(g, id, first, n);
@@ -1382,8 +1383,9 @@ class virtual_arena {
   }
   /// Room in the granule table for `n` granules, reserved when the range is: host addresses, whose
   /// pages are touched only as the table covers more. A cold heap's table then grows without being
-  /// reallocated and copied at each doubling, which with the pages the copies touched was a tenth
-  /// of a cold replay's time on MiniMalloc (bench/README.md). Without the room, growth reallocates.
+  /// reallocated and copied at each doubling, which with the fresh pages the copies faulted in
+  /// took about 5 % of a cold replay's time on MiniMalloc (tools/ab-time, bench/README.md).
+  /// Without the room (host memory short), growth reallocates as before.
   void reserve_granule_table(std::size_t n) noexcept {
     try {
       granules_.reserve(n);
