@@ -359,10 +359,8 @@ class virtual_arena {
       const typename planned_mapping::run& run = m.runs[i];
       const std::size_t first = granule_of(run.at);
       const bool mapped = i < m.mapped;
-      for (std::size_t g = first; g < first + run.granules; ++g) {
-        granules_[g].pending = false;
-        if (mapped) set_piece(g, run.piece, first, run.granules);
-      }
+      for (std::size_t g = first; g < first + run.granules; ++g) granules_[g].pending = false;
+      if (mapped) set_piece_run(first, run.granules, run.piece, false);
       counters_.num_device_alloc += mapped;
       counters_.num_maps += mapped;
     }
@@ -584,10 +582,8 @@ class virtual_arena {
       batch_.entries[batch_.count] = {granules_[first].piece, static_cast<std::uint32_t>(first),
                                       static_cast<std::uint32_t>(granules)};
       out.add_call(&batch_, block{granule_address(first), batch_.count++}, &release_batch::give);
-      for (std::size_t g = first; g < first + granules; ++g) {
-        clear_piece(g);
-        granules_[g].releasing = true;
-      }
+      clear_piece_run(first, granules);
+      for (std::size_t g = first; g < first + granules; ++g) granules_[g].releasing = true;
       ++counters_.num_unmaps;
       ++counters_.num_device_free;
     });
@@ -1312,34 +1308,28 @@ class virtual_arena {
   std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> gshift_; }
   /// Whether an allocated chunk touches granule `g` (in the table).
   bool touched(std::size_t g) const noexcept { return touched_bits_.test(g); }
-  /// Records granule `g` as mapped, part of the piece `id` that spans `granules` from `first`.
-  void set_piece(std::size_t g, std::uint64_t id, std::size_t first, std::size_t granules) noexcept {
-    set_piece_fields(g, id, first, granules);
-    mapped_bits_.set(g);
-    ++mapped_;
-  }
-  void set_piece(std::size_t g, std::uint64_t id) noexcept { set_piece(g, id, g, 1); }
-  /// Records granules [first, first + n) as mapped to the piece `id`, fresh: the bit table and the
-  /// count once for the run (counted granule by granule, in memory, it was half of the samples of
-  /// mapping a run).
-  void set_piece_run(std::size_t first, std::size_t n, std::uint64_t id) noexcept {
+  /// Records granules [first, first + n) as mapped to the piece `id` (`fresh`: by the allocation
+  /// under way). The bit table and the count change once per piece: counted granule by granule,
+  /// in memory, they were half of the samples of mapping a run.
+  void set_piece_run(std::size_t first, std::size_t n, std::uint64_t id, bool fresh) noexcept {
     for (std::size_t g = first; g < first + n; ++g) {
-      set_piece_fields(g, id, first, n);
-      granules_[g].fresh = true;
+      granule& r = granules_[g];
+      r.piece = id;
+      r.piece_first = static_cast<std::uint32_t>(first);
+      r.piece_granules = static_cast<std::uint32_t>(n);
+      r.fresh = fresh;
     }
     mapped_bits_.set(first, first + n);
     mapped_ += n;
   }
-  void set_piece_fields(std::size_t g, std::uint64_t id, std::size_t first, std::size_t granules) noexcept {
-    granule& r = granules_[g];
-    r.piece = id;
-    r.piece_first = static_cast<std::uint32_t>(first);
-    r.piece_granules = static_cast<std::uint32_t>(granules);
-  }
-  void clear_piece(std::size_t g) noexcept {
-    granules_[g].piece = 0;
-    mapped_bits_.reset(g);
-    --mapped_;
+  /// Records the piece on granules [first, first + n) as unmapped (`set_piece_run` undone).
+  void clear_piece_run(std::size_t first, std::size_t n) noexcept {
+    for (std::size_t g = first; g < first + n; ++g) {
+      granules_[g].piece = 0;
+      granules_[g].fresh = false;
+    }
+    mapped_bits_.reset(first, first + n);
+    mapped_ -= n;
   }
   /// Whether mapped granule `g` lies in a block-sized piece (one that spans several granules).
   bool in_block_sized_piece(std::size_t g) const noexcept {
@@ -1798,8 +1788,7 @@ class virtual_arena {
         return fail(map_result::map_failed);
       }
       ++counters_.num_maps;
-      set_piece(g, piece.id);
-      granules_[g].fresh = true;
+      set_piece_run(g, 1, piece.id, true);
       --to_map;
     }
     for (std::size_t g = first; g <= last; ++g) granules_[g].fresh = false;
@@ -1870,7 +1859,7 @@ class virtual_arena {
       return map_result::map_failed;
     }
     ++counters_.num_maps;
-    set_piece_run(g, n, piece.id);
+    set_piece_run(g, n, piece.id, true);
     return map_result::mapped;
   }
 
@@ -1879,12 +1868,7 @@ class virtual_arena {
     const std::size_t first = granules_[g].piece_first, n = granules_[g].piece_granules;
     vmm_.unmap(granule_address(first), n << gshift_);
     vmm_.release(physical_memory{granules_[first].piece, n << gshift_});
-    for (std::size_t i = first; i < first + n; ++i) {
-      granules_[i].piece = 0;
-      granules_[i].fresh = false;
-    }
-    mapped_bits_.reset(first, first + n);
-    mapped_ -= n;
+    clear_piece_run(first, n);
     ++counters_.num_unmaps;
     ++counters_.num_device_free;
     return n;
