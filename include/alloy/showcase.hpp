@@ -227,9 +227,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   granule (geometric mean over the traces), for the same smallest device (1.023); pieces of
 ///   a fixed 16 MiB make 30 calls at 1.132. With frontier growth (`frontier_growth_divisor = 32`:
 ///   a run at the top of the heap maps 1/32 of the mapped granules more, while the device is at
-///   most 1/16 full): 20.2 calls, the same smallest devices, peak mapped without a limit 1.236x
-///   peak live against 1.227 (synthetic traces, sixteenth session: 4.9 calls against 9.7,
-///   1.045x against 1.018).
+///   most 1/16 full, and a run takes the edge granules it covers in part while the device is at
+///   most 1/64 full): 18.4 calls (21.2 at an 80 GiB capacity), the same smallest devices, peak
+///   mapped without a limit 1.236x peak live against 1.227 (synthetic traces, sixteenth session:
+///   4.9 calls against 9.7, 1.045x against 1.018; eight seeds, twentieth session: 4.7).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
 ///   replaying them, 1.33-1.40x default_allocator's time on a fresh allocator and 1.22-1.28x
@@ -252,9 +253,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   are refused and counted as the arena refuses any offloaded tag's. Frees check the pool's
 ///   `owns` only once a small tagged block was served, so untagged use costs one branch. Every
 ///   tag's blocks get block-sized pieces, and `restore` maps them so: a sleep / wake cycle of
-///   about 1.1 GiB in two tags makes 248-258 creates + maps to restore against 1,084-1,110 with a
+///   about 1.1 GiB in two tags makes 176-180 creates + maps to restore against 1,084-1,110 with a
 ///   piece per granule (`bench/virtual_memory offload`); on an H100 restoring the discarded cache
-///   of that cycle takes 1.8-2.7 ms against 10.4-15.1 (`virtual_memory_gpu offload`).
+///   of that cycle took 1.8-2.7 ms against 10.4-15.1 (`virtual_memory_gpu offload`, when it made
+///   248-258 calls: edge granules had pieces of their own).
 /// - Failure: an empty block, after the pool's wholly free slabs went back to the arena and the
 ///   request was tried again (the arena has unmapped every free granule first). Thread safety:
 ///   none (wrap in `synchronized`).

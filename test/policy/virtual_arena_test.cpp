@@ -395,6 +395,58 @@ BOOST_AUTO_TEST_CASE(frontier_growth_maps_granules_ahead_in_the_piece_while_the_
   check_backend_clean(v);
 }
 
+BOOST_AUTO_TEST_CASE(edge_granules_join_the_run_while_the_device_holds_little) {
+  host_vmm v{{.capacity = 256_MiB, .granularity = 64_KiB}};  // 1/64: 4 MiB, 64 granules
+  {
+    // Frontier growth on, but 1/1000 of a small heap is no granule: nothing goes ahead, and the
+    // edge rule alone decides the pieces.
+    shared_arena a{
+        vmm_ref<host_vmm>{v},
+        {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 1000}};
+    const block x = a.allocate(1_MiB, 64_KiB);  // granules 0-15, whole: one piece
+    BOOST_REQUIRE(x);
+    BOOST_TEST(a.counters().num_maps == 1u);
+    const block y = a.allocate(100_KiB, 256);  // granule 16 whole, 17 in part: one piece (two without the rule)
+    BOOST_REQUIRE(y);
+    BOOST_TEST(y.ptr == static_cast<char*>(x.ptr) + 1_MiB);
+    BOOST_TEST(a.counters().num_maps == 2u);
+    const block z = a.allocate(300_KiB, 256);  // 17 (y's), 18-21 whole, 22 in part: one piece
+    BOOST_REQUIRE(z);
+    BOOST_TEST(z.ptr == static_cast<char*>(y.ptr) + 100_KiB);
+    BOOST_TEST(a.counters().num_maps == 3u);
+    BOOST_TEST(a.reserved_bytes() == 23 * 64_KiB);
+    // 22 (z's), 23-69 whole, 70 in part: with them 71 granules would be held, more than 1/64 of
+    // the capacity, so the edge gets its own piece again.
+    const block w = a.allocate(3_MiB + 32_KiB, 256);
+    BOOST_REQUIRE(w);
+    BOOST_TEST(w.ptr == static_cast<char*>(z.ptr) + 300_KiB);
+    BOOST_TEST(a.counters().num_maps == 5u);
+    BOOST_TEST(a.counters().num_device_alloc == 5u);
+    BOOST_TEST(a.reserved_bytes() == 71 * 64_KiB);
+    fill_pattern(x, 1);
+    fill_pattern(y, 2);
+    fill_pattern(z, 3);
+    fill_pattern(w, 4);
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+    // What the rule costs: z's piece (18-22) is pinned by w, which shares its last granule.
+    a.deallocate(z);
+    BOOST_TEST(a.stranded_free_bytes() == 4 * 64_KiB, "granules 18-21");
+    BOOST_TEST(a.release() == 0u, "pieces in use go back only whole");
+    BOOST_TEST(has_pattern(w, 4));
+    a.deallocate(w);
+    BOOST_TEST(a.release() == 53 * 64_KiB, "z's piece and w's two");
+    BOOST_TEST(has_pattern(x, 1));
+    BOOST_TEST(has_pattern(y, 2));
+    a.deallocate(x);
+    a.deallocate(y);
+    BOOST_TEST(a.release() == 18 * 64_KiB);
+    BOOST_TEST(a.counters().num_unmaps == 5u);
+    BOOST_TEST(a.check_invariants());
+  }
+  check_backend_clean(v);
+}
+
 BOOST_AUTO_TEST_CASE(block_sized_pieces_need_keep_all) {
   // With a release rule that trims granule by granule, pieces stay one granule each.
   host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 1_MiB, .block_sized_pieces = true}};

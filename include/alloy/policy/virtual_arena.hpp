@@ -62,7 +62,8 @@ namespace alloy {
 ///   scan (highest address first), so that allocations and frees do no list work per granule.
 /// - Block-sized pieces (`block_sized_pieces`, with `keep_all` only; `virtual_allocator`'s): the
 ///   unmapped granules a block covers whole are mapped as one piece a run, an edge granule it
-///   covers in part as a piece of its own (a neighbour may come to share it). A driver takes about
+///   covers in part as a piece of its own (a neighbour may come to share it; with frontier growth,
+///   while the backend holds at most 1/64 of its capacity, the run takes it too). A driver takes about
 ///   as long for a piece of many granules as for one, so a large block costs one create and one
 ///   map instead of one per 2 MiB. Such a piece goes back only whole: while a chunk touches any
 ///   of its granules, the free ones stay mapped (`stranded_free_bytes`; `release()` and pressure
@@ -169,8 +170,8 @@ namespace alloy {
 ///   apart (weights, cache, activations), where the rounding costs about a granule per run of a
 ///   tag. Offload copies exactly the requested bytes of the live chunks (copied ÷ live = 1.0 in
 ///   the randomized test). A sleep / wake cycle of `virtual_allocator` (`bench/virtual_memory
-///   offload`, about 1.1 GiB in 103-109 blocks of two tags, three seeds): 248-258 creates + maps to
-///   restore, 124-129 unmaps to offload, against 1,084-1,110 and 542-555 with a piece per granule.
+///   offload`, about 1.1 GiB in 103-109 blocks of two tags, three seeds): 176-180 creates + maps to
+///   restore, 88-90 unmaps to offload, against 1,084-1,110 and 542-555 with a piece per granule.
 /// - Destruction unmaps and releases every granule, live blocks or not, and gives the addresses
 ///   back. Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena
 ///   may only be destroyed or assigned to. Several arenas share one backend (and its capacity)
@@ -216,9 +217,10 @@ namespace alloy {
 ///   the same smallest device, 1.023x peak live (worst 1.145; MiniMalloc 1.008-1.012); at that
 ///   device 277 calls per 1,000 operations (a run retried whole under pressure; granule by
 ///   granule after a failed run, 585 when measured). With frontier growth of 1/32
-///   (`virtual_allocator`'s): 20.2 calls without a limit (synthetic traces of six seeds 4.9),
-///   every smallest device the same, peak mapped without a limit 1.236x peak live against 1.227
-///   (synthetic 1.045 against 1.018).
+///   (`virtual_allocator`'s), edge granules in the run below 1/64 of the capacity: 18.4 calls
+///   without a limit (21.2 at an 80 GiB capacity; synthetic traces of eight seeds 4.7), every
+///   smallest device the same, peak mapped without a limit 1.236x peak live against 1.227
+///   (synthetic traces of six seeds 1.045 against 1.018).
 template <virtual_memory Vmm>
 class virtual_arena {
  public:
@@ -258,7 +260,8 @@ class virtual_arena {
     /// With `release_threshold = keep_all` only: the unmapped granules a block covers whole are
     /// mapped as one physical piece a run (one create and one map, where a GPU's driver takes
     /// about as long for a piece of many granules as for one: bench/README.md, "On a real
-    /// device"), an edge granule it covers in part as its own. A piece goes back only whole (see
+    /// device"), an edge granule it covers in part as its own (but see `frontier_growth_divisor`).
+    /// A piece goes back only whole (see
     /// the class comment). Measured over the shipped traces: 35.5 map + unmap calls per 1,000
     /// operations without a limit instead of 239 (geometric mean), for the same smallest device
     /// (1.023x peak live). For the chunks of every tag (`restore` maps them so too);
@@ -270,8 +273,11 @@ class virtual_arena {
     /// top each time it doubles, not one or two a block, and the free granules ahead serve the
     /// next blocks that grow the heap.
     /// Such a piece goes back only whole; together they hold at most 1/16 of the capacity, so
-    /// pressure finds the rest in block-sized pieces. 0: off (`virtual_allocator`: 32, chosen in
-    /// bench/README.md, "What changed on 2026-11-27 (fifteenth session)").
+    /// pressure finds the rest in block-sized pieces. Not 0 also lets a block's run take the edge
+    /// granules it covers in part while the backend holds at most 1/64 of its capacity: one piece
+    /// where there were up to three (18.4 calls per 1,000 operations against 20.2 over the traces,
+    /// the same smallest devices; bench/README.md, twentieth session). 0: off (`virtual_allocator`:
+    /// 32, chosen in bench/README.md, "What changed on 2026-11-27 (fifteenth session)").
     std::size_t frontier_growth_divisor = 0;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
@@ -388,11 +394,23 @@ class virtual_arena {
   tag_state state(tag t) const noexcept { return t.value < tags_.size() ? tags_[t.value].state : tag_state::resident; }
   /// Bytes of the tag's host copy (0 unless offloaded).
   std::size_t host_bytes(tag t) const noexcept { return t.value < tags_.size() ? tags_[t.value].host_bytes : 0; }
-  /// Mapped bytes of the granules the tag's live chunks touch (what offload/discard unmap). O(granules).
+  /// Mapped bytes of the pieces the tag's live chunks touch, free granules in them too: what
+  /// offload/discard unmap (a piece goes back only whole). O(granules).
   std::size_t mapped_bytes(tag t) const noexcept {
     std::size_t n = 0;
-    for (std::size_t g = 0; g < granules_.size(); ++g)
-      n += touched(g) && granules_[g].tag == t.value && granules_[g].piece != 0;
+    for (std::size_t g = 0; g < granules_.size();) {
+      if (granules_[g].piece == 0) {
+        ++g;
+        continue;
+      }
+      const std::size_t end = granules_[g].piece_first + granules_[g].piece_granules;  // g is the first
+      for (std::size_t i = g; i < end; ++i)
+        if (touched(i) && granules_[i].tag == t.value) {  // the chunks on a piece have one tag
+          n += end - g;
+          break;
+        }
+      g = end;
+    }
     return n << gshift_;
   }
   /// Requested bytes of the tag's live chunks. O(chunks).
@@ -1743,7 +1761,8 @@ class virtual_arena {
   /// Maps the `to_map` unmapped granules of a chunk at `start` (`rounded` bytes on granules
   /// [first, last]), as `allocate` and `restore` do. Block-sized pieces: the unmapped granules it
   /// covers whole take one create and one map a run; an edge granule it covers in part gets its
-  /// own piece, since a neighbour may come to share it and would then pin the run. The device
+  /// own piece, since a neighbour may come to share it and would then pin the run (unless
+  /// `edges_join_run`: the run spans it too). The device
   /// short: with `may_release`, free pieces go back (`make_room`) and a run is tried once more,
   /// then granule by granule; without, a run whose create failed fails the call. On failure what
   /// it mapped is unmapped again, and the result says whether memory or a map failed.
@@ -1839,14 +1858,27 @@ class virtual_arena {
     }
   }
   /// The granules of a block at `start` (`rounded` bytes on granules [first, last]) whose unmapped
-  /// runs take one piece each: those it covers whole, [from, to); empty without block-sized
-  /// pieces and for a block on one granule.
+  /// runs take one piece each: those it covers whole, [from, to), and its edge granules too when
+  /// `edges_join_run`; empty without block-sized pieces and for a block on one granule.
   std::pair<std::size_t, std::size_t> whole_run_span(std::size_t first, std::size_t last, std::uintptr_t start,
                                                      std::size_t rounded) const noexcept {
     if (!opts_.block_sized_pieces || last == first) return {0, 0};
+    if (edges_join_run(last + 1 - first)) return {first, last + 1};
     const std::uintptr_t in_granule = opts_.granularity - 1;
     return {(start & in_granule) != 0 ? first + 1 : first, ((start + rounded) & in_granule) != 0 ? last : last + 1};
   }
+  /// An edge granule a block covers in part gets a piece of its own, since a neighbour may come to
+  /// share it and would then pin the block's run after the block goes. While the backend holds
+  /// little, that costs calls for nothing: with frontier growth, a block's run takes its edge
+  /// granules too while the backend, with the block's `granules`, then holds at most
+  /// 1/`edge_share` of its capacity, so that such pieces total at most that. (At 1/16, frontier
+  /// growth's bound, a piece pinned so cost MiniMalloc C's smallest device 1.027 against 1.012; at
+  /// 1/64 no trace's changed: bench/README.md, twentieth session.)
+  bool edges_join_run(std::size_t granules) const noexcept {
+    return opts_.frontier_growth_divisor != 0 &&
+           vmm_.physical_bytes() + (granules << gshift_) <= vmm_.capacity() / edge_share;
+  }
+  static constexpr std::size_t edge_share = 64;
   /// Maps granules [g, g + n) (none mapped) with one piece; on failure nothing changed, and the
   /// result says whether the create or the map failed.
   map_result map_whole_run(std::size_t g, std::size_t n) noexcept {
