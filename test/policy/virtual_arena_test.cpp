@@ -432,6 +432,7 @@ BOOST_AUTO_TEST_CASE(edge_granules_join_the_run_while_the_device_holds_little) {
     // What the rule costs: z's piece (18-22) is pinned by w, which shares its last granule.
     a.deallocate(z);
     BOOST_TEST(a.stranded_free_bytes() == 4 * 64_KiB, "granules 18-21");
+    BOOST_TEST(a.mapped_bytes(alloy::tag{0}) == 71 * 64_KiB, "z's piece whole: what offloading the tag unmaps");
     BOOST_TEST(a.release() == 0u, "pieces in use go back only whole");
     BOOST_TEST(has_pattern(w, 4));
     a.deallocate(w);

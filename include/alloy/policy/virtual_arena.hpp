@@ -62,15 +62,15 @@ namespace alloy {
 ///   scan (highest address first), so that allocations and frees do no list work per granule.
 /// - Block-sized pieces (`block_sized_pieces`, with `keep_all` only; `virtual_allocator`'s): the
 ///   unmapped granules a block covers whole are mapped as one piece a run, an edge granule it
-///   covers in part as a piece of its own (a neighbour may come to share it; with frontier growth,
-///   while the backend holds at most 1/64 of its capacity, the run takes it too). A driver takes about
-///   as long for a piece of many granules as for one, so a large block costs one create and one
-///   map instead of one per 2 MiB. Such a piece goes back only whole: while a chunk touches any
-///   of its granules, the free ones stay mapped (`stranded_free_bytes`; `release()` and pressure
-///   skip them). So that they do not pin memory where it runs short, once more than half of the
-///   capacity is held a block that would not cover a wholly free piece whole (using some of its
-///   granules, or ending inside one, which a neighbour may then share) releases it first and maps
-///   its own. A piece serves one tag at a time (see tags).
+///   covers in part as a piece of its own (a neighbour may come to share it; with frontier
+///   growth, while the backend holds at most 1/64 of its capacity, the run takes it too). A
+///   driver takes about as long for a piece of many granules as for one, so a large block costs
+///   one create and one map instead of one per 2 MiB. Such a piece goes back only whole: while a
+///   chunk touches any of its granules, the free ones stay mapped (`stranded_free_bytes`;
+///   `release()` and pressure skip them). So that they do not pin memory where it runs short,
+///   once more than half of the capacity is held a block that would not cover a wholly free piece
+///   whole (using some of its granules, or ending inside one, which a neighbour may then share)
+///   releases it first and maps its own. A piece serves one tag at a time (see tags).
 /// - Frontier growth (`frontier_growth_divisor`, with block-sized pieces; `virtual_allocator`'s:
 ///   1/32): a block whose unmapped granules end the used range maps 1/divisor of the mapped
 ///   granules more in its piece, while the backend then holds at most 1/16 of its capacity. Each
@@ -261,11 +261,10 @@ class virtual_arena {
     /// mapped as one physical piece a run (one create and one map, where a GPU's driver takes
     /// about as long for a piece of many granules as for one: bench/README.md, "On a real
     /// device"), an edge granule it covers in part as its own (but see `frontier_growth_divisor`).
-    /// A piece goes back only whole (see
-    /// the class comment). Measured over the shipped traces: 35.5 map + unmap calls per 1,000
-    /// operations without a limit instead of 239 (geometric mean), for the same smallest device
-    /// (1.023x peak live). For the chunks of every tag (`restore` maps them so too);
-    /// planned growth maps the same runs.
+    /// A piece goes back only whole (see the class comment). Measured over the shipped traces:
+    /// 35.5 map + unmap calls per 1,000 operations without a limit instead of 239 (geometric
+    /// mean), for the same smallest device (1.023x peak live). For the chunks of every tag
+    /// (`restore` maps them so too); planned growth maps the same runs.
     bool block_sized_pieces = false;
     /// With `block_sized_pieces` only: a block that maps new granules at the top of the used
     /// range maps 1/this of the mapped granules more in the same piece, while the backend then
@@ -1762,10 +1761,10 @@ class virtual_arena {
   /// [first, last]), as `allocate` and `restore` do. Block-sized pieces: the unmapped granules it
   /// covers whole take one create and one map a run; an edge granule it covers in part gets its
   /// own piece, since a neighbour may come to share it and would then pin the run (unless
-  /// `edges_join_run`: the run spans it too). The device
-  /// short: with `may_release`, free pieces go back (`make_room`) and a run is tried once more,
-  /// then granule by granule; without, a run whose create failed fails the call. On failure what
-  /// it mapped is unmapped again, and the result says whether memory or a map failed.
+  /// `edges_join_run`: the run spans it too). The device short: with `may_release`, free pieces
+  /// go back (`make_room`) and a run is tried once more, then granule by granule; without, a run
+  /// whose create failed fails the call. On failure what it mapped is unmapped again, and the
+  /// result says whether memory or a map failed.
   map_result map_chunk_granules(std::size_t first, std::size_t last, std::uintptr_t start, std::size_t rounded,
                                 bool may_release, std::size_t& to_map, bool& retried) noexcept {
     const auto [run_from, run_to] = whole_run_span(first, last, start, rounded);
