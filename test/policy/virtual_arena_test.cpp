@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <random>
@@ -57,6 +58,12 @@ void check_backend_clean(const host_vmm& v) {
   BOOST_TEST(v.calls().creates == v.calls().releases);
   BOOST_TEST(v.calls().maps == v.calls().unmaps);
   BOOST_TEST(v.calls().reserves == v.calls().unreserves);
+}
+
+/// Fills each block with a pattern of its own: 1, 2, ... in turn.
+void fill_patterns(std::initializer_list<block> blocks) {
+  std::uint64_t id = 1;
+  for (const block& b : blocks) fill_pattern(b, id++);
 }
 
 /// Mapped granules, recounted from the blocks the arena reports (allocated pieces and free
@@ -292,9 +299,7 @@ BOOST_AUTO_TEST_CASE(block_sized_pieces_map_a_run_at_once_and_go_back_whole) {
     BOOST_TEST(a.counters().num_maps == 5u);
     BOOST_TEST(a.counters().num_device_alloc == 5u);
     BOOST_TEST(a.reserved_bytes() == 23 * 64_KiB);
-    fill_pattern(x, 1);
-    fill_pattern(y, 2);
-    fill_pattern(z, 3);
+    fill_patterns({x, y, z});
     a.deallocate(x);
     BOOST_TEST(a.free_mapped_bytes() == 1_MiB);
     BOOST_TEST(a.stranded_free_bytes() == 0u);
@@ -360,10 +365,7 @@ BOOST_AUTO_TEST_CASE(frontier_growth_maps_granules_ahead_in_the_piece_while_the_
     BOOST_TEST(a.counters().num_maps == 3u);
     BOOST_TEST(a.reserved_bytes() == 68 * 64_KiB);
     BOOST_TEST(a.free_mapped_bytes() == 0u);
-    fill_pattern(x, 1);
-    fill_pattern(y, 2);
-    fill_pattern(z, 3);
-    fill_pattern(w, 4);
+    fill_patterns({x, y, z, w});
     BOOST_TEST(a.check_invariants());
     check_reported_pieces(a);
     a.deallocate(y);
@@ -423,10 +425,7 @@ BOOST_AUTO_TEST_CASE(edge_granules_join_the_run_while_the_device_holds_little) {
     BOOST_TEST(a.counters().num_maps == 5u);
     BOOST_TEST(a.counters().num_device_alloc == 5u);
     BOOST_TEST(a.reserved_bytes() == 71 * 64_KiB);
-    fill_pattern(x, 1);
-    fill_pattern(y, 2);
-    fill_pattern(z, 3);
-    fill_pattern(w, 4);
+    fill_patterns({x, y, z, w});
     BOOST_TEST(a.check_invariants());
     check_reported_pieces(a);
     // What the rule costs: z's piece (18-22) is pinned by w, which shares its last granule.
