@@ -397,18 +397,11 @@ class virtual_arena {
   /// offload/discard unmap (a piece goes back only whole). O(granules).
   std::size_t mapped_bytes(tag t) const noexcept {
     std::size_t n = 0;
-    for (std::size_t g = 0; g < granules_.size();) {
-      if (granules_[g].piece == 0) {
-        ++g;
-        continue;
-      }
-      const std::size_t end = granules_[g].piece_first + granules_[g].piece_granules;  // g is the first
-      for (std::size_t i = g; i < end; ++i)
-        if (touched(i) && granules_[i].tag == t.value) {  // the chunks on a piece have one tag
-          n += end - g;
-          break;
-        }
-      g = end;
+    for (std::size_t g = 0; g < granules_.size(); ++g) {  // the pieces `unmap_tag` takes, each once
+      const granule& r = granules_[g];
+      if (!touched(g) || r.tag != t.value || r.piece == 0) continue;
+      n += r.piece_granules;
+      g = r.piece_first + r.piece_granules - 1;
     }
     return n << gshift_;
   }
