@@ -226,11 +226,12 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   + unmap calls per 1,000 operations without a limit against 239 with a piece per 2 MiB
 ///   granule (geometric mean over the traces), for the same smallest device (1.023); pieces of
 ///   a fixed 16 MiB make 30 calls at 1.132. With frontier growth (`frontier_growth_divisor = 32`:
-///   a run at the top of the heap maps 1/32 of the mapped granules more, while the device is at
-///   most 1/16 full, and a run takes the edge granules it covers in part while the device is at
-///   most 1/64 full): 18.4 calls (21.2 at an 80 GiB capacity), the same smallest devices, peak
-///   mapped without a limit 1.236x peak live against 1.227 (synthetic traces, sixteenth session:
-///   4.9 calls against 9.7, 1.045x against 1.018; eight seeds, twentieth session: 4.7).
+///   a run at the top of the heap maps 1/32 of the mapped granules more, at least two while the
+///   device is at most 1/128 full, while it is at most 1/16 full, and a run takes the edge
+///   granules it covers in part while the device is at most 1/64 full): 15.5 calls (18.0 at an
+///   80 GiB capacity), the same smallest devices, peak mapped without a limit 1.236x peak live
+///   against 1.227 (synthetic traces, sixteenth session: 4.9 calls against 9.7, 1.045x against
+///   1.018; eight seeds, twenty-first session: 4.8).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
 ///   replaying them, 1.33-1.40x default_allocator's time on a fresh allocator and 1.22-1.28x
@@ -239,13 +240,13 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   books cost next to nothing),
 ///   mapped ÷ live 1.13-1.17 (granules ahead at the peak; 1.11-1.14 without frontier growth);
 ///   synthetic transformer traces of eight seeds (scripts/synthetic-traces): smallest device
-///   1.000-1.023. On an H100
-///   (bench/virtual_memory/virtual_memory_gpu.cu, two runs, fifteenth session): 0.98-0.99x
+///   1.000-1.023. On an H200
+///   (bench/virtual_memory/virtual_memory_gpu.cu, twenty-first session, two runs): 0.74-0.76x
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
-///   traces, 0.38-2.41x; without frontier growth 1.35-1.47x, a piece per 2 MiB granule 8.0x),
-///   1.23-1.34x replaying it again (1.11-1.13x in the thirteenth session's runs), at 0.74x its
-///   device memory; synthetic traces 0.72-0.82x cold, 0.88-1.24x warm; W1 0.86-1.53x cold,
-///   0.92-1.61x warm over five seed-runs (bench/README.md, "On a real device").
+///   traces, 0.29-1.80x; without frontier growth 1.42-1.43x), 1.01-1.06x replaying it again, at
+///   0.75x its device memory; synthetic traces of four seeds 0.70x cold, 0.84x warm (before the
+///   small heaps' two granules, which leave them alone); W1 1.10-1.17x cold, 1.13-1.20x warm
+///   (three runs of three to five seeds; bench/README.md, "On a real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
@@ -254,9 +255,9 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   `owns` only once a small tagged block was served, so untagged use costs one branch. Every
 ///   tag's blocks get block-sized pieces, and `restore` maps them so: a sleep / wake cycle of
 ///   about 1.1 GiB in two tags makes 176-180 creates + maps to restore against 1,084-1,110 with a
-///   piece per granule (`bench/virtual_memory offload`); on an H100 restoring the discarded cache
-///   of that cycle took 1.8-2.7 ms against 10.4-15.1 (`virtual_memory_gpu offload`, when it made
-///   248-258 calls: edge granules had pieces of their own).
+///   piece per granule (`bench/virtual_memory offload`); on an H200 restoring the discarded cache
+///   of that cycle took 2.0-2.7 ms against 11.1-11.5, the offloaded weights 61-96 ms, about what
+///   their copy takes (`virtual_memory_gpu offload`, twenty-first session).
 /// - Failure: an empty block, after the pool's wholly free slabs went back to the arena and the
 ///   request was tried again (the arena has unmapped every free granule first). Thread safety:
 ///   none (wrap in `synchronized`).

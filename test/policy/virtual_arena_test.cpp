@@ -397,14 +397,70 @@ BOOST_AUTO_TEST_CASE(frontier_growth_maps_granules_ahead_in_the_piece_while_the_
   check_backend_clean(v);
 }
 
+BOOST_AUTO_TEST_CASE(a_small_heap_maps_two_granules_ahead_while_the_device_holds_very_little) {
+  host_vmm v{{.capacity = 256_MiB, .granularity = 64_KiB}};  // 1/128: 2 MiB, 32 granules
+  {
+    shared_arena a{
+        vmm_ref<host_vmm>{v},
+        {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 32}};
+    BOOST_TEST(a.get_options().frontier_growth_min_granules == 2u);
+    // Blocks of two granules each: 1/32 of the heap is no granule, so two go ahead, and every
+    // other block finds its granules mapped.
+    const block x = a.allocate(128_KiB, 256);  // granules 0-1, and 2-3 ahead: one piece
+    BOOST_REQUIRE(x);
+    BOOST_TEST(a.counters().num_maps == 1u);
+    BOOST_TEST(a.reserved_bytes() == 4 * 64_KiB);
+    BOOST_TEST(a.free_mapped_bytes() == 2 * 64_KiB);
+    const block y = a.allocate(128_KiB, 256);  // 2-3: no call
+    BOOST_REQUIRE(y);
+    BOOST_TEST(y.ptr == static_cast<char*>(x.ptr) + 128_KiB);
+    BOOST_TEST(a.counters().num_maps == 1u);
+    const block z = a.allocate(128_KiB, 256);  // 4-5, and 6-7 ahead
+    const block u = a.allocate(128_KiB, 256);  // 6-7: no call
+    BOOST_REQUIRE(z);
+    BOOST_REQUIRE(u);
+    BOOST_TEST(a.counters().num_maps == 2u);
+    BOOST_TEST(a.reserved_bytes() == 8 * 64_KiB);
+    BOOST_TEST(a.free_mapped_bytes() == 0u);
+    // 8-39: with two more, 42 granules would be held, more than 1/128 of the capacity, so only
+    // 1/32 of the 40 mapped go ahead: one.
+    const block w = a.allocate(2_MiB, 256);
+    BOOST_REQUIRE(w);
+    BOOST_TEST(w.ptr == static_cast<char*>(x.ptr) + 8 * 64_KiB);
+    BOOST_TEST(a.counters().num_maps == 3u);
+    BOOST_TEST(a.reserved_bytes() == 41 * 64_KiB);
+    BOOST_TEST(a.free_mapped_bytes() == 64_KiB);
+    fill_patterns({x, y, z, u, w});
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+    a.deallocate(x);
+    BOOST_TEST(a.release() == 0u, "x's piece (0-3) holds y");
+    BOOST_TEST(has_pattern(y, 2));
+    a.deallocate(y);
+    BOOST_TEST(a.release() == 4 * 64_KiB, "the first piece, wholly free");
+    BOOST_TEST(has_pattern(z, 3));
+    BOOST_TEST(has_pattern(u, 4));
+    BOOST_TEST(has_pattern(w, 5));
+    a.deallocate(z);
+    a.deallocate(u);
+    a.deallocate(w);
+    BOOST_TEST(a.release() == 37 * 64_KiB);
+    BOOST_TEST(a.counters().num_unmaps == 3u);
+    BOOST_TEST(a.check_invariants());
+  }
+  check_backend_clean(v);
+}
+
 BOOST_AUTO_TEST_CASE(edge_granules_join_the_run_while_the_device_holds_little) {
   host_vmm v{{.capacity = 256_MiB, .granularity = 64_KiB}};  // 1/64: 4 MiB, 64 granules
   {
-    // Frontier growth on, but 1/1000 of a small heap is no granule: nothing goes ahead, and the
-    // edge rule alone decides the pieces.
-    shared_arena a{
-        vmm_ref<host_vmm>{v},
-        {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 1000}};
+    // Frontier growth on, but 1/1000 of a small heap is no granule and no minimum goes ahead:
+    // the edge rule alone decides the pieces.
+    shared_arena a{vmm_ref<host_vmm>{v},
+                   {.release_threshold = shared_arena::keep_all,
+                    .block_sized_pieces = true,
+                    .frontier_growth_divisor = 1000,
+                    .frontier_growth_min_granules = 0}};
     const block x = a.allocate(1_MiB, 64_KiB);  // granules 0-15, whole: one piece
     BOOST_REQUIRE(x);
     BOOST_TEST(a.counters().num_maps == 1u);

@@ -113,6 +113,14 @@ using unsafe_gated_vmm = basic_gated_vmm<false>;
 using arena = alloy::virtual_arena<gated_vmm>;
 using valloc = alloy::virtual_allocator<gated_vmm>;
 
+/// `virtual_allocator` whose small heap maps no granules ahead, so that a test's 1 MiB block
+/// needs exactly its 16 granules (two ahead of the slab's would already hold some of them).
+valloc valloc_mapping_nothing_ahead(std::shared_ptr<vmm_state> s) {
+  valloc::options opts;
+  opts.arena.frontier_growth_min_granules = 0;
+  return valloc{gated_vmm{std::move(s)}, opts};
+}
+
 static_assert(alloy::thread_safe_vmm<gated_vmm> && !alloy::thread_safe_vmm<unsafe_gated_vmm>);
 static_assert(alloy::thread_safe_vmm<alloy::vmm_ref<alloy::synchronized_vmm<alloy::host_vmm>>>);
 static_assert(!alloy::thread_safe_vmm<alloy::host_vmm> && !alloy::thread_safe_vmm<alloy::vmm_ref<alloy::host_vmm>>);
@@ -228,7 +236,7 @@ BOOST_AUTO_TEST_CASE(sharded_arena_serves_the_same_shard_while_a_growth_maps) {
 BOOST_AUTO_TEST_CASE(synchronized_virtual_allocator_serves_the_pool_while_a_large_growth_maps) {
   const auto s = device();
   {
-    alloy::synchronized<valloc> alloc{valloc{gated_vmm{s}}};
+    alloy::synchronized<valloc> alloc{valloc_mapping_nothing_ahead(s)};
     const block small = alloc.allocate(8 << 10, 256);  // a slab for the other thread's 8 KiB blocks
     BOOST_REQUIRE(small);
     alloc.deallocate(small);  // the slab stays
@@ -316,7 +324,7 @@ BOOST_AUTO_TEST_CASE(sharded_arena_serves_the_same_shard_while_release_unmaps) {
 BOOST_AUTO_TEST_CASE(synchronized_virtual_allocator_serves_the_pool_while_release_unmaps) {
   const auto s = device();
   {
-    alloy::synchronized<valloc> alloc{valloc{gated_vmm{s}}};
+    alloy::synchronized<valloc> alloc{valloc_mapping_nothing_ahead(s)};
     const block small = alloc.allocate(8 << 10, 256);  // a slab for the other thread's 8 KiB blocks
     BOOST_REQUIRE(small);
     BOOST_TEST(

@@ -73,7 +73,10 @@ namespace alloy {
 ///   releases it first and maps its own. A piece serves one tag at a time (see tags).
 /// - Frontier growth (`frontier_growth_divisor`, with block-sized pieces; `virtual_allocator`'s:
 ///   1/32): a block whose unmapped granules end the used range maps 1/divisor of the mapped
-///   granules more in its piece, while the backend then holds at most 1/16 of its capacity. Each
+///   granules more in its piece, while the backend then holds at most 1/16 of its capacity (a
+///   heap too small for that to be `frontier_growth_min_granules`, 2, maps that many while the
+///   backend holds at most 1/128: the small traces' first pass then makes a third to a half of
+///   the calls, 0.9-1.0x `default_allocator`'s time on an H200 instead of 1.2-1.7x). Each
 ///   such create adds about 1/divisor of the heap, so a growing heap makes at most about divisor
 ///   creates at its top each time it doubles (once 1/divisor of it is a granule), instead of one
 ///   or two a block (a fresh process's first pass pays each on a GPU); the granules ahead serve
@@ -217,10 +220,11 @@ namespace alloy {
 ///   the same smallest device, 1.023x peak live (worst 1.145; MiniMalloc 1.008-1.012); at that
 ///   device 277 calls per 1,000 operations (a run retried whole under pressure; granule by
 ///   granule after a failed run, 585 when measured). With frontier growth of 1/32
-///   (`virtual_allocator`'s), edge granules in the run below 1/64 of the capacity: 18.4 calls
-///   without a limit (21.2 at an 80 GiB capacity; synthetic traces of eight seeds 4.7), every
-///   smallest device the same, peak mapped without a limit 1.236x peak live against 1.227
-///   (synthetic traces of six seeds 1.045 against 1.018).
+///   (`virtual_allocator`'s), edge granules in the run below 1/64 of the capacity and two
+///   granules ahead of a small heap below 1/128: 15.5 calls without a limit (18.0 at an 80 GiB
+///   capacity; synthetic traces of eight seeds 4.8), every smallest device the same, peak mapped
+///   without a limit 1.236x peak live against 1.227 (synthetic traces of six seeds 1.045 against
+///   1.018).
 template <virtual_memory Vmm>
 class virtual_arena {
  public:
@@ -278,6 +282,15 @@ class virtual_arena {
     /// the same smallest devices; bench/README.md, twentieth session). 0: off (`virtual_allocator`:
     /// 32, chosen in bench/README.md, "What changed on 2026-11-27 (fifteenth session)").
     std::size_t frontier_growth_divisor = 0;
+    /// With `frontier_growth_divisor` only: a heap so small that 1/divisor of it is fewer granules
+    /// maps this many ahead, while the backend then holds at most 1/128 of its capacity (so that
+    /// such pieces, which go back only whole, pin little where memory runs short). Without it a
+    /// heap under divisor granules (64 MiB at 1/32) maps nothing ahead and pays a create and a
+    /// map for nearly every block that grows it: 2 takes the calls of the small PyTorch traces
+    /// down by a fifth to a half, 18.4 -> 15.5 per 1,000 operations over the traces without a
+    /// limit, with the same peak mapped and smallest devices (bench/README.md, twenty-first
+    /// session). 0: none.
+    std::size_t frontier_growth_min_granules = 2;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;      ///< passed to `on_misuse`
@@ -1731,8 +1744,8 @@ class virtual_arena {
   }
   /// How many granules frontier growth maps ahead of a block on granules [first, last] whose
   /// `to_map` unmapped granules are its last and end the used range: 1/divisor of the mapped
-  /// granules, while the backend then holds at most 1/16 of its capacity, within the reserved
-  /// range. 0 when the block is not at the frontier, nothing fits ahead, or tags, a planned growth
+  /// granules (for a small heap `small_heap_granules_ahead`), while the backend then holds at most
+  /// 1/16 of its capacity, within the reserved range. 0 when the block is not at the frontier, nothing fits ahead, or tags, a planned growth
   /// or a release batch are about (their granules could lie ahead); the granule table covers them
   /// when not 0.
   std::size_t granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
@@ -1740,6 +1753,7 @@ class virtual_arena {
     // How many fit ahead first (arithmetic): once the heap is past 1/16 of the capacity nothing
     // does, and the frontier's scan of the mapped table below is skipped.
     std::size_t ahead = (mapped_ + to_map) / opts_.frontier_growth_divisor;
+    if (ahead < opts_.frontier_growth_min_granules) ahead = small_heap_granules_ahead(ahead, to_map);
     if (ahead == 0) return 0;
     // Only while the backend holds little: such pieces then total at most 1/16 of its capacity,
     // all that they can keep from going back under pressure.
@@ -1750,6 +1764,18 @@ class virtual_arena {
     if (from > last || to_map != last + 1 - from || mapped_bits_.count(last + 1, granules_.size()) != 0) return 0;
     return cover_granules(last + 1 + ahead) ? ahead : 0;
   }
+  /// `frontier_growth_min_granules` for a heap whose 1/divisor (`ahead`) is fewer, while the
+  /// backend then holds at most 1/`small_heap_share` of its capacity; `ahead` otherwise. Only
+  /// small heaps ask, so the backend's getters stay off the path of a large one.
+  std::size_t small_heap_granules_ahead(std::size_t ahead, std::size_t to_map) const noexcept {
+    const std::size_t least = opts_.frontier_growth_min_granules;
+    const std::size_t bound = (vmm_.capacity() / small_heap_share) >> gshift_;
+    const std::size_t held = vmm_.physical_bytes() >> gshift_;
+    return least <= bound && held + to_map <= bound - least ? least : ahead;
+  }
+  /// 1/64 (`edge_share`) moved MiniMalloc A and B's smallest devices up a step (pieces made while
+  /// the heap was small pinned their free granules where memory ran short); 1/128 moved none.
+  static constexpr std::size_t small_heap_share = 128;
   /// Maps the `to_map` unmapped granules of a chunk at `start` (`rounded` bytes on granules
   /// [first, last]), as `allocate` and `restore` do. Block-sized pieces: the unmapped granules it
   /// covers whole take one create and one map a run; an edge granule it covers in part gets its
