@@ -14,10 +14,11 @@
 //   default_allocator        alloy's pooled composition over cudaMalloc
 //   virtual_allocator        alloy's composition over cuda_vmm (cuMemCreate / cuMemMap, 2 MiB
 //                            granules, block-sized pieces: a block's run of unmapped granules in
-//                            one piece, with frontier growth: 1/32 of the mapped granules more
-//                            while the device is at most 1/16 full), the same without frontier
-//                            growth (the default before 2026-11-27) and with one piece per granule
-//                            of 16 MiB (`options.arena.granularity`)
+//                            one piece, with frontier growth: 1/32 of the mapped granules more,
+//                            at least two while the device is at most 1/128 full, while it is
+//                            at most 1/16 full), the same without frontier growth (the default
+//                            before 2026-11-27) and with one piece per granule of 16 MiB
+//                            (`options.arena.granularity`)
 // Figures: ns per operation (wall clock, the driver's time included; median of 3 runs) of a cold
 // pass (a fresh allocator) and of a warm one (the same workload again on the same allocator, all
 // blocks of the first pass freed: a training loop's second step), device memory ÷ peak live (the

@@ -234,9 +234,9 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   1.018; eight seeds, twenty-first session: 4.8).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
-///   replaying them, 1.33-1.40x default_allocator's time on a fresh allocator and 1.22-1.28x
-///   replayed again (geometric means of host CPU time, the last three sessions' runs); W1
-///   1.16-1.23x over five seeds (1.13-1.25x in earlier sessions' runs; the simulated driver's
+///   replaying them, 1.31-1.40x default_allocator's time on a fresh allocator and 1.22-1.28x
+///   replayed again (geometric means of host CPU time, the last four sessions' runs); W1
+///   1.15-1.23x over five seeds (1.13-1.25x in earlier sessions' runs; the simulated driver's
 ///   books cost next to nothing),
 ///   mapped ÷ live 1.13-1.17 (granules ahead at the peak; 1.11-1.14 without frontier growth);
 ///   synthetic transformer traces of eight seeds (scripts/synthetic-traces): smallest device
