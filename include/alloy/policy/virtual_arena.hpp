@@ -75,8 +75,9 @@ namespace alloy {
 ///   1/32): a block whose unmapped granules end the used range maps 1/divisor of the mapped
 ///   granules more in its piece, while the backend then holds at most 1/16 of its capacity (a
 ///   heap too small for that to be `frontier_growth_min_granules`, 2, maps that many while the
-///   backend holds at most 1/128: the small traces' first pass then makes a third to a half of
-///   the calls, 0.9-1.0x `default_allocator`'s time on an H200 instead of 1.2-1.7x). Each
+///   backend holds at most 1/128: the small traces' first pass then makes 19-54 % fewer calls,
+///   silmont fp32 and medium_128 inference 0.91-0.99x `default_allocator`'s time on an H200
+///   instead of 1.21-1.68x). Each
 ///   such create adds about 1/divisor of the heap, so a growing heap makes at most about divisor
 ///   creates at its top each time it doubles (once 1/divisor of it is a granule), instead of one
 ///   or two a block (a fresh process's first pass pays each on a GPU); the granules ahead serve
@@ -287,9 +288,8 @@ class virtual_arena {
     /// such pieces, which go back only whole, pin little where memory runs short). Without it a
     /// heap under divisor granules (64 MiB at 1/32) maps nothing ahead and pays a create and a
     /// map for nearly every block that grows it: 2 takes the calls of the small PyTorch traces
-    /// down by a fifth to a half, 18.4 -> 15.5 per 1,000 operations over the traces without a
-    /// limit, with the same peak mapped and smallest devices (bench/README.md, twenty-first
-    /// session). 0: none.
+    /// down by 19-54 %, 18.4 -> 15.5 per 1,000 operations over the traces without a limit, with
+    /// the same peak mapped and smallest devices (bench/README.md, twenty-first session). 0: none.
     std::size_t frontier_growth_min_granules = 2;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
@@ -1745,9 +1745,9 @@ class virtual_arena {
   /// How many granules frontier growth maps ahead of a block on granules [first, last] whose
   /// `to_map` unmapped granules are its last and end the used range: 1/divisor of the mapped
   /// granules (for a small heap `small_heap_granules_ahead`), while the backend then holds at most
-  /// 1/16 of its capacity, within the reserved range. 0 when the block is not at the frontier, nothing fits ahead, or tags, a planned growth
-  /// or a release batch are about (their granules could lie ahead); the granule table covers them
-  /// when not 0.
+  /// 1/16 of its capacity, within the reserved range. 0 when the block is not at the frontier,
+  /// nothing fits ahead, or tags, a planned growth or a release batch are about (their granules
+  /// could lie ahead); the granule table covers them when not 0.
   std::size_t granules_ahead(std::size_t first, std::size_t last, std::size_t to_map) noexcept {
     if (opts_.frontier_growth_divisor == 0 || tags_in_use_ || pending_plans_ != 0 || batch_.active) return 0;
     // How many fit ahead first (arithmetic): once the heap is past 1/16 of the capacity nothing
