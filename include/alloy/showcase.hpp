@@ -244,9 +244,10 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   (bench/virtual_memory/virtual_memory_gpu.cu, twenty-first session, two runs): 0.74-0.76x
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
 ///   traces, 0.29-1.80x; without frontier growth 1.42-1.43x), 1.01-1.06x replaying it again, at
-///   0.75x its device memory; synthetic traces of four seeds 0.70x cold, 0.84x warm (before the
-///   small heaps' two granules, which leave them alone); W1 1.10-1.17x cold, 1.13-1.20x warm
-///   (three runs of three to five seeds; bench/README.md, "On a real device").
+///   0.75x its device memory; synthetic traces of four seeds 0.70x cold, 0.84x warm, W1
+///   1.10-1.17x cold, 1.13-1.20x warm (three runs of three to five seeds; these two before the
+///   small heaps' two granules, which reach only their first pieces; bench/README.md, "On a real
+///   device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
