@@ -261,6 +261,43 @@ BOOST_AUTO_TEST_CASE(min_capacity_finds_the_threshold_to_half_a_percent) {
   BOOST_TEST(!none.found);
 }
 
+/// Each request straight from the device: what fails is what the device cannot hold.
+struct device_target {
+  using token = alloy::block;
+  simulated_device* device;
+  token allocate(std::size_t bytes) noexcept { return {device->allocate(bytes, 256), bytes}; }
+  void deallocate(token b, std::size_t bytes) noexcept { device->deallocate(b.ptr, bytes); }
+  static const void* address(const token& b) noexcept { return b.ptr; }
+  std::size_t bytes_moved() const noexcept { return 0; }
+};
+
+BOOST_AUTO_TEST_CASE(the_first_failed_allocation_is_reported_with_what_was_held_then) {
+  const auto trace = alloy::bench::parse_rmm_trace(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,0,allocate,0x1000,3000000,0\n"
+      "1,0,allocate,0x2000,5000000,0\n"
+      "1,0,allocate,0x3000,2000000,0\n"  // 10 MB: fails on a 9 MB device
+      "1,0,free,0x1000,3000000,0\n"
+      "1,0,allocate,0x4000,1500000,0\n"
+      "1,0,allocate,0x5000,4000000,0\n"  // fails too: only the first is reported
+      "1,0,free,0x2000,5000000,0\n",
+      "two failures");
+  simulated_device device(9'000'000);
+  const auto r =
+      alloy::replay::replay(trace, device, [&] { return device_target{&device}; }, {.repetitions = 0}, "device");
+  BOOST_TEST(r.failed == 2u);
+  BOOST_TEST(r.first_failed.event == 3u);  // 1-based, as `first_fault` counts
+  BOOST_TEST(r.first_failed.bytes == 2'000'000u);
+  BOOST_TEST(r.first_failed.in_use == 8'000'000u);
+  BOOST_TEST(r.first_failed.reserved == 8'000'000u);
+  // Served everything: none reported.
+  simulated_device roomy;
+  const auto all =
+      alloy::replay::replay(trace, roomy, [&] { return device_target{&roomy}; }, {.repetitions = 0}, "device");
+  BOOST_TEST(all.failed == 0u);
+  BOOST_TEST(all.first_failed.event == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(min_capacity_of_real_compositions_passes_and_a_little_less_fails) {
   const auto trace = alloy::bench::parse_rmm_trace(
       "Thread,Time,Action,Pointer,Size,Stream\n"
@@ -287,6 +324,23 @@ BOOST_AUTO_TEST_CASE(min_capacity_of_real_compositions_passes_and_a_little_less_
       if (m.capacity > trace.peak_live_bytes)
         BOOST_TEST(!run(static_cast<std::size_t>(static_cast<double>(m.capacity) * 0.99)).served_all());
       BOOST_TEST(m.at_capacity.faults == 0u);
+      // The largest capacity the search saw fail lies just below, with its first failed allocation.
+      // (The search starts at peak live: something failed exactly when more was needed.)
+      BOOST_TEST((m.largest_failing != 0) == (m.capacity > trace.peak_live_bytes));
+      if (m.largest_failing != 0) {
+        BOOST_TEST(m.largest_failing < m.capacity);
+        BOOST_TEST(static_cast<double>(m.capacity - m.largest_failing) <= 0.005 * static_cast<double>(m.capacity) + 1);
+        const auto below = run(m.largest_failing);
+        BOOST_TEST(!below.served_all());
+        BOOST_TEST(below.first_failed.event == m.failed_there.event);
+        BOOST_TEST(below.first_failed.reserved == m.failed_there.reserved);
+        BOOST_TEST_REQUIRE(m.failed_there.event >= 1u);
+        BOOST_TEST_REQUIRE(m.failed_there.event <= trace.events.size());
+        const auto& e = trace.events[m.failed_there.event - 1];
+        BOOST_TEST((e.action == alloy::bench::trace_action::allocate));
+        BOOST_TEST(m.failed_there.bytes == e.size);
+        BOOST_TEST(m.failed_there.reserved <= m.largest_failing);
+      }
     }
   }
 }

@@ -63,6 +63,15 @@ def main():
         check(arena["failed_requests"] > 0 and arena["served"] + arena["failed_requests"] == arena["requests"] == 41,
               "JSON: a device of 8 MiB fails requests", json.dumps(arena)[:400])
         check(all(x["peak_reserved"] <= 8 << 20 for x in results.values()), "JSON: nobody reserves above the capacity")
+        first = arena["first_failed_allocation"]
+        check(first is not None and 1 <= first["event"] <= 60 and first["bytes"] % 300_000 == 0
+              and first["bytes"] + first["reserved"] > 8 << 20 and first["in_use"] <= first["reserved"] <= 8 << 20,
+              "JSON: the first failed allocation, with what was held then", json.dumps(first))
+        check(all((x["first_failed_allocation"] is None) == (x["served_all"] or x["faults"] > 0) for x in results.values()),
+              "JSON: a first failed allocation exactly when an allocation failed",
+              json.dumps([(x["composition"], x["served_all"], x["first_failed_allocation"]) for x in results.values()]))
+        check(r.stdout.count("first failed allocation: event ") == sum(x["first_failed_allocation"] is not None for x in results.values()) > 0,
+              "the table: a line for each composition's first failed allocation", r.stdout)
         check(all(len(x["ns_per_op_runs"]) == 2 and x["leaked"] == 0 for x in results.values()),
               "JSON: two timed runs each, nothing leaked")
         check(all(len(x["series"]["reserved"]) == len(x["series"]["event"]) > 0 for x in results.values()),
@@ -98,6 +107,12 @@ def main():
                   for x in trace["results"]), "JSON: no timed runs in this mode; calls per 1,000 operations")
         # At its peak reserved bytes without a limit, a composition runs as without one: the minimum is
         # at most that (to the search's 0.5 %).
+        check(all((m["largest_failing_capacity"] is None) == (m["capacity"] == trace["peak_live_bytes"])
+                  and (m["largest_failing_capacity"] is None or m["largest_failing_capacity"] < m["capacity"])
+                  and (m["first_failed_allocation_there"] is None) == (m["largest_failing_capacity"] is None) for m in found),
+              "JSON: the largest capacity the search saw fail, and its first failed allocation", json.dumps(found)[:600])
+        check(r.stdout.count(", first failed allocation: event ") == sum(m["largest_failing_capacity"] is not None for m in found),
+              "the table: why a little less does not do, per composition", r.stdout)
         check(all(x["min_capacity"]["capacity"] <= x["peak_reserved"] / 0.995 + 1 for x in trace["results"]),
               "JSON: no minimum above the peak reserved without a limit",
               json.dumps([(x["composition"], x["peak_reserved"], x["min_capacity"]["capacity"]) for x in trace["results"]]))

@@ -52,7 +52,10 @@ options:
   --min-capacity         for each composition, find the smallest device capacity (to 0.5 %) at
                          which every request is served and print it divided by the trace's
                          peak live bytes ("how big a GPU do I need"), with map and upstream
-                         calls per 1,000 operations at --capacity; no timed replays
+                         calls per 1,000 operations at --capacity, and why a little less does
+                         not do: the first allocation that failed at the largest capacity the
+                         search saw fail, with the bytes in use and reserved then; no timed
+                         replays
   --compositions LIST    comma-separated names, or 'all' (default), 'alloy', 'peers'; the
                          whole_device_* ones (an arena holding the whole device from the
                          start) need --capacity and are chosen by name only

@@ -35,6 +35,10 @@ struct min_capacity_result {
   std::size_t replays = 0;          ///< replays the search took (probes included)
   std::vector<double> probes;       ///< factors above `capacity` replayed to check monotonicity
   std::size_t non_monotone_at = 0;  ///< a larger capacity that failed (0: none did)
+  /// The largest capacity the search saw fail (0: none), and the first allocation that failed
+  /// there: why the trace needs more than that.
+  std::size_t largest_failing = 0;
+  failed_allocation failed_there{};
 };
 
 struct min_capacity_options {
@@ -53,6 +57,10 @@ inline min_capacity_result find_min_capacity(const bench::rmm_trace& trace,
     replay_result r = run(capacity);
     const bool ok = r.served_all();
     if (ok && keep != nullptr) *keep = std::move(r);
+    if (!ok && keep != nullptr) {  // a step of the search: each failure lies above the ones before
+      out.largest_failing = capacity;
+      out.failed_there = r.first_failed;
+    }
     return ok;
   };
   const std::size_t live = std::max<std::size_t>(trace.peak_live_bytes, 1);

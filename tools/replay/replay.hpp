@@ -79,6 +79,16 @@ struct series_point {
   std::size_t reserved = 0;
 };
 
+/// The first `allocate` event of a checked replay that the composition could not serve, and what
+/// it held then: with the request, in use and reserved show whether the device was full of live
+/// bytes or of memory held around them (fragmentation, partly used granules).
+struct failed_allocation {
+  std::size_t event = 0;     ///< 1-based event number in the trace; 0: every allocation was served
+  std::size_t bytes = 0;     ///< bytes asked for
+  std::size_t in_use = 0;    ///< bytes of served requests live when it failed
+  std::size_t reserved = 0;  ///< bytes held from the device when it failed (virtual memory: physical)
+};
+
 struct replay_result {
   std::string composition;
   std::size_t operations = 0;  ///< events replayed (allocate, free, allocate failure)
@@ -104,6 +114,7 @@ struct replay_result {
   std::size_t peak_mapped = 0;        ///< bytes mapped at once, at most (virtual memory only)
   std::size_t faults = 0;             ///< wrong answers: blocks outside the device, misaligned, overlapping ...
   std::string first_fault;            ///< the first one, described
+  failed_allocation first_failed{};   ///< the first `allocate` it could not serve (event 0: none)
   std::vector<series_point> series;
 
   std::size_t upstream_calls() const noexcept { return upstream_allocs + upstream_frees; }
@@ -237,6 +248,7 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
     detail::block_checker checker;
     std::size_t in_use = 0, peak_in_use = 0, failed = 0, failed_allocations = 0, served = 0, requests = 0, faults = 0;
     std::string first_fault;
+    failed_allocation first_failed;
     const std::size_t tick = 1 << 14;
     // One pass over the events, timed; ns per operation. With a warm pass, each reports half of
     // the progress.
@@ -289,7 +301,10 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
             }
           } else if (!faulted) {
             ++failed;
-            if (e.action == trace_action::allocate) ++failed_allocations;
+            if (e.action == trace_action::allocate) {
+              if (checked && failed_allocations == 0) first_failed = {i + 1, e.size, in_use, device.reserved()};
+              ++failed_allocations;
+            }
           }
         }
         observed.observe(i, in_use, device.reserved());
@@ -330,6 +345,7 @@ double replay_once(const bench::rmm_trace& trace, Device& device, Make&& make, c
       if constexpr (std::is_same_v<Device, simulated_vm_device>) r.peak_mapped = device.peak_mapped();
       r.faults = faults;
       r.first_fault = std::move(first_fault);
+      r.first_failed = first_failed;
       r.bytes_moved = target.bytes_moved();
       r.reserved_over_live =
           static_cast<double>(r.peak_reserved) / static_cast<double>(std::max<std::size_t>(trace.peak_live_bytes, 1));

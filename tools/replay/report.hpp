@@ -89,6 +89,13 @@ inline std::string fault_text(const replay_result& x) {
          x.first_fault;
 }
 
+/// "event 1,784: 9.77 MiB asked with 234 MiB in use, 266 MiB reserved".
+inline std::string failed_allocation_text(const failed_allocation& f) {
+  return "event " + format_count(f.event) + ": " + format_bytes(static_cast<double>(f.bytes)) + " asked with " +
+         format_bytes(static_cast<double>(f.in_use)) + " in use, " + format_bytes(static_cast<double>(f.reserved)) +
+         " reserved";
+}
+
 /// The file name without its folders and its trace extensions.
 inline std::string display_name(const std::string& path) {
   if (path == "-") return "stdin";
@@ -134,6 +141,8 @@ inline void print_table(std::ostream& out, const trace_report& r, const report_s
     if (x.leaked != 0) out << "  (leaked " << format_bytes(static_cast<double>(x.leaked)) << ")";
     out << '\n';
     if (x.faults != 0) out << "    " << fault_text(x) << '\n';
+    if (x.first_failed.event != 0)
+      out << "    first failed allocation: " << failed_allocation_text(x.first_failed) << '\n';
   }
   out << '\n';
 }
@@ -169,6 +178,9 @@ inline void print_min_capacity_table(std::ostream& out, const trace_report& r, c
       out << "  (not monotone: fails at " << format_bytes(static_cast<double>(m.non_monotone_at)) << ")";
     out << '\n';
     if (x.faults != 0) out << "    " << fault_text(x) << '\n';
+    if (m.largest_failing != 0 && m.failed_there.event != 0)
+      out << "    at " << format_bytes(static_cast<double>(m.largest_failing))
+          << ", first failed allocation: " << failed_allocation_text(m.failed_there) << '\n';
   }
   out << '\n';
 }
@@ -195,6 +207,13 @@ inline std::string json_string(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+/// {"event": ..., "bytes": ..., "in_use": ..., "reserved": ...}, or null when none failed.
+inline std::string failed_allocation_json(const failed_allocation& f) {
+  if (f.event == 0) return "null";
+  return "{\"event\": " + std::to_string(f.event) + ", \"bytes\": " + std::to_string(f.bytes) +
+         ", \"in_use\": " + std::to_string(f.in_use) + ", \"reserved\": " + std::to_string(f.reserved) + "}";
 }
 
 inline void write_json(std::ostream& out, const std::vector<trace_report>& reports, const report_settings& s) {
@@ -240,6 +259,7 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
           << ", \"upstream_calls_per_1000_ops\": " << format_fixed(per_thousand_ops(x.upstream_calls(), x), 3)
           << ", \"peak_mapped\": " << x.peak_mapped << ", \"faults\": " << x.faults
           << ", \"first_fault\": " << (x.faults != 0 ? json_string(x.first_fault) : std::string("null"))
+          << ", \"first_failed_allocation\": " << failed_allocation_json(x.first_failed)
           << ", \"served_all\": " << (x.served_all() ? "true" : "false");
       if (k < r.min_capacity.size()) {
         const min_capacity_result& m = r.min_capacity[k];
@@ -261,6 +281,13 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
         } else {
           out << "null";
         }
+        out << ", \"largest_failing_capacity\": ";
+        if (m.largest_failing != 0) {
+          out << m.largest_failing;
+        } else {
+          out << "null";
+        }
+        out << ", \"first_failed_allocation_there\": " << failed_allocation_json(m.failed_there);
         out << '}';
       }
       out << ",\n         \"series\": {\"event\": [";
