@@ -189,7 +189,7 @@ int run(const char* memory, const workload& w, Upstream upstream, Vmm vmm) {
   std::printf("alloy demo\n");
   std::printf("  memory      : %s\n", memory);
   std::printf("  default     : stats<default_allocator> (pool <= 64 KiB, best_fit_arena above)\n");
-  std::printf("  virtual     : virtual_allocator (pool <= 64 KiB on a virtual_arena, %s granules)\n",
+  std::printf("  virtual     : virtual_allocator (pool <= 128 KiB on a virtual_arena, %s granules)\n",
               alloy::detail::format_bytes(virt.arena().granularity()).c_str());
   std::printf("  workload    : %s, %zu operations\n\n", w.name.c_str(), w.ops.size());
   std::printf("  %-28s %14s %14s %14s\n", "", "bare upstream", "default", "virtual");

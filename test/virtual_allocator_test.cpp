@@ -137,21 +137,25 @@ BOOST_AUTO_TEST_CASE(bad_frees_are_refused_with_every_figure_unchanged) {
 // arena took the slab back from under the pool's live blocks. Found by compositions_fuzz. Sizes a
 // slab has had go to the pool; any other size to the arena, which refuses it as a wrong size.
 BOOST_AUTO_TEST_CASE(a_large_free_on_a_pool_slab_is_refused) {
+  static_assert(host_allocator::threshold == 128_KiB, "the sizes below: slabs of 256 KiB lie above it");
   host_allocator a{alloy::host_vmm{{.capacity = 256_MiB}}};
-  std::vector<alloy::block> small;  // 16 KiB blocks: four fill the class's first slab (64 KiB)
-  for (int i = 0; i < 5; ++i) small.push_back(a.allocate(16'000, 256));
+  // 16 KiB blocks: 4 fill the class's first slab (64 KiB), 8 its second (128 KiB), the 13th opens
+  // its third (256 KiB, above the threshold).
+  std::vector<alloy::block> small;
+  for (int i = 0; i < 13; ++i) small.push_back(a.allocate(16'000, 256));
   for (const alloy::block& b : small) BOOST_REQUIRE(b);
-  const alloy::block first_of_second_slab = small[4];  // the second slab is twice as large
-  std::memset(first_of_second_slab.ptr, 0x5a, first_of_second_slab.size);
+  const alloy::block first_of_third_slab = small[12];
+  std::memset(first_of_third_slab.ptr, 0x5a, first_of_third_slab.size);
   const std::size_t in_use = a.bytes_in_use(), requested = a.requested_bytes(), mapped = a.mapped_bytes();
   const std::size_t pool_misuses = a.small().misuse_count();
   const alloy::misuse_counts arena_misuses = a.arena().misuses();
   BOOST_TEST(a.small().may_hold_slab_of(64_KiB));
   BOOST_TEST(a.small().may_hold_slab_of(128_KiB));
-  BOOST_TEST(!a.small().may_hold_slab_of(64_KiB + 256), "no slab had it (nor its hash bit)");
-  BOOST_TEST(!a.small().may_hold_slab_of(256_KiB), "no slab had it yet (nor its bit 18)");
-  for (const std::size_t bytes : {128_KiB, 64_KiB + 256, 256_KiB}) {
-    const alloy::block bad{first_of_second_slab.ptr, bytes};
+  BOOST_TEST(a.small().may_hold_slab_of(256_KiB));
+  BOOST_TEST(!a.small().may_hold_slab_of(256_KiB + 256), "no slab had it (nor its hash bit)");
+  BOOST_TEST(!a.small().may_hold_slab_of(512_KiB), "no slab had it (nor its bit 19)");
+  for (const std::size_t bytes : {256_KiB, 256_KiB + 256, 512_KiB}) {
+    const alloy::block bad{first_of_third_slab.ptr, bytes};
     BOOST_TEST(!a.try_deallocate(bad), bytes << " bytes on the slab");
     a.deallocate(bad);
   }
@@ -160,11 +164,11 @@ BOOST_AUTO_TEST_CASE(a_large_free_on_a_pool_slab_is_refused) {
   BOOST_TEST(a.bytes_in_use() == in_use);
   BOOST_TEST(a.requested_bytes() == requested);
   BOOST_TEST(a.mapped_bytes() == mapped);
-  const alloy::block large = a.allocate(128_KiB, 256);  // would have taken the slab's place
+  const alloy::block large = a.allocate(256_KiB, 256);  // would have taken the slab's place
   BOOST_REQUIRE(large);
   std::memset(large.ptr, 0xa5, large.size);
-  const auto* p = static_cast<const unsigned char*>(first_of_second_slab.ptr);
-  BOOST_TEST(std::all_of(p, p + first_of_second_slab.size, [](unsigned char c) { return c == 0x5a; }));
+  const auto* p = static_cast<const unsigned char*>(first_of_third_slab.ptr);
+  BOOST_TEST(std::all_of(p, p + first_of_third_slab.size, [](unsigned char c) { return c == 0x5a; }));
   a.deallocate(large);
   for (const alloy::block& b : small) BOOST_TEST(a.try_deallocate(b));
   BOOST_TEST(a.bytes_in_use() == 0u);

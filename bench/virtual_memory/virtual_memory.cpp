@@ -14,6 +14,7 @@
 //
 // candidates: for each candidate layout — the arena alone; a pool up to 16 KiB / 64 KiB / 256 KiB
 // / 1 MiB with various slabs beside it, slabs from the same arena — and each release threshold,
+// then pools up to 64 KiB and 128 KiB over virtual_allocator's own arena options,
 // over every trace: the smallest device capacity ÷ peak live (alloy-replay --min-capacity's
 // search; geometric mean, worst PyTorch trace, worst MiniMalloc instance), peak mapped ÷ peak live
 // without a limit (geometric mean), map + unmap calls per 1,000 operations (arithmetic mean) and
@@ -181,6 +182,15 @@ int candidates(std::vector<std::string> paths) {
       make_variant("pool<=64K, slabs 64K-256K, default release (1/32, up to the peak)", [](simulated_vm_device& d) {
         return candidate<64_KiB>{vm{d}, arena_t::options{}, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
       }));
+  // virtual_allocator's own arena (free granules kept mapped, block-sized pieces, frontier growth):
+  // its pool up to 64 KiB (the layout before the twenty-second session) and up to 128 KiB (today's).
+  const arena_t::options shipped = virtual_allocator<vm>::options{}.arena;
+  vs.push_back(make_variant("pool<=64K, slabs 64K-256K, virtual_allocator's arena", [shipped](simulated_vm_device& d) {
+    return candidate<64_KiB>{vm{d}, shipped, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
+  }));
+  vs.push_back(make_variant("pool<=128K, slabs 64K-256K, virtual_allocator's arena", [shipped](simulated_vm_device& d) {
+    return candidate<128_KiB>{vm{d}, shipped, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
+  }));
   std::printf("%zu traces, 2 MiB granules, alignment 256; min capacity to 0.5 %%\n\n", traces.size());
   std::printf(
       "| candidate | min capacity ÷ live, geo. mean | worst PyTorch | worst MiniMalloc | peak mapped ÷ live, no limit "

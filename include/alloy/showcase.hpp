@@ -164,21 +164,21 @@ class default_allocator : public detail::default_base_t<Upstream> {
 // ---- virtual_allocator ------------------------------------------------------------------------
 
 namespace detail {
-inline constexpr std::size_t virtual_largest_class = std::size_t{128} << 10;
+inline constexpr std::size_t virtual_largest_class = std::size_t{256} << 10;
 template <class Vmm>
 using virtual_small_t = size_class_pool<ref<virtual_arena<Vmm>>, power2_classes<4, 256, virtual_largest_class>>;
 template <class Vmm>
-using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>, ref<virtual_arena<Vmm>>>;
+using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>, ref<virtual_arena<Vmm>>>;
 }  // namespace detail
 
 /// `virtual_allocator<Vmm>`: the composition we recommend on virtual memory (DESIGN §12), for
 /// programs that must fit a device: small requests from a size-class pool whose slabs come from
 /// the same virtual arena, the rest from the arena.
 ///
-///   virtual_arena<Vmm> (owned, one) <- ref <- segregator<64 KiB,
-///                                               size_class_pool<ref, power2_classes<4, 256, 128 KiB>>
+///   virtual_arena<Vmm> (owned, one) <- ref <- segregator<128 KiB,
+///                                               size_class_pool<ref, power2_classes<4, 256, 256 KiB>>
 ///                                               (slabs of 64 KiB first, doubling to 256 KiB),
-///                                               ref (requests above 64 KiB)>
+///                                               ref (requests above 128 KiB)>
 ///
 /// - The arena is owned through a stable pointer, so both sides refer to the same one and the
 ///   allocator can move (construct); not assignable (neither is the pool).
@@ -190,7 +190,7 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   shown as the pool's blocks in it. `small()` and `arena()` give the parts; there is no `parts()`, so that no
 ///   statistics walker adds the arena to the slabs it holds.
 /// - Bad frees (DESIGN §7) are refused by the part that holds the address, counted in its
-///   `misuses()`: a free above 64 KiB of an address in a pool slab, of a size a slab has had,
+///   `misuses()`: a free above 128 KiB of an address in a pool slab, of a size a slab has had,
 ///   goes to the pool (the slab is an arena chunk, and the arena alone would take a free of the
 ///   slab's exact bytes back from under the pool's blocks); of any other size the arena refuses
 ///   it (a wrong size or interior pointer of the slab's chunk). The look-up is made only for the
@@ -199,7 +199,7 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 /// - Capabilities: `try_deallocate` (checked frees), `owns`, `release` (wholly free slabs to the
 ///   arena, then every free mapped granule to the backend), `reserved_bytes`, `mapped_bytes`,
 ///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`; over a `thread_safe_vmm`,
-///   planned growth for requests above 64 KiB (the arena's: `synchronized` and `sharded` map
+///   planned growth for requests above 128 KiB (the arena's: `synchronized` and `sharded` map
 ///   their granules, and those ahead, without the lock; a small request's new slab is mapped
 ///   under it) and `release_detached` (the unmaps of `release()` without the lock). Memory kind:
 ///   the backend's.
@@ -211,7 +211,12 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   devices of the pooled layouts (geometric mean 1.027 in that table, the arena alone 1.021;
 ///   worst PyTorch trace 1.145 both; slabs of 2 MiB: 1.078 and 1.594) and takes the many small
 ///   requests off the arena's index (W1: 1.04-1.18x default_allocator's time, the arena alone
-///   about 1.4x). The release threshold does not change the smallest device (under pressure the
+///   about 1.4x). Up to 128 KiB rather than 64 KiB (classes to 256 KiB, the same slabs; the rows
+///   with virtual_allocator's own arena options in that table): the same smallest device, driver
+///   calls and peak mapped on every shipped trace, 0.89x the time on W1 (`tools/ab-time`, five
+///   seeds; the traces 1.01 cold / 0.99 warm, within its spread), W1's peak mapped 0-4.5 % higher;
+///   synthetic traces of eight seeds: the same geometric mean and worst smallest device. The
+///   release threshold does not change the smallest device (under pressure the
 ///   arena unmaps free granules anyway) but sets the driver calls and the memory held when there
 ///   is room: none (free granules stay mapped until the device runs short or `release()`) makes
 ///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
@@ -234,11 +239,11 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   1.018; eight seeds, twenty-first session: 4.8).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
-///   replaying them, 1.31-1.40x default_allocator's time on a fresh allocator and 1.22-1.28x
-///   replayed again (geometric means of host CPU time, the last four sessions' runs); W1
-///   1.15-1.23x over five seeds (1.13-1.25x in earlier sessions' runs; the simulated driver's
-///   books cost next to nothing),
-///   mapped ÷ live 1.13-1.17 (granules ahead at the peak; 1.11-1.14 without frontier growth);
+///   replaying them, 1.31-1.45x default_allocator's time on a fresh allocator and 1.22-1.36x
+///   replayed again (geometric means of host CPU time, the last five sessions' runs); W1 a median
+///   of 1.05-1.13x over five seeds (0.97-1.28x a seed, on a noisy VM; 0.89x the time the pool up
+///   to 64 KiB took, paired; the simulated driver's books cost next to nothing), mapped ÷ live
+///   1.14-1.18 (granules ahead at the peak; 1.11-1.14 without frontier growth);
 ///   synthetic transformer traces of eight seeds (scripts/synthetic-traces): smallest device
 ///   1.000-1.023. On an H200
 ///   (bench/virtual_memory/virtual_memory_gpu.cu, twenty-first session, two runs): 0.74-0.76x
@@ -246,8 +251,8 @@ using virtual_heap_t = segregator<(std::size_t{64} << 10), virtual_small_t<Vmm>,
 ///   traces, 0.29-1.80x; without frontier growth 1.42-1.43x), 1.01-1.06x replaying it again, at
 ///   0.75x its device memory; synthetic traces of four seeds 0.70x cold, 0.84x warm, W1
 ///   1.10-1.17x cold, 1.13-1.20x warm (three runs of three to five seeds; these two before the
-///   small heaps' two granules, which reach only their first pieces; bench/README.md, "On a real
-///   device").
+///   small heaps' two granules, which reach only their first pieces, and W1 before the pool up to
+///   128 KiB; bench/README.md, "On a real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
