@@ -183,7 +183,7 @@ int candidates(std::vector<std::string> paths) {
         return candidate<64_KiB>{vm{d}, arena_t::options{}, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
       }));
   // virtual_allocator's own arena (free granules kept mapped, block-sized pieces, frontier growth):
-  // its pool up to 64 KiB (the layout before the twenty-second session) and up to 128 KiB (today's).
+  // its pool up to 64 KiB (as default_allocator's) and up to 128 KiB (as its own).
   const arena_t::options shipped = virtual_allocator<vm>::options{}.arena;
   vs.push_back(make_variant("pool<=64K, slabs 64K-256K, virtual_allocator's arena", [shipped](simulated_vm_device& d) {
     return candidate<64_KiB>{vm{d}, shipped, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};

@@ -105,14 +105,14 @@ def main():
               "JSON: every composition's minimum capacity, at least the peak live bytes", json.dumps(found)[:600])
         check(all(x["ns_per_op_runs"] == [] and "map_calls_per_1000_ops" in x and "upstream_calls_per_1000_ops" in x
                   for x in trace["results"]), "JSON: no timed runs in this mode; calls per 1,000 operations")
-        # At its peak reserved bytes without a limit, a composition runs as without one: the minimum is
-        # at most that (to the search's 0.5 %).
         check(all((m["largest_failing_capacity"] is None) == (m["capacity"] == trace["peak_live_bytes"])
                   and (m["largest_failing_capacity"] is None or m["largest_failing_capacity"] < m["capacity"])
                   and (m["first_failed_allocation_there"] is None) == (m["largest_failing_capacity"] is None) for m in found),
               "JSON: the largest capacity the search saw fail, and its first failed allocation", json.dumps(found)[:600])
         check(r.stdout.count(", first failed allocation: event ") == sum(m["largest_failing_capacity"] is not None for m in found),
               "the table: why a little less does not do, per composition", r.stdout)
+        # At its peak reserved bytes without a limit, a composition runs as without one: the minimum is
+        # at most that (to the search's 0.5 %).
         check(all(x["min_capacity"]["capacity"] <= x["peak_reserved"] / 0.995 + 1 for x in trace["results"]),
               "JSON: no minimum above the peak reserved without a limit",
               json.dumps([(x["composition"], x["peak_reserved"], x["min_capacity"]["capacity"]) for x in trace["results"]]))
