@@ -1757,7 +1757,7 @@ class virtual_arena {
     if (ahead == 0) return 0;
     // Only while the backend holds little: such pieces then total at most 1/16 of its capacity,
     // all that they can keep from going back under pressure.
-    const std::size_t room = granules_within_share(16);
+    const std::size_t room = granules_within_share<16>();
     ahead = std::min({ahead, room > to_map ? room - to_map : 0, granule_of(end_) - (last + 1)});
     if (ahead == 0) return 0;
     const std::size_t from = granules_[first].piece != 0 ? first + 1 : first;
@@ -1768,13 +1768,14 @@ class virtual_arena {
   /// backend then holds at most 1/`small_heap_share` of its capacity; `ahead` otherwise. Only
   /// small heaps ask, so the backend's getters stay off the path of a large one.
   std::size_t small_heap_granules_ahead(std::size_t ahead, std::size_t to_map) const noexcept {
-    const std::size_t least = opts_.frontier_growth_min_granules, room = granules_within_share(small_heap_share);
+    const std::size_t least = opts_.frontier_growth_min_granules, room = granules_within_share<small_heap_share>();
     return least <= room && to_map <= room - least ? least : ahead;
   }
-  /// How many granules the backend can still create while it holds at most 1/`share` of its
+  /// How many granules the backend can still create while it holds at most 1/`Share` of its
   /// capacity (the shares above: frontier growth's 16, `edge_share`, `small_heap_share`).
-  std::size_t granules_within_share(std::size_t share) const noexcept {
-    const std::size_t bound = vmm_.capacity() / share, held = vmm_.physical_bytes();
+  template <std::size_t Share>
+  std::size_t granules_within_share() const noexcept {
+    const std::size_t bound = vmm_.capacity() / Share, held = vmm_.physical_bytes();
     return held < bound ? (bound - held) >> gshift_ : 0;
   }
   /// 1/64 (`edge_share`) moved MiniMalloc A and B's smallest devices up a step (pieces made while
@@ -1897,7 +1898,7 @@ class virtual_arena {
   /// growth's bound, a piece pinned so cost MiniMalloc C's smallest device 1.027 against 1.012; at
   /// 1/64 no trace's changed: bench/README.md, twentieth session.)
   bool edges_join_run(std::size_t granules) const noexcept {
-    return opts_.frontier_growth_divisor != 0 && granules <= granules_within_share(edge_share);
+    return opts_.frontier_growth_divisor != 0 && granules <= granules_within_share<edge_share>();
   }
   static constexpr std::size_t edge_share = 64;
   /// Maps granules [g, g + n) (none mapped) with one piece; on failure nothing changed, and the
