@@ -261,16 +261,6 @@ BOOST_AUTO_TEST_CASE(min_capacity_finds_the_threshold_to_half_a_percent) {
   BOOST_TEST(!none.found);
 }
 
-/// Each request straight from the device: what fails is what the device cannot hold.
-struct device_target {
-  using token = alloy::block;
-  simulated_device* device;
-  token allocate(std::size_t bytes) noexcept { return {device->allocate(bytes, 256), bytes}; }
-  void deallocate(token b, std::size_t bytes) noexcept { device->deallocate(b.ptr, bytes); }
-  static const void* address(const token& b) noexcept { return b.ptr; }
-  std::size_t bytes_moved() const noexcept { return 0; }
-};
-
 BOOST_AUTO_TEST_CASE(the_first_failed_allocation_is_reported_with_what_was_held_then) {
   const auto trace = alloy::bench::parse_rmm_trace(
       "Thread,Time,Action,Pointer,Size,Stream\n"
@@ -282,9 +272,12 @@ BOOST_AUTO_TEST_CASE(the_first_failed_allocation_is_reported_with_what_was_held_
       "1,0,allocate,0x5000,4000000,0\n"  // fails too: only the first is reported
       "1,0,free,0x2000,5000000,0\n",
       "two failures");
+  // Each request straight from the device: what fails is what the device cannot hold.
+  using device_target = alloy::replay::raw_target<alloy::replay::device_upstream>;
   simulated_device device(9'000'000);
-  const auto r =
-      alloy::replay::replay(trace, device, [&] { return device_target{&device}; }, {.repetitions = 0}, "device");
+  const auto r = alloy::replay::replay(
+      trace, device, [&] { return device_target{alloy::replay::device_upstream{device}, 256}; }, {.repetitions = 0},
+      "device");
   BOOST_TEST(r.failed == 2u);
   BOOST_TEST(r.first_failed.event == 3u);  // 1-based, as `first_fault` counts
   BOOST_TEST(r.first_failed.bytes == 2'000'000u);
@@ -292,8 +285,9 @@ BOOST_AUTO_TEST_CASE(the_first_failed_allocation_is_reported_with_what_was_held_
   BOOST_TEST(r.first_failed.reserved == 8'000'000u);
   // Served everything: none reported.
   simulated_device roomy;
-  const auto all =
-      alloy::replay::replay(trace, roomy, [&] { return device_target{&roomy}; }, {.repetitions = 0}, "device");
+  const auto all = alloy::replay::replay(
+      trace, roomy, [&] { return device_target{alloy::replay::device_upstream{roomy}, 256}; }, {.repetitions = 0},
+      "device");
   BOOST_TEST(all.failed == 0u);
   BOOST_TEST(all.first_failed.event == 0u);
 }

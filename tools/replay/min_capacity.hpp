@@ -56,8 +56,10 @@ inline min_capacity_result find_min_capacity(const bench::rmm_trace& trace,
     ++out.replays;
     replay_result r = run(capacity);
     const bool ok = r.served_all();
-    if (ok && keep != nullptr) *keep = std::move(r);
-    if (!ok && keep != nullptr) {  // a step of the search: each failure lies above the ones before
+    if (keep == nullptr) return ok;  // a probe
+    if (ok) {
+      *keep = std::move(r);
+    } else {  // a step of the search: each failure lies above the ones before
       out.largest_failing = capacity;
       out.failed_there = r.first_failed;
     }

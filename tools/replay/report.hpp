@@ -281,13 +281,9 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
         } else {
           out << "null";
         }
-        out << ", \"largest_failing_capacity\": ";
-        if (m.largest_failing != 0) {
-          out << m.largest_failing;
-        } else {
-          out << "null";
-        }
-        out << ", \"first_failed_allocation_there\": " << failed_allocation_json(m.failed_there);
+        out << ", \"largest_failing_capacity\": "
+            << (m.largest_failing != 0 ? std::to_string(m.largest_failing) : std::string("null"))
+            << ", \"first_failed_allocation_there\": " << failed_allocation_json(m.failed_there);
         out << '}';
       }
       out << ",\n         \"series\": {\"event\": [";
