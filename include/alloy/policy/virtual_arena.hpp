@@ -37,10 +37,11 @@ namespace alloy {
 ///   address neighbours. Where inside that chunk the block goes is chosen by granules: when its
 ///   front would add granules, the front and the front moved to a granule boundary (and, for a
 ///   block of at most a granule, the back and the back moved to one) are compared, fewest
-///   granules no live chunk touches first, then (blocks of whole granules) fewest granules
-///   spanned, then fewest unmapped (O(granules of the block / 64), only when granules are added):
-///   memory already held is used first, and a block of whole granules does not straddle one
-///   more. There is one range, so no boundary ever keeps two free chunks apart.
+///   granules no live chunk touches first, then (blocks of whole granules, and of 3/4 of a
+///   granule up to one) fewest granules spanned, then fewest unmapped (O(granules of the block /
+///   64), only when granules are added): memory already held is used first, and such a block
+///   does not straddle one granule more than it must. There is one range, so no boundary ever
+///   keeps two free chunks apart.
 ///   At first the whole range is one free chunk; it is the largest, so best fit takes it last and
 ///   the used part of the range grows upward from its start. When nothing fits, the arena
 ///   reserves more addresses and keeps them only when they lie right after its range (it grows in
@@ -1251,9 +1252,14 @@ class virtual_arena {
   /// can be shared. Unmapped granules are counted only when needed (`count_unmapped`).
   placement_cost cost_at(std::uintptr_t start, std::size_t rounded) const noexcept {
     const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
-    // Granules spanned count for blocks of whole granules only: other blocks packed end to end
-    // fill granules better than blocks each moved to a boundary (measured on every trace).
-    placement_cost cost{0, (rounded & (opts_.granularity - 1)) == 0 ? last - first + 1 : 0, not_counted};
+    // Granules spanned count for blocks of whole granules and for blocks of 3/4 of a granule up to
+    // one: such a block leaves a quarter of a granule or less beside it, so packing it end to end
+    // gains little, while one straddling a boundary holds two granules once its neighbours go.
+    // Smaller blocks packed end to end fill granules better than moved to a boundary (measured on
+    // the traces, rescaled traces and synthetic ones; bench/README.md).
+    const bool span_counts = (rounded & (opts_.granularity - 1)) == 0 ||
+                             (rounded < opts_.granularity && rounded >= opts_.granularity - opts_.granularity / 4);
+    placement_cost cost{0, span_counts ? last - first + 1 : 0, not_counted};
     const auto untouched = [&](std::size_t g) { return std::size_t{g >= granules_.size() || !touched(g)}; };
     cost.untouched = untouched(first) + (last > first ? untouched(last) + (last - first - 1) : 0);
     return cost;
@@ -1270,10 +1276,11 @@ class virtual_arena {
   /// adds granules, its front and back ends, each also moved to a granule boundary, are compared
   /// by `placement_cost` and the cheapest taken (the earliest of equals): a block uses granules
   /// live chunks already touch before untouched ones, does not straddle a granule it need not
-  /// (a block of whole granules placed off a boundary holds one more), and uses free mapped
-  /// granules before unmapped ones. The back is tried only for a block of at most a granule,
-  /// which may fit in the granule the next live chunk touches; a larger block there leaves the
-  /// chunk's front a hole (measured: smaller devices and fewer splits without, bench/README.md).
+  /// (a block of whole granules, or of nearly one, placed off a boundary holds one more), and
+  /// uses free mapped granules before unmapped ones. The back is tried only for a block of at
+  /// most a granule, which may fit in the granule the next live chunk touches; a larger block
+  /// there leaves the chunk's front a hole (measured: smaller devices and fewer splits without,
+  /// bench/README.md).
   /// Nor is it tried in the last chunk (the untouched rest of the range): blocks stay low.
   std::uintptr_t placement_in(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
                               std::size_t alignment) const noexcept {
