@@ -130,6 +130,19 @@ def main():
         r = run("--min-capacity", "--svg", out_svg, good)
         check(r.returncode == 2 and "--min-capacity" in r.stderr, "usage error: --svg with --min-capacity", r.stderr)
 
+        # --resize: every size times the factor, the peak live bytes recomputed, said in the table and JSON.
+        r = run("--resize", "0.5", "--capacity", "8GiB", "--repeat", "1", "--compositions", "default_allocator,virtual_allocator",
+                "--json", out_json, good)
+        with open(out_json) as f:
+            halved = json.load(f)["traces"][0]
+        check(r.returncode == 0 and "(rmm, sizes x0.5)" in r.stdout, "--resize replays and says so", r.stderr + r.stdout)
+        check(halved["size_factor"] == 0.5 and trace["size_factor"] == 1 and halved["events"] == trace["events"]
+              and 2 * halved["peak_live_bytes"] == trace["peak_live_bytes"],
+              "JSON: the factor, the same events, half the peak live bytes", json.dumps(halved)[:300])
+        check(all(x["peak_in_use"] == halved["peak_live_bytes"] and x["failed_requests"] == 1 for x in halved["results"]),
+              "JSON: the halved sizes were asked (the recorded failure, 46 GiB halved, fails on 8 GiB)",
+              json.dumps([(x["peak_in_use"], x["failed_requests"]) for x in halved["results"]]))
+
         # A peer's wrong answer is a fault, not a served request (issue 18, item 7); a size that is
         # no multiple of 8 above 1 MiB reaches thrust's pool as one (its descriptor stays aligned:
         # under the sanitizers this run is the regression test of a misaligned store).
@@ -184,6 +197,9 @@ def main():
             (["--compositions", "whole_device_arena", good], "needs a device of finite capacity"),
             (["--svg", out_svg, good, good], "--svg draws one trace"),
             (["--frobnicate", good], "unknown option"),
+            (["--resize", "0", good], "--resize: '0' is not a positive number"),
+            (["--resize=-2", good], "--resize: '-2' is not a positive number"),
+            (["--resize", "1.5x", good], "--resize: '1.5x' is not a positive number"),
             ([], "no trace given"),
         ):
             r = run(*args)

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -228,6 +229,43 @@ BOOST_AUTO_TEST_CASE(formats_are_told_apart) {
 }
 
 // The shipped MiniMalloc instances, read as instances with sizes x1024, are the shipped event files.
+BOOST_AUTO_TEST_CASE(resized_traces_keep_order_and_lifetimes) {
+  const std::string text = header +
+                           "1,0,allocate,0x10,1000,0\n"
+                           "1,0,allocate,0x20,301,0\n"
+                           "1,0,free,0x10,1000,0\n"
+                           "1,0,allocate failure,(nil),5000,0\n"
+                           "1,0,allocate,0x30,1,0\n"
+                           "1,0,free,0x20,301,0\n";
+  const auto original = alloy::bench::parse_rmm_trace(text, "t.csv");
+  BOOST_TEST(original.peak_live_bytes == 1301u);
+  auto t = original;
+  alloy::bench::resize_trace(t, 0.5);
+  // Rounded down, at least one byte; a free names its allocation's new size.
+  const std::size_t sizes[] = {500, 150, 500, 2500, 1, 150};
+  BOOST_TEST_REQUIRE(t.events.size() == 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    BOOST_TEST((t.events[i].action == original.events[i].action), "event " << i);
+    BOOST_TEST(t.events[i].allocation == original.events[i].allocation, "event " << i);
+    BOOST_TEST(t.events[i].size == sizes[i], "event " << i);
+  }
+  BOOST_TEST(t.peak_live_bytes == 650u);
+  BOOST_TEST(t.size_factor == 0.5);
+  alloy::bench::resize_trace(t, 3.0);
+  BOOST_TEST(t.events[0].size == 1500u);
+  BOOST_TEST(t.peak_live_bytes == 1950u);  // 1500 + 450, not the 3 * 650 of rounding once
+  BOOST_TEST(t.size_factor == 1.5);
+
+  // Bad factors and sizes out of range: an exception, the trace as it was.
+  const auto before = t;
+  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()})
+    BOOST_CHECK_THROW(alloy::bench::resize_trace(t, bad), std::invalid_argument);
+  BOOST_CHECK_THROW(alloy::bench::resize_trace(t, 1e18), std::out_of_range);
+  BOOST_TEST(t.peak_live_bytes == before.peak_live_bytes);
+  BOOST_TEST(t.size_factor == before.size_factor);
+  for (std::size_t i = 0; i < 6; ++i) BOOST_TEST(t.events[i].size == before.events[i].size, "event " << i);
+}
+
 BOOST_AUTO_TEST_CASE(shipped_minimalloc_instances_match_their_event_files) {
   const std::filesystem::path dir = std::filesystem::path(ALLOY_TRACE_DIR) / "minimalloc";
   std::size_t compared = 0;

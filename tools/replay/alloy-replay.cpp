@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -62,6 +63,9 @@ options:
   --list                 print the compositions and exit
   --alignment N          alignment of every request (default 256)
   --scale N              multiply every MiniMalloc size by N (the shipped events use 1024)
+  --resize F             multiply every size of every trace by F (e.g. 0.75; rounded down, at
+                         least one byte) after reading: the same order and lifetimes with
+                         another model's sizes, to check a figure on traces it was not tuned to
   --repeat N             timed replays per composition; ns/op (this thread's CPU time) is
                          their median (default 3)
   --warm                 each timed replay goes over the trace a second time through the same
@@ -123,6 +127,19 @@ std::optional<std::size_t> parse_size(std::string_view text) {
   return std::nullopt;
 }
 
+/// A positive finite number ("0.75", "2"), the whole text.
+std::optional<double> parse_factor(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    return std::nullopt;
+  }
+  if (used != text.size() || !(value > 0) || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
 std::optional<std::size_t> parse_count(std::string_view text) {
   if (text.empty()) return std::nullopt;
   std::size_t n = 0;
@@ -182,6 +199,7 @@ int main(int argc, char** argv) {
   opts.repetitions = 3;
   bench::trace_read_options read_opts;
   bench::minimalloc_options mm;
+  double resize = 1;
   std::string json_path, markdown_path, svg_path, wanted = "all";
   bool quiet = false, list = false, min_capacity = false;
   int show_progress = -1;  // -1: when standard error is a terminal
@@ -220,6 +238,11 @@ int main(int argc, char** argv) {
       const auto n = parse_count(v);
       if (!n || *n == 0) usage_error("--scale: '" + v + "' is not a positive whole number");
       mm.scale = *n;
+    } else if (is("--resize")) {
+      const std::string v = value();
+      const auto f = parse_factor(v);
+      if (!f) usage_error("--resize: '" + v + "' is not a positive number");
+      resize = *f;
     } else if (is("--repeat")) {
       const std::string v = value();
       const auto n = parse_count(v);
@@ -314,6 +337,7 @@ int main(int argc, char** argv) {
     auto trace = std::make_unique<bench::rmm_trace>();
     try {
       *trace = bench::read_trace(path, read_opts, mm);
+      if (resize != 1) bench::resize_trace(*trace, resize);
     } catch (const std::exception& e) {
       std::cerr << "alloy-replay: " << e.what() << '\n';
       status = 1;

@@ -61,6 +61,7 @@ struct rmm_trace {
   std::size_t peak_live_bytes = 0;      ///< most bytes live at once, as recorded
   std::size_t unfreed = 0;              ///< allocations never freed in the file
   std::string format = "rmm";           ///< what the file was: "rmm" or "minimalloc"
+  double size_factor = 1;               ///< every size multiplied by this since reading (`resize_trace`)
   std::size_t lines = 0;                ///< lines read
   std::vector<trace_problem> problems;  ///< rows skipped (`bad_rows::skip`), at most `max_problems_kept`
   std::size_t problem_count = 0;        ///< all of them, kept or not

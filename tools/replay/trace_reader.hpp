@@ -16,6 +16,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -165,6 +166,41 @@ inline rmm_trace read_trace(const std::string& path, const trace_read_options& o
     trace.problems.push_back(std::move(p));
   }
   return trace;
+}
+
+/// Multiplies every size of `trace` by `factor` (rounded down, at least one byte) and recomputes
+/// its peak live bytes: the same order and lifetimes with another model's tensor sizes, so that a
+/// figure can be checked on traces nobody tuned it to (`alloy-replay --resize`). Equal sizes stay
+/// equal, so each free still names its allocation's size. Throws `std::invalid_argument` for a
+/// factor that is not a positive finite number and `std::out_of_range` when a size or the live
+/// bytes would pass 2^62, the trace then unchanged.
+inline void resize_trace(rmm_trace& trace, double factor) {
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw std::invalid_argument("resize_trace: the factor must be a positive finite number");
+  constexpr long double limit = 0x1p62L;
+  const auto resized = [factor, limit](std::size_t bytes) {
+    const long double r = std::floor(static_cast<long double>(bytes) * static_cast<long double>(factor));
+    if (r >= limit) throw std::out_of_range("resize_trace: a size times the factor passes 2^62 bytes");
+    return std::max<std::size_t>(1, static_cast<std::size_t>(r));
+  };
+  std::vector<trace_event> events = trace.events;
+  std::vector<std::size_t> sizes(trace.allocations);
+  std::size_t live = 0, peak = 0;
+  for (trace_event& e : events) {
+    e.size = resized(e.size);
+    if (e.action == trace_action::allocate) {
+      sizes[e.allocation] = e.size;
+      live += e.size;
+      if (static_cast<long double>(live) >= limit)
+        throw std::out_of_range("resize_trace: the live bytes pass 2^62 bytes");
+      peak = std::max(peak, live);
+    } else if (e.action == trace_action::free) {
+      live -= sizes[e.allocation];
+    }
+  }
+  trace.events = std::move(events);
+  trace.peak_live_bytes = peak;
+  trace.size_factor *= factor;
 }
 
 }  // namespace alloy::bench
