@@ -208,8 +208,8 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,
 ///   over every shipped trace (smallest device ÷ peak live, 2 MiB granules) and W1 over five
 ///   seeds. The pool up to 64 KiB with slabs of 64 KiB doubling to 256 KiB needs about the smallest
-///   devices of the pooled layouts (geometric mean 1.027 in that table, the arena alone 1.021;
-///   worst PyTorch trace 1.145 both; slabs of 2 MiB: 1.078 and 1.594) and takes the many small
+///   devices of the pooled layouts (geometric mean 1.023 in that table, the arena alone 1.019;
+///   worst PyTorch trace 1.098 both; slabs of 2 MiB: 1.074 and 1.527) and takes the many small
 ///   requests off the arena's index (W1: 1.04-1.18x default_allocator's time, the arena alone
 ///   about 1.4x). Up to 128 KiB rather than 64 KiB (classes to 256 KiB, the same slabs; the rows
 ///   with virtual_allocator's own arena options in that table): the same smallest device, driver
@@ -220,32 +220,33 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   arena unmaps free granules anyway) but sets the driver calls and the memory held when there
 ///   is room: none (free granules stay mapped until the device runs short or `release()`) makes
 ///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
-///   makes 290-51,000; it holds 1.00-1.21x peak live on the PyTorch traces without a limit (0:
-///   1.00-1.18x), less than default_allocator's 1.02-2.10x. Set `options::arena` to the arena's
-///   defaults (`{}`: threshold 0, a 1/32 share, kept up to the peak in use: 1.046 against 1.227
-///   geometric mean over the traces, for 5,976 map calls per 1,000 operations against 803) to
+///   makes 290-51,000; it holds 1.01-1.40x peak live on the PyTorch traces without a limit (1.40
+///   on silmont fp32, 31.5 MiB: granules mapped ahead of a growing heap), default_allocator
+///   1.02-2.10x. Set `options::arena` to the arena's defaults (`{}`: threshold 0, a 1/32 share,
+///   kept up to the peak in use: 1.042 against 1.231 geometric mean over the traces, for 5,982
+///   map calls per 1,000 operations against 803) to
 ///   give memory back to other processes sooner.
 /// - Block-sized pieces (`options.arena.block_sized_pieces`, on): a block's run of new granules is
 ///   mapped as one physical piece, since a driver's create + map costs about the same for any
-///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35.5 map
-///   + unmap calls per 1,000 operations without a limit against 239 with a piece per 2 MiB
-///   granule (geometric mean over the traces), for the same smallest device (1.023); pieces of
-///   a fixed 16 MiB make 30 calls at 1.132. With frontier growth (`frontier_growth_divisor = 32`:
+///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35.6 map
+///   + unmap calls per 1,000 operations without a limit against 240 with a piece per 2 MiB
+///   granule (geometric mean over the traces), for the same smallest device (1.018); pieces of
+///   a fixed 16 MiB make 31 calls at 1.135. With frontier growth (`frontier_growth_divisor = 32`:
 ///   a run at the top of the heap maps 1/32 of the mapped granules more, at least two while the
 ///   device is at most 1/128 full, while it is at most 1/16 full, and a run takes the edge
 ///   granules it covers in part while the device is at most 1/64 full): 15.5 calls (18.0 at an
-///   80 GiB capacity), the same smallest devices, peak mapped without a limit 1.236x peak live
-///   against 1.227 (synthetic traces, sixteenth session: 4.9 calls against 9.7, 1.045x against
+///   80 GiB capacity), the same smallest devices, peak mapped without a limit 1.245x peak live
+///   against 1.231 (synthetic traces, sixteenth session: 4.9 calls against 9.7, 1.045x against
 ///   1.018; eight seeds, twenty-first session: 4.8).
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
-///   device ÷ peak live 1.000-1.145 (geometric mean 1.023; default_allocator 1.004-1.742, 1.305);
+///   device ÷ peak live 1.000-1.098 (geometric mean 1.018; default_allocator 1.004-1.742, 1.305;
+///   the PyTorch traces with every size x0.5-1.5, `--resize`: 1.044-1.081, worst 1.297);
 ///   replaying them, 1.31-1.45x default_allocator's time on a fresh allocator and 1.22-1.36x
-///   replayed again (geometric means of host CPU time, the last five sessions' runs); W1 a median
-///   of 1.05-1.13x over five seeds (0.97-1.28x a seed, on a noisy VM; 0.89x the time the pool up
-///   to 64 KiB took, paired; the simulated driver's books cost next to nothing), mapped ÷ live
-///   1.14-1.18 (granules ahead at the peak; 1.11-1.14 without frontier growth);
-///   synthetic transformer traces of eight seeds (scripts/synthetic-traces): smallest device
-///   1.000-1.023. On an H200
+///   replayed again (geometric means of host CPU time, the last six sessions' runs); W1 a median
+///   of 1.04-1.13x over five seeds (0.94-1.28x a seed, on a noisy VM; the simulated driver's
+///   books cost next to nothing), mapped ÷ live 1.15-1.19 (granules ahead at the peak; 1.11-1.14
+///   without frontier growth); synthetic transformer traces of eight seeds
+///   (scripts/synthetic-traces): smallest device 1.000-1.023. On an H200
 ///   (bench/virtual_memory/virtual_memory_gpu.cu, twenty-first session, two runs): 0.74-0.76x
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
 ///   traces, 0.29-1.80x; without frontier growth 1.42-1.43x), 1.01-1.06x replaying it again, at

@@ -205,27 +205,27 @@ namespace alloy {
 ///   compositions_fuzz (`synchronized<virtual_allocator>`).
 /// - Today's figures (alloy-replay, the 15 shipped traces, 2 MiB granules, bench/README.md
 ///   "Virtual memory"; ratios and call counts are deterministic): smallest device ÷ peak live
-///   1.000-1.145 (geometric mean 1.022); with the defaults and no limit, peak mapped ÷ peak live
-///   1.000-1.044 on the PyTorch traces but the two silmont ones (1.114, 1.143: the granules their
-///   live chunks touch) and 1.037-1.044 on MiniMalloc, at 143-370 map + unmap calls per 1,000
-///   operations on PyTorch and 6,500-20,200 on MiniMalloc (blocks of hundreds of MiB that move:
-///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): 72-74
-///   ns/pair against default_allocator's 46-48, mapped ÷ live 1.12-1.17 (the granules live
-///   chunks touch at the peak: 1.118-1.149), 0.016-0.023 map calls per pair. Each map or unmap
+///   1.000-1.109 (geometric mean 1.019); with the defaults and no limit, peak mapped ÷ peak live
+///   1.000-1.044 on the PyTorch traces but the two silmont ones (1.130, 1.079: the granules their
+///   live chunks touch) and 1.035-1.042 on MiniMalloc, at 163-429 map + unmap calls per 1,000
+///   operations on PyTorch and 8,500-21,200 on MiniMalloc (blocks of hundreds of MiB that move:
+///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): about
+///   1.5x default_allocator's time a pair, mapped ÷ live 1.13-1.15 (the granules live chunks
+///   touch at the peak: 1.118-1.149), 0.017-0.025 map calls per pair. Each map or unmap
 ///   is a system call over `host_vmm` and a driver call on a GPU (an H200: create + map about
 ///   36 us a piece whatever its size, unmap + release 27 us; a larger `granularity` makes fewer
 ///   of them, bench/README.md "On a real device"); what no release rule removes is the free
 ///   bytes in granules a live chunk also touches. Block-sized
-///   pieces with `keep_all` (`virtual_allocator`'s; `bench/virtual_memory pieces`): 35.5 map +
-///   unmap calls per 1,000 operations on a replay without a limit against 239 (geometric mean
+///   pieces with `keep_all` (`virtual_allocator`'s; `bench/virtual_memory pieces`): 35.6 map +
+///   unmap calls per 1,000 operations on a replay without a limit against 240 (geometric mean
 ///   over the traces; synthetic traces of six seeds, sixteenth session, 9.7 against 170), for
-///   the same smallest device, 1.023x peak live (worst 1.145; MiniMalloc 1.008-1.012); at that
-///   device 277 calls per 1,000 operations (a run retried whole under pressure; granule by
+///   the same smallest device, 1.018x peak live (worst 1.098; MiniMalloc 1.008-1.012); at that
+///   device 286 calls per 1,000 operations (a run retried whole under pressure; granule by
 ///   granule after a failed run, 585 when measured). With frontier growth of 1/32
 ///   (`virtual_allocator`'s), edge granules in the run below 1/64 of the capacity and two
 ///   granules ahead of a small heap below 1/128: 15.5 calls without a limit (18.0 at an 80 GiB
 ///   capacity; synthetic traces of eight seeds 4.8), every smallest device the same, peak mapped
-///   without a limit 1.236x peak live against 1.227 (synthetic traces of six seeds 1.045 against
+///   without a limit 1.245x peak live against 1.231 (synthetic traces of six seeds 1.045 against
 ///   1.018).
 template <virtual_memory Vmm>
 class virtual_arena {
