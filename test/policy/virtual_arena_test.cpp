@@ -332,7 +332,8 @@ BOOST_AUTO_TEST_CASE(block_sized_pieces_map_a_run_at_once_and_go_back_whole) {
 }
 
 BOOST_AUTO_TEST_CASE(a_block_of_nearly_a_granule_goes_to_a_boundary_smaller_ones_pack_end_to_end) {
-  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.keep_up_to_peak = false}};  // a free granule goes at once
+  // Threshold 0, nothing kept up to the peak: a granule goes as soon as it is free.
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.keep_up_to_peak = false}};
   const block x = a.allocate(40_KiB, 256);  // granule 0
   const block y = a.allocate(40_KiB, 256);  // under 3/4 of a granule: end to end, over granules 0 and 1
   const block z = a.allocate(56_KiB, 256);  // 3/4 or more: granule 2 rather than over 1 and 2 at 80 KiB

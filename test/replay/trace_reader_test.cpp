@@ -258,7 +258,8 @@ BOOST_AUTO_TEST_CASE(resized_traces_keep_order_and_lifetimes) {
 
   // Bad factors and sizes out of range: an exception, the trace as it was.
   const auto before = t;
-  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()})
+  for (const double bad :
+       {0.0, -1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()})
     BOOST_CHECK_THROW(alloy::bench::resize_trace(t, bad), std::invalid_argument);
   BOOST_CHECK_THROW(alloy::bench::resize_trace(t, 1e18), std::out_of_range);
   BOOST_TEST(t.peak_live_bytes == before.peak_live_bytes);

@@ -118,9 +118,9 @@ inline std::string describe_trace(const bench::rmm_trace& t) {
   std::ostringstream s;
   s << format_count(t.events.size()) << " events (" << t.format;
   if (t.size_factor != 1) s << ", sizes x" << format_factor(t.size_factor);
-  s << "): " << format_count(t.allocations)
-    << " allocations, " << format_count(t.failures) << " failed when recorded, peak live "
-    << format_bytes(static_cast<double>(t.peak_live_bytes)) << ", " << format_count(t.unfreed) << " never freed";
+  s << "): " << format_count(t.allocations) << " allocations, " << format_count(t.failures)
+    << " failed when recorded, peak live " << format_bytes(static_cast<double>(t.peak_live_bytes)) << ", "
+    << format_count(t.unfreed) << " never freed";
   if (t.problem_count != 0) s << "; " << format_count(t.problem_count) << " bad rows skipped";
   return s.str();
 }
@@ -238,8 +238,8 @@ inline void write_json(std::ostream& out, const std::vector<trace_report>& repor
     const bench::rmm_trace& t = *r.trace;
     out << (i ? "," : "") << "\n    {\n      \"path\": " << json_string(r.path)
         << ",\n      \"name\": " << json_string(display_name(r.path))
-        << ",\n      \"format\": " << json_string(t.format) << ",\n      \"size_factor\": " << format_factor(t.size_factor)
-        << ",\n      \"events\": " << t.events.size()
+        << ",\n      \"format\": " << json_string(t.format)
+        << ",\n      \"size_factor\": " << format_factor(t.size_factor) << ",\n      \"events\": " << t.events.size()
         << ",\n      \"allocations\": " << t.allocations << ",\n      \"recorded_failures\": " << t.failures
         << ",\n      \"peak_live_bytes\": " << t.peak_live_bytes << ",\n      \"never_freed\": " << t.unfreed
         << ",\n      \"bad_rows\": " << t.problem_count << ",\n      \"problems\": [";
