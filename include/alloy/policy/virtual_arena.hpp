@@ -1779,7 +1779,8 @@ class virtual_arena {
     return least <= room && to_map <= room - least ? least : ahead;
   }
   /// How many granules the backend can still create while it holds at most 1/`Share` of its
-  /// capacity (the shares above: frontier growth's 16, `edge_share`, `small_heap_share`).
+  /// capacity (the shares it is asked for: frontier growth's 16, `small_heap_share` below and
+  /// `edge_share`).
   template <std::size_t Share>
   std::size_t granules_within_share() const noexcept {
     const std::size_t bound = vmm_.capacity() / Share, held = vmm_.physical_bytes();
