@@ -228,7 +228,7 @@ BOOST_AUTO_TEST_CASE(formats_are_told_apart) {
   }
 }
 
-// The shipped MiniMalloc instances, read as instances with sizes x1024, are the shipped event files.
+// A trace resized: every size times the factor, rounded down; order, lifetimes and frees kept.
 BOOST_AUTO_TEST_CASE(resized_traces_keep_order_and_lifetimes) {
   const std::string text = header +
                            "1,0,allocate,0x10,1000,0\n"
@@ -253,7 +253,7 @@ BOOST_AUTO_TEST_CASE(resized_traces_keep_order_and_lifetimes) {
   BOOST_TEST(t.size_factor == 0.5);
   alloy::bench::resize_trace(t, 3.0);
   BOOST_TEST(t.events[0].size == 1500u);
-  BOOST_TEST(t.peak_live_bytes == 1950u);  // 1500 + 450, not the 3 * 650 of rounding once
+  BOOST_TEST(t.peak_live_bytes == 1950u);  // 1500 + 450: rounded at each resize (301 x 1.5 would be 451)
   BOOST_TEST(t.size_factor == 1.5);
 
   // Bad factors and sizes out of range: an exception, the trace as it was.
@@ -267,6 +267,7 @@ BOOST_AUTO_TEST_CASE(resized_traces_keep_order_and_lifetimes) {
   for (std::size_t i = 0; i < 6; ++i) BOOST_TEST(t.events[i].size == before.events[i].size, "event " << i);
 }
 
+// The shipped MiniMalloc instances, read as instances with sizes x1024, are the shipped event files.
 BOOST_AUTO_TEST_CASE(shipped_minimalloc_instances_match_their_event_files) {
   const std::filesystem::path dir = std::filesystem::path(ALLOY_TRACE_DIR) / "minimalloc";
   std::size_t compared = 0;
