@@ -2,10 +2,12 @@
 // Virtual memory on a real device: what bench/virtual_memory measures on simulated devices, with
 // the driver's calls paid for. Needs a CUDA device; without one it says so and exits 0.
 //
-//   virtual_memory_gpu calls                # what each driver call costs here, per 2 MiB granule
-//   virtual_memory_gpu w1 [SEEDS [PAIRS]]   # W1 (1,000 live, 256 B-4 MiB), default 3 seeds, 100,000 pairs
-//   virtual_memory_gpu traces TRACE...      # alloy-replay's trace files (RMM CSV, MiniMalloc)
-//   virtual_memory_gpu offload [SEEDS]      # a sleep / wake cycle, default 3 seeds
+//   virtual_memory_gpu calls                     # what each driver call costs here, per 2 MiB granule
+//   virtual_memory_gpu w1 [SEEDS [PAIRS [FIRST]]] # W1 (1,000 live, 256 B-4 MiB), default 3 seeds from
+//                                                 # the first (0), 100,000 pairs
+//   virtual_memory_gpu traces TRACE...           # alloy-replay's trace files (RMM CSV, MiniMalloc)
+//   virtual_memory_gpu offload [SEEDS]           # a sleep / wake cycle, default 3 seeds
+//   virtual_memory_gpu --rounds N w1 | traces ...# rounds of the timed peers (default 7)
 //
 // Peers, one process, one device, each on a fresh allocator per run:
 //   cudaMalloc per request   one cudaMalloc / cudaFree per request (cuda_malloc_upstream)
@@ -19,14 +21,19 @@
 //                            at most 1/16 full), the same without frontier growth (the default
 //                            before 2026-11-27) and with one piece per granule of 16 MiB
 //                            (`options.arena.granularity`)
-// Figures: ns per operation (wall clock, the driver's time included; median of 3 runs) of a cold
-// pass (a fresh allocator) and of a warm one (the same workload again on the same allocator, all
-// blocks of the first pass freed: a training loop's second step), device memory ÷ peak live (the
-// peak of what cudaMemGetInfo says is taken beyond the baseline, sampled after every request of
-// both passes in a fourth, untimed run; the driver's own rounding included) and driver calls per
-// 1,000 operations of the cold pass where they are counted (virtual_allocator: cuMemCreate,
-// cuMemMap, cuMemUnmap, cuMemRelease, each map's cuMemSetAccess not counted; default_allocator:
-// cudaMalloc, cudaFree), then virtual_allocator's ratios to default_allocator over the workloads.
+// Figures: ns per operation (wall clock, the driver's time included) of a cold pass (a fresh
+// allocator) and of a warm one (the same workload again on the same allocator, all blocks of the
+// first pass freed: a training loop's second step), device memory ÷ peak live (the peak of what
+// cudaMemGetInfo says is taken beyond the baseline, sampled after every request of both passes
+// in an untimed run; the driver's own rounding included) and driver calls per 1,000 operations
+// of the cold pass where they are counted (virtual_allocator: cuMemCreate, cuMemMap, cuMemUnmap,
+// cuMemRelease, each map's cuMemSetAccess not counted; default_allocator: cudaMalloc, cudaFree),
+// then virtual_allocator's ratios to default_allocator over the workloads. The peers take turns:
+// each of 7 rounds runs every peer once, starting one peer later each round, so that the
+// machine's drift falls on all alike (W1's passes last milliseconds; run one after another, a
+// peer's three runs and its neighbour's read 0.7-1.6x apart on an H200). Times are the median
+// over the rounds, a ratio the median of its rounds' ratios; cudaMalloc per request, 100-1000x
+// slower than the rest, is timed in the first round only.
 //
 // offload: `virtual_memory offload`'s sleep / wake cycle (bench/support/sleep_wake_workload.hpp)
 // through virtual_allocator<cuda_vmm>: ms of each phase (allocate the weights, tag 1, and the
@@ -234,23 +241,6 @@ figures run_once(const workload& w, bool sample) {
   return f;
 }
 
-template <class Peer>
-figures measure(const workload& w) {
-  std::vector<double> cold, warm;
-  figures f;
-  for (int r = 0; r < 3; ++r) {
-    f = run_once<Peer>(w, false);
-    cold.push_back(f.cold);
-    warm.push_back(f.warm);
-  }
-  const figures sampled = run_once<Peer>(w, true);
-  f.cold = bench::median(cold);
-  f.warm = bench::median(warm);
-  f.memory = sampled.memory;
-  f.failed += sampled.failed;
-  return f;
-}
-
 using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
 using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
 
@@ -264,10 +254,62 @@ struct virtual_no_frontier_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
   }
 };
 
-/// Ratios of virtual_allocator (the default; without frontier growth; a piece per 16 MiB granule) to
-/// default_allocator, per workload.
+struct peer_kind {
+  const char* name;
+  figures (*run)(const workload&, bool sample);
+  bool counts_calls;
+  bool every_round;  // false: timed once (cudaMalloc per request, 100-1000x the others' time)
+};
+
+/// The peers in the order they are printed; `default_index` is the baseline of the ratios and
+/// the three after it are virtual_allocator's variants.
+constexpr peer_kind peers[] = {
+    {"cudaMalloc per request", run_once<cuda_malloc_peer>, true, false},
+    {"cudaMallocAsync", run_once<cuda_async_peer>, false, true},
+    {"default_allocator", run_once<default_peer>, true, true},
+    {"virtual_allocator", run_once<virtual_peer>, true, true},
+    {"virtual_allocator, no frontier growth", run_once<virtual_no_frontier_peer>, true, true},
+    {"virtual_allocator, a piece per 16 MiB granule", run_once<virtual_granule_pieces_peer<16>>, true, true},
+};
+constexpr std::size_t peer_count = std::size(peers), default_index = 2, variants = 3;
+
+/// Every peer's figures on `w`: `rounds` rounds, each running every peer once on a fresh allocator,
+/// starting one peer later each round, so that the machine's drift (its clocks, another tenant)
+/// falls on every peer alike; then one untimed run each with device memory sampled.
+struct measured {
+  figures median[peer_count];
+  std::vector<figures> runs[peer_count];
+};
+
+measured measure(const workload& w, int rounds) {
+  measured m;
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t i = 0; i < peer_count; ++i) {
+      const std::size_t k = (i + static_cast<std::size_t>(r)) % peer_count;
+      if (peers[k].every_round || r == 0) m.runs[k].push_back(peers[k].run(w, false));
+    }
+  }
+  for (std::size_t k = 0; k < peer_count; ++k) {
+    std::vector<double> cold, warm;
+    for (const figures& f : m.runs[k]) {
+      cold.push_back(f.cold);
+      warm.push_back(f.warm);
+      m.median[k].failed = std::max(m.median[k].failed, f.failed);
+    }
+    const figures sampled = peers[k].run(w, true);
+    m.median[k].cold = bench::median(cold);
+    m.median[k].warm = bench::median(warm);
+    m.median[k].calls_per_1k = m.runs[k].front().calls_per_1k;
+    m.median[k].memory = sampled.memory;
+    m.median[k].failed = std::max(m.median[k].failed, sampled.failed);
+  }
+  return m;
+}
+
+/// Ratios of virtual_allocator's variants to default_allocator, per workload: time the median
+/// of each round's ratio (the two ran side by side), device memory the sampled runs'.
 struct ratios {
-  std::vector<double> cold[3], warm[3], memory[3];
+  std::vector<double> cold[variants], warm[variants], memory[variants];
 };
 
 void header() {
@@ -276,9 +318,10 @@ void header() {
       "|---|---:|---|---:|---:|---:|---:|\n");
 }
 
-void print(const std::string& workload, const std::string& live, const char* peer, const figures& f, bool calls) {
-  std::printf("| %s | %s | %s | %.0f | %.0f | %.3f | ", workload.c_str(), live.c_str(), peer, f.cold, f.warm, f.memory);
-  if (calls) {
+void print(const std::string& workload, const std::string& live, const peer_kind& peer, const figures& f) {
+  std::printf("| %s | %s | %s | %.0f | %.0f | %.3f | ", workload.c_str(), live.c_str(), peer.name, f.cold, f.warm,
+              f.memory);
+  if (peer.counts_calls) {
     std::printf("%.1f |", f.calls_per_1k);
   } else {
     std::printf("|");
@@ -287,22 +330,22 @@ void print(const std::string& workload, const std::string& live, const char* pee
   std::printf("\n");
 }
 
-void row(const std::string& name, const workload& w, ratios& r) {
+void row(const std::string& name, const workload& w, int rounds, ratios& r) {
   char live[32];
   std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
-  const figures m = measure<cuda_malloc_peer>(w), a = measure<cuda_async_peer>(w), d = measure<default_peer>(w);
-  const figures v[3] = {measure<virtual_peer>(w), measure<virtual_no_frontier_peer>(w),
-                        measure<virtual_granule_pieces_peer<16>>(w)};
-  print(name, live, "cudaMalloc per request", m, true);
-  print("", "", "cudaMallocAsync", a, false);
-  print("", "", "default_allocator", d, true);
-  print("", "", "virtual_allocator", v[0], true);
-  print("", "", "virtual_allocator, no frontier growth", v[1], true);
-  print("", "", "virtual_allocator, a piece per 16 MiB granule", v[2], true);
-  for (int k = 0; k < 3; ++k) {
-    r.cold[k].push_back(v[k].cold / d.cold);
-    r.warm[k].push_back(v[k].warm / d.warm);
-    r.memory[k].push_back(v[k].memory / d.memory);
+  const measured m = measure(w, rounds);
+  for (std::size_t k = 0; k < peer_count; ++k) print(k == 0 ? name : "", k == 0 ? live : "", peers[k], m.median[k]);
+  const std::vector<figures>& base = m.runs[default_index];
+  for (std::size_t v = 0; v < variants; ++v) {
+    const std::vector<figures>& runs = m.runs[default_index + 1 + v];
+    std::vector<double> cold, warm;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      cold.push_back(runs[i].cold / base[i].cold);
+      warm.push_back(runs[i].warm / base[i].warm);
+    }
+    r.cold[v].push_back(bench::median(cold));
+    r.warm[v].push_back(bench::median(warm));
+    r.memory[v].push_back(m.median[default_index + 1 + v].memory / m.median[default_index].memory);
   }
   std::fflush(stdout);
 }
@@ -321,7 +364,7 @@ void summary(const ratios& r) {
   std::printf("\nvirtual_allocator ÷ default_allocator, geometric mean (range) over the workloads:\n");
   const char* pieces[] = {"block-sized pieces with frontier growth (default)", "no frontier growth",
                           "a piece per 16 MiB granule"};
-  for (int k = 0; k < 3; ++k) {
+  for (std::size_t k = 0; k < variants; ++k) {
     std::printf("- %s: time cold ", pieces[k]);
     spread(r.cold[k]);
     std::printf(", warm ");
@@ -543,6 +586,12 @@ int offload(int seeds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int rounds = 7;
+  if (argc > 2 && std::string(argv[1]) == "--rounds") {
+    rounds = std::max(1, std::atoi(argv[2]));
+    argc -= 2;
+    argv += 2;
+  }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("virtual_memory_gpu: no CUDA device here; nothing measured\n");
@@ -558,30 +607,32 @@ int main(int argc, char** argv) {
   if (what == "w1") {
     const int seeds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
     const std::size_t pairs = argc > 3 ? static_cast<std::size_t>(std::atoll(argv[3])) : 100'000;
+    const int first_seed = argc > 4 ? std::atoi(argv[4]) : 0;
+    std::printf("%d rounds\n\n", rounds);
     header();
     ratios r;
-    for (int s = 0; s < seeds; ++s) {
+    for (int s = first_seed; s < first_seed + seeds; ++s) {
       bench::workload_params p = bench::w1_params();
       p.seed += 1000 * static_cast<std::uint64_t>(s);
       p.pairs = pairs;
-      row("W1 seed " + std::to_string(p.seed), from_pairs(bench::make_workload(p)), r);
+      row("W1 seed " + std::to_string(p.seed), from_pairs(bench::make_workload(p)), rounds, r);
     }
     summary(r);
     return 0;
   }
   if (what == "traces" && argc > 2) {
+    std::printf("%d rounds\n\n", rounds);
     header();
     ratios r;
     for (int i = 2; i < argc; ++i) {
       const bench::rmm_trace t = bench::read_trace(argv[i]);
-      row(t.name, from_trace(t), r);
+      row(t.name, from_trace(t), rounds, r);
     }
     summary(r);
     return 0;
   }
-  std::fprintf(
-      stderr,
-      "usage: virtual_memory_gpu calls | virtual_memory_gpu w1 [SEEDS [PAIRS]] | virtual_memory_gpu traces TRACE... | "
-      "virtual_memory_gpu offload [SEEDS]\n");
+  std::fprintf(stderr,
+               "usage: virtual_memory_gpu [--rounds N] calls | w1 [SEEDS [PAIRS [FIRST_SEED]]] | traces TRACE... | "
+               "offload [SEEDS]\n");
   return 2;
 }
