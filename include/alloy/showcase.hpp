@@ -247,13 +247,12 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   books cost next to nothing), mapped ÷ live 1.15-1.19 (granules ahead at the peak; 1.11-1.14
 ///   without frontier growth); synthetic transformer traces of eight seeds
 ///   (scripts/synthetic-traces): smallest device 1.000-1.023. On an H200
-///   (bench/virtual_memory/virtual_memory_gpu.cu, twenty-first session, two runs): 0.74-0.76x
+///   (bench/virtual_memory/virtual_memory_gpu.cu, peers in turns, twenty-fourth session): 0.73x
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
-///   traces, 0.29-1.80x; without frontier growth 1.42-1.43x), 1.01-1.06x replaying it again, at
-///   0.75x its device memory; synthetic traces of four seeds 0.70x cold, 0.84x warm, W1
-///   1.10-1.17x cold, 1.13-1.20x warm (three runs of three to five seeds; these two before the
-///   small heaps' two granules, which reach only their first pieces, and W1 before the pool up to
-///   128 KiB; bench/README.md, "On a real device").
+///   traces, 0.31-1.60x; without frontier growth 1.41x), 1.11x replaying it again, at 0.76x its
+///   device memory; synthetic traces of two seeds 0.72x cold, 0.90x warm; W1 1.09-1.10x cold,
+///   1.13-1.14x warm (two sets of five seeds), at 1.03x its device memory (bench/README.md, "On a
+///   real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
