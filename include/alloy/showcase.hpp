@@ -242,9 +242,9 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   device ÷ peak live 1.000-1.098 (geometric mean 1.018; default_allocator 1.004-1.742, 1.305;
 ///   the PyTorch traces with every size x0.5-1.5, `--resize`: 1.044-1.081, worst 1.297);
 ///   replaying them, 1.31-1.45x default_allocator's time on a fresh allocator and 1.22-1.36x
-///   replayed again (geometric means of host CPU time, the last six sessions' runs); W1 a median
-///   of 1.04-1.13x over five seeds (0.94-1.28x a seed, on a noisy VM; the simulated driver's
-///   books cost next to nothing), mapped ÷ live 1.15-1.19 (granules ahead at the peak; 1.11-1.14
+///   replayed again (geometric means of host CPU time, the last six sessions' runs); W1
+///   1.08-1.14x (medians over five seeds in three runs, timed in turns and paired; the simulated
+///   driver's books cost next to nothing), mapped ÷ live 1.15-1.19 (granules ahead at the peak; 1.11-1.14
 ///   without frontier growth); synthetic transformer traces of eight seeds
 ///   (scripts/synthetic-traces): smallest device 1.000-1.023. On an H200
 ///   (bench/virtual_memory/virtual_memory_gpu.cu, peers in turns, twenty-fourth session): 0.73x
