@@ -317,26 +317,27 @@ int w1(int seeds) {
     const double live = static_cast<double>(w.peak_live);
     std::vector<double> td, ta, tv, paired;
     double rd = 0, ra = 0, rv = 0, ma = 0, mv = 0;
-    const std::function<void()> runs[] = {[&] {
-                                            replay::simulated_device d;
-                                            default_allocator<replay::device_upstream> a{replay::device_upstream{d}};
-                                            td.push_back(bench::run_pairs_on<clock>(w, a, 256));
-                                            rd = static_cast<double>(d.peak_reserved()) / live;
-                                          },
-                                          [&] {
-                                            simulated_vm_device d;
-                                            arena_t a{vm{d}};
-                                            ta.push_back(bench::run_pairs_on<clock>(w, a, 256));
-                                            ra = static_cast<double>(d.peak_mapped()) / live;
-                                            ma = static_cast<double>(d.map_calls()) / static_cast<double>(w.pairs());
-                                          },
-                                          [&] {
-                                            simulated_vm_device d;
-                                            virtual_allocator<vm> a{vm{d}};
-                                            tv.push_back(bench::run_pairs_on<clock>(w, a, 256));
-                                            rv = static_cast<double>(d.peak_mapped()) / live;
-                                            mv = static_cast<double>(d.map_calls()) / static_cast<double>(w.pairs());
-                                          }};
+    const auto run_default = [&] {
+      replay::simulated_device d;
+      default_allocator<replay::device_upstream> a{replay::device_upstream{d}};
+      td.push_back(bench::run_pairs_on<clock>(w, a, 256));
+      rd = static_cast<double>(d.peak_reserved()) / live;
+    };
+    const auto run_arena = [&] {
+      simulated_vm_device d;
+      arena_t a{vm{d}};
+      ta.push_back(bench::run_pairs_on<clock>(w, a, 256));
+      ra = static_cast<double>(d.peak_mapped()) / live;
+      ma = static_cast<double>(d.map_calls()) / static_cast<double>(w.pairs());
+    };
+    const auto run_virtual = [&] {
+      simulated_vm_device d;
+      virtual_allocator<vm> a{vm{d}};
+      tv.push_back(bench::run_pairs_on<clock>(w, a, 256));
+      rv = static_cast<double>(d.peak_mapped()) / live;
+      mv = static_cast<double>(d.map_calls()) / static_cast<double>(w.pairs());
+    };
+    const std::function<void()> runs[] = {run_default, run_arena, run_virtual};
     // In turns, one allocator later each round: the VM's drift falls on all three alike.
     for (std::size_t r = 0; r < w1_rounds; ++r) {
       for (std::size_t i = 0; i < std::size(runs); ++i) runs[(i + r) % std::size(runs)]();
