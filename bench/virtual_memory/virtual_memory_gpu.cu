@@ -2,12 +2,12 @@
 // Virtual memory on a real device: what bench/virtual_memory measures on simulated devices, with
 // the driver's calls paid for. Needs a CUDA device; without one it says so and exits 0.
 //
-//   virtual_memory_gpu calls                     # what each driver call costs here, per 2 MiB granule
-//   virtual_memory_gpu w1 [SEEDS [PAIRS [FIRST]]] # W1 (1,000 live, 256 B-4 MiB), default 3 seeds from
-//                                                 # the first (0), 100,000 pairs
-//   virtual_memory_gpu traces TRACE...           # alloy-replay's trace files (RMM CSV, MiniMalloc)
-//   virtual_memory_gpu offload [SEEDS]           # a sleep / wake cycle, default 3 seeds
-//   virtual_memory_gpu --rounds N w1 | traces ...# rounds of the timed peers (default 7)
+//   virtual_memory_gpu calls                       # what each driver call costs here, per 2 MiB granule
+//   virtual_memory_gpu w1 [SEEDS [PAIRS [FIRST]]]  # W1 (1,000 live, 256 B-4 MiB): SEEDS seeds (3) from
+//                                                  # seed number FIRST (0), PAIRS pairs (100,000)
+//   virtual_memory_gpu traces TRACE...             # alloy-replay's trace files (RMM CSV, MiniMalloc)
+//   virtual_memory_gpu offload [SEEDS]             # a sleep / wake cycle, default 3 seeds
+//   virtual_memory_gpu --rounds N w1|traces ...    # N rounds of the peers' turns (default 7)
 //
 // Peers, one process, one device, each on a fresh allocator per run:
 //   cudaMalloc per request   one cudaMalloc / cudaFree per request (cuda_malloc_upstream)
@@ -24,16 +24,16 @@
 // Figures: ns per operation (wall clock, the driver's time included) of a cold pass (a fresh
 // allocator) and of a warm one (the same workload again on the same allocator, all blocks of the
 // first pass freed: a training loop's second step), device memory ÷ peak live (the peak of what
-// cudaMemGetInfo says is taken beyond the baseline, sampled after every request of both passes
-// in an untimed run; the driver's own rounding included) and driver calls per 1,000 operations
-// of the cold pass where they are counted (virtual_allocator: cuMemCreate, cuMemMap, cuMemUnmap,
+// cudaMemGetInfo says is taken beyond the baseline, sampled after every request of both passes in
+// an untimed run; the driver's own rounding included) and driver calls per 1,000 operations of the
+// cold pass where they are counted (virtual_allocator: cuMemCreate, cuMemMap, cuMemUnmap,
 // cuMemRelease, each map's cuMemSetAccess not counted; default_allocator: cudaMalloc, cudaFree),
 // then virtual_allocator's ratios to default_allocator over the workloads. The peers take turns:
-// each of 7 rounds runs every peer once, starting one peer later each round, so that the
-// machine's drift falls on all alike (W1's passes last milliseconds; run one after another, a
-// peer's three runs and its neighbour's read 0.7-1.6x apart on an H200). Times are the median
-// over the rounds, a ratio the median of its rounds' ratios; cudaMalloc per request, 100-1000x
-// slower than the rest, is timed in the first round only.
+// each of 7 rounds (`--rounds`) runs every peer once, starting one peer later each round, so that
+// the machine's drift falls on all alike (W1's passes last milliseconds; run one after another, a
+// peer's three runs and its neighbour's read 0.7-1.6x apart on an H200). Times are the median over
+// the rounds, a ratio the median of its rounds' ratios; cudaMalloc per request, 100-1000x slower
+// than the rest, is timed in the first round only.
 //
 // offload: `virtual_memory offload`'s sleep / wake cycle (bench/support/sleep_wake_workload.hpp)
 // through virtual_allocator<cuda_vmm>: ms of each phase (allocate the weights, tag 1, and the
@@ -273,14 +273,15 @@ constexpr peer_kind peers[] = {
 };
 constexpr std::size_t peer_count = std::size(peers), default_index = 2, variants = 3;
 
-/// Every peer's figures on `w`: `rounds` rounds, each running every peer once on a fresh allocator,
-/// starting one peer later each round, so that the machine's drift (its clocks, another tenant)
-/// falls on every peer alike; then one untimed run each with device memory sampled.
+/// Each peer's timed runs, one a round (cudaMalloc per request: one), and its medians.
 struct measured {
   figures median[peer_count];
   std::vector<figures> runs[peer_count];
 };
 
+/// Every peer's figures on `w`: `rounds` rounds, each running every peer once on a fresh allocator,
+/// starting one peer later each round, so that the machine's drift (its clocks, another tenant)
+/// falls on every peer alike; then one untimed run each with device memory sampled.
 measured measure(const workload& w, int rounds) {
   measured m;
   for (int r = 0; r < rounds; ++r) {
