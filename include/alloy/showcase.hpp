@@ -244,8 +244,8 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   replaying them, 1.31-1.45x default_allocator's time on a fresh allocator and 1.22-1.36x
 ///   replayed again (geometric means of host CPU time, the last six sessions' runs); W1
 ///   1.08-1.14x (medians over five seeds in three runs, timed in turns and paired; the simulated
-///   driver's books cost next to nothing), mapped ÷ live 1.15-1.19 (granules ahead at the peak; 1.11-1.14
-///   without frontier growth); synthetic transformer traces of eight seeds
+///   driver's books cost next to nothing), mapped ÷ live 1.15-1.19 (granules ahead at the peak;
+///   1.11-1.14 without frontier growth); synthetic transformer traces of eight seeds
 ///   (scripts/synthetic-traces): smallest device 1.000-1.023. On an H200
 ///   (bench/virtual_memory/virtual_memory_gpu.cu, peers in turns, twenty-fourth session): 0.73x
 ///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
