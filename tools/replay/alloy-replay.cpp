@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "replay/compositions.hpp"
@@ -87,16 +88,23 @@ options:
   std::exit(2);
 }
 
-/// "80GiB", "1.5 GiB", "512MiB", "4096", "2G" (binary), "2GB" (decimal), "unlimited".
-std::optional<std::size_t> parse_size(std::string_view text) {
-  if (text == "unlimited" || text == "none") return replay::unlimited;
+/// The number `text` starts with and how many characters it takes; none when it starts with none.
+std::optional<std::pair<double, std::size_t>> leading_number(std::string_view text) {
   std::size_t used = 0;
-  double value = 0;
   try {
-    value = std::stod(std::string(text), &used);
+    const double value = std::stod(std::string(text), &used);
+    return std::pair{value, used};
   } catch (...) {
     return std::nullopt;
   }
+}
+
+/// "80GiB", "1.5 GiB", "512MiB", "4096", "2G" (binary), "2GB" (decimal), "unlimited".
+std::optional<std::size_t> parse_size(std::string_view text) {
+  if (text == "unlimited" || text == "none") return replay::unlimited;
+  const auto number = leading_number(text);
+  if (!number) return std::nullopt;
+  const auto [value, used] = *number;
   std::string_view unit = text.substr(used);
   while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
   struct suffix {
@@ -128,16 +136,11 @@ std::optional<std::size_t> parse_size(std::string_view text) {
 }
 
 /// A positive finite number ("0.75", "2"), the whole text.
-std::optional<double> parse_factor(const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (...) {
+std::optional<double> parse_factor(std::string_view text) {
+  const auto number = leading_number(text);
+  if (!number || number->second != text.size() || !(number->first > 0) || !std::isfinite(number->first))
     return std::nullopt;
-  }
-  if (used != text.size() || !(value > 0) || !std::isfinite(value)) return std::nullopt;
-  return value;
+  return number->first;
 }
 
 std::optional<std::size_t> parse_count(std::string_view text) {
