@@ -241,18 +241,18 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 /// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
 ///   device ÷ peak live 1.000-1.098 (geometric mean 1.018; default_allocator 1.004-1.742, 1.305;
 ///   the PyTorch traces with every size x0.5-1.5, `--resize`: 1.044-1.081, worst 1.297);
-///   replaying them, 1.31-1.45x default_allocator's time on a fresh allocator and 1.22-1.36x
-///   replayed again (geometric means of host CPU time, the last six sessions' runs); W1
-///   1.08-1.14x (medians over five seeds in three runs, timed in turns and paired; the simulated
-///   driver's books cost next to nothing), mapped ÷ live 1.15-1.19 (granules ahead at the peak;
-///   1.11-1.14 without frontier growth); synthetic transformer traces of eight seeds
-///   (scripts/synthetic-traces): smallest device 1.000-1.023. On an H200
-///   (bench/virtual_memory/virtual_memory_gpu.cu, peers in turns, twenty-fourth session): 0.73x
-///   default_allocator's time replaying a trace on a fresh allocator (geometric mean over the 15
-///   traces, 0.31-1.60x; without frontier growth 1.41x), 1.11x replaying it again, at 0.76x its
-///   device memory; synthetic traces of two seeds 0.72x cold, 0.90x warm; W1 1.09-1.10x cold,
-///   1.13-1.14x warm (two sets of five seeds), at 1.03x its device memory (bench/README.md, "On a
-///   real device").
+///   replaying them, 1.26-1.49x default_allocator's time on a fresh allocator and 1.16-1.41x
+///   replayed again (geometric means of host CPU time, the last seven sessions' runs); W1
+///   0.87-1.15x, median 1.05 (16 runs of the twenty-fifth session, each the median over five
+///   seeds, timed in turns and paired; the simulated driver's books cost next to nothing), mapped
+///   ÷ live 1.15-1.19 (granules ahead at the peak; 1.11-1.14 without frontier growth); synthetic
+///   transformer traces of eight seeds (scripts/synthetic-traces): smallest device 1.000-1.023.
+///   On an H200 (bench/virtual_memory/virtual_memory_gpu.cu, peers in turns, twenty-fourth
+///   session, before W1's 3-4 % of the twenty-fifth): 0.73x default_allocator's time replaying a
+///   trace on a fresh allocator (geometric mean over the 15 traces, 0.31-1.60x; without frontier
+///   growth 1.41x), 1.11x replaying it again, at 0.76x its device memory; synthetic traces of two
+///   seeds 0.72x cold, 0.90x warm; W1 1.09-1.10x cold, 1.13-1.14x warm (two sets of five seeds),
+///   at 1.03x its device memory (bench/README.md, "On a real device").
 /// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
 ///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
 ///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
