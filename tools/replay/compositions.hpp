@@ -358,7 +358,7 @@ inline std::vector<composition> compositions() {
                                  }));
   all.push_back(
       detail::vm_entry("virtual_allocator",
-                       "alloy::virtual_allocator (pool up to 64 KiB with slabs from the virtual arena, the arena "
+                       "alloy::virtual_allocator (pool up to 128 KiB with slabs from the virtual arena, the arena "
                        "above) on virtual memory, 2 MiB granules",
                        [](simulated_vm_device& d, const replay_options& o) {
                          return raw_target<virtual_allocator_t>{virtual_allocator_t{vm_t{d}}, o.alignment};
