@@ -6,6 +6,7 @@
 //   virtual_memory w1 [SEEDS]              # default: 5 seeds
 //   virtual_memory offload [SEEDS]         # default: 3 seeds
 //   virtual_memory planned [TRACE...]      # synchronized over a thread-safe backend: the same calls?
+//   virtual_memory placements [TRACE...]   # peak granules touched by other online placements
 //
 // All but `offload` run on alloy-replay's simulated devices (tools/replay): the virtual compositions on
 // the device with virtual memory (2 MiB granules, physical memory counted, addresses never
@@ -47,6 +48,15 @@
 // whose growths are planned under the lock and mapped outside it, in one thread: map + unmap
 // calls per 1,000 operations and peak mapped ÷ peak live without a limit. The two should make
 // the same calls: threads are not to pay for the lock with more driver calls.
+//
+// placements: W1 over five seeds and every trace (or those named), the peak of the granules live
+// blocks touch ÷ peak live, for virtual_arena (every granule unmapped once no chunk touches it:
+// what it maps at the peak with its placement) and for a model heap (placement_model.hpp) placing
+// the same requests by other online policies: best fit, best fit with the arena's granule rule,
+// first fit, the fewest new granules over every free chunk, and best fit with blocks up to 64 KiB
+// (or 256 KiB) in an address range of their own. Beside them the granule bound (peak live rounded
+// up to granules). Whether the peak-mapped targets (1.05 PyTorch, 1.10 W1) are within reach of
+// another placement.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -69,6 +79,7 @@
 #include "replay/trace_reader.hpp"
 #include "support/pairs_workload.hpp"
 #include "support/sleep_wake_workload.hpp"
+#include "virtual_memory/placement_model.hpp"
 
 namespace {
 
@@ -475,6 +486,113 @@ int planned(std::vector<std::string> paths) {
   return all_served ? 0 : 1;
 }
 
+/// A workload as allocations and frees of numbered blocks, for the placement models.
+struct placement_op {
+  bool free = false;
+  std::uint32_t id = 0;
+  std::size_t bytes = 0;
+};
+std::vector<placement_op> ops_of(const bench::workload& w) {
+  std::vector<placement_op> ops;
+  std::vector<std::size_t> slot = w.initial;
+  for (std::uint32_t i = 0; i < slot.size(); ++i) ops.push_back({false, i, slot[i]});
+  for (std::size_t i = 0; i < w.pairs(); ++i) {
+    const std::uint32_t v = w.victim[i];
+    ops.push_back({true, v, slot[v]});
+    ops.push_back({false, v, slot[v] = w.size[i]});
+  }
+  return ops;
+}
+/// A trace's events; a request the trace saw fail is allocated and freed at once (as the replay does).
+std::vector<placement_op> ops_of(const bench::rmm_trace& t) {
+  std::vector<placement_op> ops;
+  const auto id = [](std::size_t n) { return static_cast<std::uint32_t>(n); };
+  for (const bench::trace_event& e : t.events) {
+    if (e.action == bench::trace_action::free) {
+      ops.push_back({true, id(e.allocation), e.size});
+    } else if (e.action == bench::trace_action::allocate) {
+      ops.push_back({false, id(e.allocation), e.size});
+    } else {
+      ops.push_back({false, id(t.allocations), e.size});
+      ops.push_back({true, id(t.allocations), e.size});
+    }
+  }
+  return ops;
+}
+std::size_t ids_of(const std::vector<placement_op>& ops) {
+  std::size_t n = 0;
+  for (const placement_op& o : ops) n = std::max<std::size_t>(n, o.id + 1);
+  return n;
+}
+/// Peak granules touched ÷ `peak_live` placing `ops` in `model`; 0 when its books did not add up.
+template <class Model>
+double peak_touched(Model model, const std::vector<placement_op>& ops, std::size_t peak_live, std::size_t granule) {
+  std::vector<std::uint64_t> at(ids_of(ops));
+  std::size_t peak = 0;
+  for (const placement_op& o : ops) {
+    if (o.free) model.deallocate(at[o.id], o.bytes);
+    else at[o.id] = model.allocate(o.bytes);
+    peak = std::max(peak, model.touched_granules());
+  }
+  if (!model.consistent()) return 0;
+  return static_cast<double>(peak * granule) / static_cast<double>(peak_live);
+}
+/// The same for virtual_arena itself, every granule unmapped once no chunk touches it.
+double arena_peak_touched(const std::vector<placement_op>& ops, std::size_t peak_live) {
+  simulated_vm_device d;
+  arena_t a{vm{d}, {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
+  std::vector<block> held(ids_of(ops));
+  for (const placement_op& o : ops) {
+    if (o.free) a.deallocate(held[o.id]);
+    else if (held[o.id] = a.allocate(o.bytes, 256); !held[o.id]) return 0;
+  }
+  return static_cast<double>(d.peak_mapped()) / static_cast<double>(peak_live);
+}
+
+int placements(std::vector<std::string> paths) {
+  constexpr std::size_t granule = 2_MiB;
+  std::vector<bench::rmm_trace> traces = read_traces(paths);
+  std::printf(
+      "Peak granules touched by live blocks ÷ peak live (2 MiB granules, requests rounded to 256 B): virtual_arena "
+      "(unmapping every granule once no chunk touches it) and a model heap placing the same requests by other "
+      "online policies (bench/virtual_memory/placement_model.hpp); W1: 1,000 live, 256 B-4 MiB, 1,000,000 "
+      "pairs\n\n"
+      "| workload | peak live | granule bound | virtual_arena | best fit | best fit, granule rule | first fit | "
+      "fewest new granules | up to 64 KiB apart | up to 256 KiB apart |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  bool consistent = true;
+  const auto row = [&](const std::string& name, const std::vector<placement_op>& ops, std::size_t peak_live) {
+    using bench::placement;
+    const double bound =
+        static_cast<double>((peak_live + granule - 1) / granule * granule) / static_cast<double>(peak_live);
+    const double figures[] = {
+        arena_peak_touched(ops, peak_live),
+        peak_touched(bench::placement_model{placement::best_fit, granule}, ops, peak_live, granule),
+        peak_touched(bench::placement_model{placement::best_fit_granules, granule}, ops, peak_live, granule),
+        peak_touched(bench::placement_model{placement::first_fit, granule}, ops, peak_live, granule),
+        peak_touched(bench::placement_model{placement::fewest_new_granules, granule}, ops, peak_live, granule),
+        peak_touched(bench::segregated_placement_model{placement::best_fit, 64_KiB, granule}, ops, peak_live, granule),
+        peak_touched(bench::segregated_placement_model{placement::best_fit, 256_KiB, granule}, ops, peak_live,
+                     granule)};
+    std::printf("| %s | %s | %.3f |", name.c_str(), mib(peak_live).c_str(), bound);
+    for (const double f : figures) {
+      consistent = consistent && f > 0;
+      std::printf(" %.3f |", f);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  for (int s = 0; s < 5; ++s) {
+    bench::workload_params p = bench::w1_params();
+    p.seed += 1000 * static_cast<std::uint64_t>(s);
+    const bench::workload w = bench::make_workload(p);
+    row("W1 seed " + std::to_string(p.seed), ops_of(w), w.peak_live);
+  }
+  for (const bench::rmm_trace& t : traces) row(std::filesystem::path(t.name).filename(), ops_of(t), t.peak_live_bytes);
+  if (!consistent) std::printf("\na model's books did not add up, or the arena failed a request (0.000 above)\n");
+  return consistent ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -484,8 +602,11 @@ int main(int argc, char** argv) {
   if (what == "w1") return w1(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
   if (what == "offload") return offload(argc > 2 ? std::max(1, std::atoi(argv[2])) : 3);
   if (what == "planned") return planned(std::vector<std::string>(argv + 2, argv + argc));
-  std::fprintf(stderr,
-               "usage: virtual_memory candidates [TRACE...] | virtual_memory pieces [TRACE...] | virtual_memory w1 "
-               "[SEEDS] | virtual_memory offload [SEEDS] | virtual_memory planned [TRACE...]\n");
+  if (what == "placements") return placements(std::vector<std::string>(argv + 2, argv + argc));
+  std::fprintf(
+      stderr,
+      "usage: virtual_memory candidates [TRACE...] | virtual_memory pieces [TRACE...] | virtual_memory w1 "
+      "[SEEDS] | virtual_memory offload [SEEDS] | virtual_memory planned [TRACE...] | virtual_memory placements "
+      "[TRACE...]\n");
   return 2;
 }
