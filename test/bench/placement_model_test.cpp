@@ -126,6 +126,16 @@ BOOST_AUTO_TEST_CASE(fewest_new_granules_prefers_touched_granules_to_a_smaller_c
   BOOST_TEST(best.consistent());
 }
 
+// When a hole and the top add no granule either, the hole: the range stays low.
+BOOST_AUTO_TEST_CASE(fewest_new_granules_fills_a_hole_before_the_top_on_a_tie) {
+  placement_model m{placement::fewest_new_granules, granule};
+  const std::uint64_t hole = m.allocate(512 << 10);  // [0, 512 KiB), freed below
+  (void)m.allocate(512 << 10);                       // [512 KiB, 1 MiB): granule 0 stays touched
+  m.deallocate(hole, 512 << 10);
+  BOOST_TEST(m.allocate(256 << 10) == 0u);  // not the top at 1 MiB, in granule 0 too
+  BOOST_TEST(m.consistent());
+}
+
 // A block of at most a granule goes to the back of best fit's chunk with the granule rule when its
 // front would add a granule and its back would not.
 BOOST_AUTO_TEST_CASE(granule_rule_puts_a_small_block_where_it_adds_no_granule) {
