@@ -551,7 +551,7 @@ double arena_peak_touched(const std::vector<placement_op>& ops, std::size_t peak
 
 int placements(std::vector<std::string> paths) {
   constexpr std::size_t granule = 2_MiB;
-  std::vector<bench::rmm_trace> traces = read_traces(paths);
+  const std::vector<bench::rmm_trace> traces = read_traces(paths);
   std::printf(
       "Peak granules touched by live blocks ÷ peak live (2 MiB granules, requests rounded to 256 B): virtual_arena "
       "(unmapping every granule once no chunk touches it) and a model heap placing the same requests by other "
