@@ -89,6 +89,10 @@ using replay::simulated_vm_device;
 using vm = simulated_vm_device::backend;
 using arena_t = virtual_arena<vm>;
 
+/// The arena's options that unmap every granule as soon as no chunk touches it (no threshold, no
+/// share, not kept up to the peak): its peak mapped is then the granules live chunks touch.
+const arena_t::options unmap_at_once{.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false};
+
 /// A pool up to `T` (classes to 2T) whose slabs come from the owned arena, the arena above: the
 /// shape of virtual_allocator with its threshold as a parameter.
 template <std::size_t T>
@@ -357,7 +361,7 @@ int w1(int seeds) {
     double touched = 0;  // deterministic: one run
     {
       simulated_vm_device d;
-      arena_t a{vm{d}, {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
+      arena_t a{vm{d}, unmap_at_once};
       (void)bench::run_pairs_on<clock>(w, a, 256);
       touched = static_cast<double>(d.peak_mapped()) / live;
     }
@@ -540,7 +544,7 @@ double peak_touched(Model model, const std::vector<placement_op>& ops, std::size
 /// The same for virtual_arena itself, every granule unmapped once no chunk touches it.
 double arena_peak_touched(const std::vector<placement_op>& ops, std::size_t peak_live) {
   simulated_vm_device d;
-  arena_t a{vm{d}, {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};
+  arena_t a{vm{d}, unmap_at_once};
   std::vector<block> held(ids_of(ops));
   for (const placement_op& o : ops) {
     if (o.free) a.deallocate(held[o.id]);
