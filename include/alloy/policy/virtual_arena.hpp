@@ -144,8 +144,10 @@ namespace alloy {
 ///   `bytes_in_use`, `requested_bytes`, `free_bytes` (mapped and not in use, so reserved = in
 ///   use + free), `largest_free_block` (the largest free mapped run), `bytes_reservable_limit`
 ///   (the backend's capacity), `mapped_bytes`, `free_mapped_bytes`, `stranded_free_bytes`, `address_space`,
-///   `allocate_keeping_cache`, `check_invariants`. Not (yet) `allocate_at` / `chunk_size` for a
-///   compacting defragmenter.
+///   `allocate_keeping_cache`, `check_invariants`; for `granule_segregator`, `granules_added`
+///   (the granules an allocate made now would add to those live chunks touch, O(1) as best fit)
+///   and `allocate_in_held_granules` (an allocate that serves only when that is 0). Not (yet)
+///   `allocate_at` / `chunk_size` for a compacting defragmenter.
 /// - Tags and offload (DESIGN §12, issue 21): every chunk carries a `tag` (per call, or the
 ///   current tag that `scoped_tag` sets). A granule's record holds the tag of the chunks that
 ///   touch it; chunks of different tags never share a granule: when best fit's chunk would put
@@ -343,6 +345,33 @@ class virtual_arena {
   /// Allocates with tag `t`; an empty block when `t` is offloaded or discarded.
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept {
     return allocate_impl(bytes, alignment, true, t.value);
+  }
+  /// Granules an `allocate(bytes, alignment)` made now would add to those live chunks touch: 0
+  /// when it would fit in memory the arena holds for live chunks already. Places the block as
+  /// `allocate` does (best fit, then the granule rule; tags and pending growth aside), changes
+  /// nothing. O(1) below 16384 rounding units, O(log n) above.
+  std::size_t granules_added(std::size_t bytes, std::size_t alignment) const noexcept {
+    const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
+    if (rounded == 0 || !detail::is_power_of_two(alignment)) return 0;
+    const std::size_t all = (rounded + opts_.granularity - 1) >> gshift_;
+    if (ranges_.empty()) return all;
+    const std::size_t need = alignment > opts_.rounding ? rounded + alignment - opts_.rounding : rounded;
+    const std::uint32_t c = find_fit(rounded, need, alignment);
+    if (c == detail::best_fit_npos) return all;
+    std::uintptr_t start = pool_[c].addr;
+    if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    if (pool_[c].size() != rounded) start = placement_in(c, start, rounded, alignment);
+    return cost_at(start, rounded).untouched;
+  }
+  /// `allocate` only where the block adds no granule to those live chunks touch (what
+  /// `granules_added` answers 0 for); else an empty block, nothing changed, not counted as a
+  /// failure. One search instead of `granules_added` then `allocate`. While tags other than 0 are
+  /// in use or a planned growth is pending, it asks `granules_added` first, then `allocate` (which
+  /// may move a block off another tag's granules, onto new ones).
+  block allocate_in_held_granules(std::size_t bytes, std::size_t alignment) noexcept {
+    if (tags_in_use_ || current_tag_.value != 0 || pending_plans_ != 0) [[unlikely]]
+      return granules_added(bytes, alignment) == 0 ? allocate(bytes, alignment) : block{};
+    return allocate_impl(bytes, alignment, true, current_tag_.value, nullptr, true);
   }
   /// As `allocate`, but a failed `create` is not answered by releasing free mapped granules and
   /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`).
@@ -909,9 +938,12 @@ class virtual_arena {
   }
 
   /// With `plan` (`allocate_or_plan`): granules to map are planned instead, and a failure is not
-  /// counted (the caller calls `allocate`).
+  /// counted (the caller calls `allocate`). With `only_held` (`allocate_in_held_granules`, no tags
+  /// in use, no growth pending): an empty block, nothing changed and nothing counted, when the
+  /// block would add a granule to those live chunks touch.
   [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
-                                             std::uint16_t t, growth_plan* plan = nullptr) noexcept {
+                                             std::uint16_t t, growth_plan* plan = nullptr,
+                                             bool only_held = false) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
     if (t < tags_.size() && tags_[t].state != tag_state::resident) [[unlikely]] {
       ++offload_stats_.num_refused_allocations;
@@ -931,7 +963,10 @@ class virtual_arena {
       return {};
     }
     std::uint32_t c = find_fit(rounded, need, alignment);
-    if (c == detail::best_fit_npos) c = grow_for(rounded, need, alignment);
+    if (c == detail::best_fit_npos) {
+      if (only_held) return {};  // new addresses hold no live chunk
+      c = grow_for(rounded, need, alignment);
+    }
     if (c == detail::best_fit_npos) {
       if (plan == nullptr) ++counters_.num_ooms;
       return {};
@@ -939,6 +974,7 @@ class virtual_arena {
     std::uintptr_t start = pool_[c].addr;
     if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
     if (pool_[c].size() != rounded) start = placement_in(c, start, rounded, alignment);
+    if (only_held && cost_at(start, rounded).untouched != 0) return {};
     if (tags_in_use_) [[unlikely]] {
       if (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t)) {
         std::tie(c, start) = beside_own_tag(t, rounded, alignment);
