@@ -43,6 +43,8 @@ struct toy {
 
   alloy::block allocate(std::size_t, std::size_t) noexcept { return {}; }
   void deallocate(alloy::block) noexcept {}
+  /// Not a capability passed on but what granule_segregator asks of its parts (every toy has it).
+  std::size_t granules_added(std::size_t, std::size_t) const noexcept { return 0; }
 
   bool owns(alloy::block) const noexcept
     requires(on(capability::owns))
@@ -310,6 +312,12 @@ struct w_fallback {
   using type = alloy::fallback<A, A>;
   static constexpr unsigned own = 0, not_passed = movable_group | limits;
 };
+struct w_granule_segregator {
+  static constexpr const char* name = "granule_segregator";
+  template <class A>
+  using type = alloy::granule_segregator<1024, A, A>;
+  static constexpr unsigned own = 0, not_passed = movable_group | limits;
+};
 
 struct w_sharded {
   static constexpr const char* name = "sharded";
@@ -329,7 +337,7 @@ constexpr unsigned mismatch() {
 }
 
 /// Every toy: none, all, each capability alone, and all but each one; `Base` is or-ed into each
-/// (fallback's primary must have `owns`).
+/// (fallback's primary and granule_segregator's small part must have `owns`).
 template <class W, unsigned Base = 0>
 constexpr unsigned mismatches_over_toys() {
   unsigned bad = mismatch<W, Base>() | mismatch<W, all_bits>();
@@ -349,7 +357,8 @@ static_assert(mismatches_over_toys<w_tracked>() == 0);
 static_assert(mismatches_over_toys<w_quantizer>() == 0);
 static_assert(mismatches_over_toys<w_segregator>() == 0);
 static_assert(mismatches_over_toys<w_fallback, bit(capability::owns)>() == 0);
-static_assert(mismatches_over_toys<w_sharded, bit(capability::owns)>() == 0);  // Inner must have owns
+static_assert(mismatches_over_toys<w_granule_segregator, bit(capability::owns)>() == 0);  // Small must have owns
+static_assert(mismatches_over_toys<w_sharded, bit(capability::owns)>() == 0);             // Inner must have owns
 
 // stream_ordered gives stream-ordered calls to a part that keeps its cache: it has the part's
 // queries, `record_use` and the stream calls of its own, checked frees (both forms) when the part
@@ -452,6 +461,7 @@ BOOST_AUTO_TEST_CASE(every_wrapper_has_exactly_what_its_part_has) {
       {w_quantizer::name, mismatches_over_toys<w_quantizer>()},
       {w_segregator::name, mismatches_over_toys<w_segregator>()},
       {w_fallback::name, mismatches_over_toys<w_fallback, bit(capability::owns)>()},
+      {w_granule_segregator::name, mismatches_over_toys<w_granule_segregator, bit(capability::owns)>()},
       {w_sharded::name, mismatches_over_toys<w_sharded, bit(capability::owns)>()},
   };
   for (const auto& [name, bad] : rows) BOOST_TEST(bad == 0u, name << " over " << (2 * capability_count + 2) << " toys");

@@ -24,6 +24,7 @@
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/compacting_defragmenter.hpp>
 #include <alloy/policy/fallback.hpp>
+#include <alloy/policy/granule_segregator.hpp>
 #include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/logged.hpp>
