@@ -23,7 +23,7 @@
 //   id carries a generation, so an id kept after its release is unknown even once its books are
 //   reused.
 // - Cost: create and release are O(1), map and unmap O(granules of the piece), on flat books (a
-//   slot per piece, a cell per granule up to the highest mapped), so that a replay's ns/op is the
+//   slot per piece, a cell per granule in pages where maps were made), so that a replay's ns/op is the
 //   composition's own bookkeeping; what a driver call costs on a GPU is counted in calls, not
 //   timed here.
 // - `holds(p, n)`: whether `[p, p + n)` is mapped, all of it: what a served block must be.
@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -158,13 +159,7 @@ class simulated_vm_device {
     if (!inside_reserved(start, piece.size)) return fault("map outside every reserved range"), false;
     if (any_mapped(start, piece.size)) return fault("map over memory that is mapped already"), false;
     const std::size_t first = cell_of(start), n = piece.size / granularity_;
-    if (first + n > cells_.size()) {
-      try {
-        cells_.resize(std::max(first + n, cells_.size() + cells_.size() / 2));
-      } catch (...) {
-        return false;  // out of host memory for the books: the map fails, a normal event
-      }
-    }
+    if (!cells_.make(first, n)) return false;  // out of host memory for the books: the map fails, a normal event
     for (std::size_t g = first; g < first + n; ++g) cells_[g].start = first + 1;
     cells_[first].piece = piece.id;
     cells_[first].granules = n;
@@ -177,9 +172,10 @@ class simulated_vm_device {
 
   void unmap(void* at, std::size_t bytes) noexcept {
     const auto start = reinterpret_cast<std::uintptr_t>(at);
-    const std::size_t first = start >= space_base_ ? cell_of(start) : cells_.size();
-    if (start % granularity_ != 0 || first >= cells_.size() || cells_[first].start != first + 1 ||
-        cells_[first].granules * granularity_ != bytes)
+    const cell* head = start >= space_base_ ? cells_.find(cell_of(start)) : nullptr;
+    const std::size_t first = head != nullptr ? cell_of(start) : 0;
+    if (start % granularity_ != 0 || head == nullptr || head->start != first + 1 ||
+        head->granules * granularity_ != bytes)
       return fault("unmap that is not exactly one earlier map");
     if (piece_state* p = find_piece({cells_[first].piece, bytes})) p->mapped = false;
     for (std::size_t g = first; g < first + cells_[first].granules; ++g) cells_[g].start = 0;
@@ -200,7 +196,7 @@ class simulated_vm_device {
     if (bytes > UINTPTR_MAX - at || at < space_base_) return false;
     const std::uintptr_t last = at + std::max<std::size_t>(bytes, 1) - 1;
     for (std::size_t g = cell_of(at); g <= cell_of(last); ++g)  // consecutive maps, one per piece
-      if (g >= cells_.size() || cells_[g].start == 0) return false;
+      if (const cell* c = cells_.find(g); c == nullptr || c->start == 0) return false;
     return true;
   }
 
@@ -278,6 +274,44 @@ class simulated_vm_device {
     std::size_t granules = 0;  ///< at a map's first cell: how many cells it covers
   };
 
+  /// The cells by granule of the big range, in pages made when a map first reaches them: ranges
+  /// reserved far apart (two arenas of a terabyte of addresses each) cost the books the pages they
+  /// map, not a cell for every granule between them. `clear` zeroes the pages and keeps them, so
+  /// that a replay after the first makes none (its time is the composition's).
+  class cell_table {
+   public:
+    static constexpr std::size_t page_cells = 512;
+    /// Granule `g`'s cell, or null when no map reached its page.
+    cell* find(std::size_t g) noexcept {
+      const std::size_t p = g / page_cells;
+      return p < pages_.size() && pages_[p] ? &pages_[p][g % page_cells] : nullptr;
+    }
+    const cell* find(std::size_t g) const noexcept { return const_cast<cell_table*>(this)->find(g); }
+    /// Granules the pages cover, made or not (no map reached a granule beyond).
+    std::size_t extent() const noexcept { return pages_.size() * page_cells; }
+    /// A cell whose page `make` made.
+    cell& operator[](std::size_t g) noexcept { return pages_[g / page_cells][g % page_cells]; }
+    /// Makes the pages of granules [first, first + n); false when host memory ran out.
+    bool make(std::size_t first, std::size_t n) noexcept {
+      try {
+        const std::size_t last_page = (first + n - 1) / page_cells;
+        if (last_page >= pages_.size()) pages_.resize(last_page + 1);
+        for (std::size_t p = first / page_cells; p <= last_page; ++p)
+          if (!pages_[p]) pages_[p] = std::make_unique<cell[]>(page_cells);
+        return true;
+      } catch (...) {
+        return false;
+      }
+    }
+    void clear() noexcept {
+      for (auto& page : pages_)
+        if (page) std::fill(page.get(), page.get() + page_cells, cell{});
+    }
+
+   private:
+    std::vector<std::unique_ptr<cell[]>> pages_;
+  };
+
   piece_state* find_piece(physical_memory piece) noexcept {
     const std::uint64_t slot = (piece.id & 0xFFFFFFFFu) - 1;
     if (piece.id == 0 || slot >= pieces_.size()) return nullptr;
@@ -289,9 +323,16 @@ class simulated_vm_device {
   /// Whether any granule of [at, at + bytes) is mapped.
   bool any_mapped(std::uintptr_t at, std::size_t bytes) const noexcept {
     if (at < space_base_ || bytes == 0) return false;
-    const std::size_t end = std::min(cells_.size(), cell_of(at + bytes - 1) + 1);
-    for (std::size_t g = cell_of(at); g < end; ++g)
-      if (cells_[g].start != 0) return true;
+    const std::size_t end = std::min(cells_.extent(), cell_of(at + bytes - 1) + 1);
+    for (std::size_t g = cell_of(at); g < end;) {
+      const cell* c = cells_.find(g);
+      if (c == nullptr) {  // no map reached this page: on to the next
+        g = (g / cell_table::page_cells + 1) * cell_table::page_cells;
+        continue;
+      }
+      if (c->start != 0) return true;
+      ++g;
+    }
     return false;
   }
 
@@ -354,7 +395,7 @@ class simulated_vm_device {
   std::map<std::uintptr_t, std::size_t> unreserved_;       // holes below top_: base -> size
   std::vector<piece_state> pieces_;                        // by slot (id: generation << 32 | slot + 1)
   std::vector<std::uint32_t> free_slots_;                  // slots of released pieces, reused
-  std::vector<cell> cells_;                                // by granule of the big range, up to the highest mapped
+  cell_table cells_;                                       // by granule of the big range, pages where mapped
   std::size_t physical_ = 0, peak_physical_ = 0, mapped_ = 0, peak_mapped_ = 0;
   std::size_t creates_ = 0, releases_ = 0, refusals_ = 0, maps_calls_ = 0, unmaps_calls_ = 0, faults_ = 0;
   std::string first_fault_;
