@@ -34,7 +34,8 @@
 // and virtual_allocator's time ÷ default_allocator's (the median of each round's ratio);
 // beside them the arena's peak mapped when every granule is unmapped as soon as no chunk touches
 // it (no threshold, no share, not kept up to the peak): the granules live chunks touch, the least
-// any release rule can map with this placement.
+// any release rule can map with this placement; and the peak mapped of virtual_arena_pair (two
+// arenas, default options, under granule_segregator<256 KiB>; one run, not timed).
 //
 // offload: a sleep / wake cycle through virtual_allocator over host_vmm (real memory, 2 MiB
 // granules, every call counted): about 512 MiB of weights (tag 1: matrices of 1-24 MiB and small
@@ -54,9 +55,10 @@
 // what it maps at the peak with its placement) and for a model heap (placement_model.hpp) placing
 // the same requests by other online policies: best fit, best fit with the arena's granule rule,
 // first fit, the fewest new granules over every free chunk, and best fit with blocks up to 64 KiB
-// (or 256 KiB) in an address range of their own. Beside them the granule bound (peak live rounded
-// up to granules). Whether the peak-mapped targets (1.05 PyTorch, 1.10 W1) are within reach of
-// another placement.
+// (or 256 KiB) in an address range of their own; and virtual_arena_pair (granule_segregator of two
+// arenas, blocks up to 256 KiB apart unless that adds a granule). Beside them the granule bound
+// (peak live rounded up to granules). Whether the peak-mapped targets (1.05 PyTorch, 1.10 W1) are
+// within reach of another placement.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +68,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <alloy/policy/synchronized.hpp>
@@ -88,6 +91,8 @@ using namespace alloy::literals;
 using replay::simulated_vm_device;
 using vm = simulated_vm_device::backend;
 using arena_t = virtual_arena<vm>;
+/// Small blocks (up to 256 KiB) in an arena of their own unless that adds a granule the other would not.
+using arena_pair_t = granule_segregator<256_KiB, arena_t, arena_t>;
 
 /// The arena's options that unmap every granule as soon as no chunk touches it (no threshold, no
 /// share, not kept up to the peak): its peak mapped is then the granules live chunks touch.
@@ -322,8 +327,8 @@ int w1(int seeds) {
   std::printf(
       "| seed | default_allocator ns | reserved ÷ live | virtual_arena ns | map calls / pair | mapped ÷ live | "
       "virtual_allocator ns | map calls / pair | mapped ÷ live | virtual_allocator ÷ default | touched granules ÷ "
-      "live (peak) |\n"
-      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "live (peak) | virtual_arena_pair mapped ÷ live |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<double> ratios;
   for (int s = 0; s < seeds; ++s) {
     bench::workload_params p = bench::w1_params();
@@ -358,18 +363,24 @@ int w1(int seeds) {
       for (std::size_t i = 0; i < std::size(runs); ++i) runs[(i + r) % std::size(runs)]();
       paired.push_back(tv.back() / td.back());
     }
-    double touched = 0;  // deterministic: one run
+    double touched = 0, pair = 0;  // deterministic: one run each
     {
       simulated_vm_device d;
       arena_t a{vm{d}, unmap_at_once};
       (void)bench::run_pairs_on<clock>(w, a, 256);
       touched = static_cast<double>(d.peak_mapped()) / live;
     }
+    {
+      simulated_vm_device d;
+      arena_pair_t a{arena_t{vm{d}}, arena_t{vm{d}}};
+      (void)bench::run_pairs_on<clock>(w, a, 256);
+      pair = static_cast<double>(d.peak_mapped()) / live;
+    }
     const double nd = bench::median(td), na = bench::median(ta), nv = bench::median(tv);
     const double ratio = bench::median(paired);
     ratios.push_back(ratio);
-    std::printf("| %llu | %.1f | %.3f | %.1f | %.3f | %.3f | %.1f | %.3f | %.3f | %.2f | %.3f |\n",
-                static_cast<unsigned long long>(p.seed), nd, rd, na, ma, ra, nv, mv, rv, ratio, touched);
+    std::printf("| %llu | %.1f | %.3f | %.1f | %.3f | %.3f | %.1f | %.3f | %.3f | %.2f | %.3f | %.3f |\n",
+                static_cast<unsigned long long>(p.seed), nd, rd, na, ma, ra, nv, mv, rv, ratio, touched, pair);
   }
   std::printf("\nvirtual_allocator ÷ default_allocator, median over the seeds: %.2f\n", bench::median(ratios));
   return 0;
@@ -541,10 +552,15 @@ double peak_touched(Model model, const std::vector<placement_op>& ops, std::size
   if (!model.consistent()) return 0;
   return static_cast<double>(peak * granule) / static_cast<double>(peak_live);
 }
-/// The same for virtual_arena itself, every granule unmapped once no chunk touches it.
+/// The same for virtual_arena itself (or two under `granule_segregator`), every granule unmapped
+/// once no chunk touches it.
+template <class Heap = arena_t>
 double arena_peak_touched(const std::vector<placement_op>& ops, std::size_t peak_live) {
   simulated_vm_device d;
-  arena_t a{vm{d}, unmap_at_once};
+  Heap a = [&] {
+    if constexpr (std::is_same_v<Heap, arena_t>) return arena_t{vm{d}, unmap_at_once};
+    else return Heap{arena_t{vm{d}, unmap_at_once}, arena_t{vm{d}, unmap_at_once}};
+  }();
   std::vector<block> held(ids_of(ops));
   for (const placement_op& o : ops) {
     if (o.free) a.deallocate(held[o.id]);
@@ -562,8 +578,8 @@ int placements(std::vector<std::string> paths) {
       "online policies (bench/virtual_memory/placement_model.hpp); W1: 1,000 live, 256 B-4 MiB, 1,000,000 "
       "pairs\n\n"
       "| workload | peak live | granule bound | virtual_arena | best fit | best fit, granule rule | first fit | "
-      "fewest new granules | up to 64 KiB apart | up to 256 KiB apart |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "fewest new granules | up to 64 KiB apart | up to 256 KiB apart | virtual_arena_pair |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   bool consistent = true;
   const auto row = [&](const std::string& name, const std::vector<placement_op>& ops, std::size_t peak_live) {
     using bench::placement;
@@ -576,8 +592,8 @@ int placements(std::vector<std::string> paths) {
         peak_touched(bench::placement_model{placement::first_fit, granule}, ops, peak_live, granule),
         peak_touched(bench::placement_model{placement::fewest_new_granules, granule}, ops, peak_live, granule),
         peak_touched(bench::segregated_placement_model{placement::best_fit, 64_KiB, granule}, ops, peak_live, granule),
-        peak_touched(bench::segregated_placement_model{placement::best_fit, 256_KiB, granule}, ops, peak_live,
-                     granule)};
+        peak_touched(bench::segregated_placement_model{placement::best_fit, 256_KiB, granule}, ops, peak_live, granule),
+        arena_peak_touched<arena_pair_t>(ops, peak_live)};
     std::printf("| %s | %s | %.3f |", name.c_str(), mib(peak_live).c_str(), bound);
     for (const double f : figures) {
       consistent = consistent && f > 0;

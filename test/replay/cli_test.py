@@ -121,7 +121,7 @@ def main():
         check("Smallest device capacity" in md and "| geometric mean |" in md and "| good |" in md and "per 1,000 operations" in md,
               "Markdown: the minimum-capacity tables", md[:400])
         virtual = {x["composition"]: x for x in trace["results"] if x["virtual_memory"]}
-        check(set(virtual) == {"virtual_arena", "virtual_allocator"} and all(
+        check(set(virtual) == {"virtual_arena", "virtual_allocator", "virtual_arena_pair"} and all(
                   x["faults"] == 0 and x["map_calls"] > 0 and x["peak_mapped"] >= trace["peak_live_bytes"]
                   and x["peak_reserved"] % (2 << 20) == 0 for x in virtual.values()),
               "JSON: the virtual compositions on 2 MiB granules, their map calls counted", json.dumps(list(virtual.values()))[:600])

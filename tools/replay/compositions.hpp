@@ -19,6 +19,9 @@
 //   virtual_arena            alloy::virtual_arena, default options, over the simulated device with
 //                            virtual memory (2 MiB granules; simulated_vm.hpp)
 //   virtual_allocator        alloy::virtual_allocator (showcase.hpp), over the same
+//   virtual_arena_pair       alloy::granule_segregator<256 KiB> of two virtual_arenas (default
+//                            options) over the same device: small blocks apart unless that costs
+//                            a granule
 //   std_pmr_pool             std::pmr::unsynchronized_pool_resource, largest_required_pool_block
 //                            1 MiB, other options default
 //   thrust_pool              thrust::mr::unsynchronized_pool_resource, alignment 256,
@@ -51,6 +54,7 @@
 #include <alloy/movable.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/compacting_defragmenter.hpp>
+#include <alloy/policy/granule_segregator.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 #include <alloy/policy/virtual_arena.hpp>
@@ -84,6 +88,7 @@ using default_small_t = std::remove_cvref_t<decltype(std::declval<default_t&>().
 using vm_t = simulated_vm_device::backend;
 using virtual_arena_t = virtual_arena<vm_t>;
 using virtual_allocator_t = virtual_allocator<vm_t>;
+using virtual_arena_pair_t = granule_segregator<(std::size_t{256} << 10), virtual_arena_t, virtual_arena_t>;
 
 inline arena_t make_arena(upstream_t u) { return arena_t{u}; }
 inline arena_defrag_t make_arena_defrag(upstream_t u) { return arena_defrag_t{arena_t{u}}; }
@@ -363,6 +368,14 @@ inline std::vector<composition> compositions() {
                        [](simulated_vm_device& d, const replay_options& o) {
                          return raw_target<virtual_allocator_t>{virtual_allocator_t{vm_t{d}}, o.alignment};
                        }));
+  all.push_back(detail::vm_entry(
+      "virtual_arena_pair",
+      "alloy::granule_segregator<256 KiB> of two virtual_arenas (default options): small blocks in one of their "
+      "own unless that adds a granule the other would not, on virtual memory, 2 MiB granules",
+      [](simulated_vm_device& d, const replay_options& o) {
+        return raw_target<virtual_arena_pair_t>{
+            virtual_arena_pair_t{virtual_arena_t{vm_t{d}}, virtual_arena_t{vm_t{d}}}, o.alignment};
+      }));
   all.push_back(
       entry("std_pmr_pool", "std::pmr::unsynchronized_pool_resource, largest_required_pool_block 1 MiB", true,
             [](simulated_device& d, const replay_options& o) {
