@@ -59,6 +59,11 @@ BOOST_AUTO_TEST_CASE(a_small_block_goes_where_it_adds_no_granule) {
   BOOST_TEST(h.small_part().granules_added(16_KiB, 256) == 1u);
   BOOST_TEST(h.large_part().granules_added(16_KiB, 256) == 0u);
   BOOST_TEST(h.goes_to_large(16_KiB, 256));
+  // The other allocating calls take the same route (`route_allocation`, not the one search).
+  const alloy::block keeping = h.allocate_keeping_cache(16_KiB, 256);
+  BOOST_REQUIRE(keeping);
+  BOOST_TEST(h.large_part().owns(keeping));
+  h.deallocate(keeping);
   const alloy::block beside_large = h.allocate(16_KiB, 256);
   BOOST_REQUIRE(beside_large);
   BOOST_TEST(h.large_part().owns(beside_large));
