@@ -1349,7 +1349,9 @@ class virtual_arena {
     const std::uintptr_t on_granule = std::max(alignment, opts_.granularity) - 1;
     std::uintptr_t best = front;
     placement_cost best_cost = at_front;
-    const auto consider = [&](std::uintptr_t start) {
+    // Inlined: called out of line it was about 25 instructions of call a candidate, 4 % of silmont
+    // fp32's replay (callgrind).
+    const auto consider = [&](std::uintptr_t start) __attribute__((always_inline)) {
       if (start < pool_[c].addr || start > chunk_end - rounded || start == best) return;
       placement_cost cost = cost_at(start, rounded);
       if (std::tie(cost.untouched, cost.spanned) == std::tie(best_cost.untouched, best_cost.spanned)) {
