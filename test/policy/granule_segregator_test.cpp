@@ -170,6 +170,9 @@ BOOST_AUTO_TEST_CASE(the_other_part_serves_when_the_chosen_one_fails) {
   h.deallocate(b);
   // Both parts refuse what the capacity cannot hold: an empty block, everything as it was.
   BOOST_TEST(!h.allocate(3 * granule, 256));
+  BOOST_TEST(d.physical_bytes() == 2 * granule);
+  BOOST_TEST(h.large_part().free_mapped_bytes() == 2 * granule);
+  BOOST_TEST(h.bytes_in_use() == 0u);
   h.release();
   BOOST_TEST(d.physical_bytes() == 0u);
 }
