@@ -352,16 +352,15 @@ class virtual_arena {
   /// nothing. O(1) below 16384 rounding units, O(log n) above.
   std::size_t granules_added(std::size_t bytes, std::size_t alignment) const noexcept {
     const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
-    if (rounded == 0 || !detail::is_power_of_two(alignment)) return 0;
-    const std::size_t all = (rounded + opts_.granularity - 1) >> gshift_;
-    if (ranges_.empty()) return all;
+    if (rounded == 0 || !detail::is_power_of_two(alignment)) return 0;  // allocate refuses it
+    const std::size_t all = (rounded >> gshift_) + ((rounded & (opts_.granularity - 1)) != 0);
+    if (ranges_.empty() ||
+        (alignment > opts_.rounding && rounded > std::numeric_limits<std::size_t>::max() - alignment))
+      return all;
     const std::size_t need = alignment > opts_.rounding ? rounded + alignment - opts_.rounding : rounded;
     const std::uint32_t c = find_fit(rounded, need, alignment);
-    if (c == detail::best_fit_npos) return all;
-    std::uintptr_t start = pool_[c].addr;
-    if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
-    if (pool_[c].size() != rounded) start = placement_in(c, start, rounded, alignment);
-    return cost_at(start, rounded).untouched;
+    if (c == detail::best_fit_npos) return all;  // new addresses hold no live chunk
+    return cost_at(place_in(c, rounded, alignment), rounded).untouched;
   }
   /// `allocate` only where the block adds no granule to those live chunks touch (what
   /// `granules_added` answers 0 for); else an empty block, nothing changed, not counted as a
@@ -971,9 +970,7 @@ class virtual_arena {
       if (plan == nullptr) ++counters_.num_ooms;
       return {};
     }
-    std::uintptr_t start = pool_[c].addr;
-    if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
-    if (pool_[c].size() != rounded) start = placement_in(c, start, rounded, alignment);
+    std::uintptr_t start = place_in(c, rounded, alignment);
     if (only_held && cost_at(start, rounded).untouched != 0) return {};
     if (tags_in_use_) [[unlikely]] {
       if (foreign(granule_of(start), t) || foreign(granule_of(start + rounded - 1), t)) {
@@ -1332,6 +1329,13 @@ class virtual_arena {
       if (moved == front || moved + rounded > pool_[c].addr + pool_[c].size()) return front;
     }
     return placement_among(c, front, rounded, alignment);
+  }
+  /// Where in free chunk `c` (best fit's) a block goes: its front, aligned, unless `placement_in`
+  /// finds a place that adds fewer granules.
+  std::uintptr_t place_in(std::uint32_t c, std::size_t rounded, std::size_t alignment) const noexcept {
+    std::uintptr_t start = pool_[c].addr;
+    if (alignment > opts_.rounding) start = (start + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    return pool_[c].size() != rounded ? placement_in(c, start, rounded, alignment) : start;
   }
   /// `at` moved up to the next boundary of a granule (of `alignment`, when that is larger).
   std::uintptr_t up_to_granule(std::uintptr_t at, std::size_t alignment) const noexcept {
