@@ -91,8 +91,10 @@ using namespace alloy::literals;
 using replay::simulated_vm_device;
 using vm = simulated_vm_device::backend;
 using arena_t = virtual_arena<vm>;
-/// Small blocks (up to 256 KiB) in an arena of their own unless that adds a granule the other would not.
-using arena_pair_t = granule_segregator<256_KiB, arena_t, arena_t>;
+/// alloy-replay's virtual_arena_pair: small blocks (up to 256 KiB) in an arena of their own unless
+/// that adds a granule the other would not.
+using arena_pair_t = replay::virtual_arena_pair_t;
+static_assert(std::is_same_v<arena_pair_t, granule_segregator<256_KiB, arena_t, arena_t>>);
 
 /// The arena's options that unmap every granule as soon as no chunk touches it (no threshold, no
 /// share, not kept up to the peak): its peak mapped is then the granules live chunks touch.
