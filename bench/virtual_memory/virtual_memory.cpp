@@ -198,11 +198,11 @@ int candidates(std::vector<std::string> paths) {
       return candidate<64_KiB>{vm{d}, ao, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
     }));
   }
-  // The arena's defaults: no threshold, 1/32 of the granules live chunks touch, up to the peak in use.
-  vs.push_back(make_variant("arena alone, default release (1/32, up to the peak)",
+  // The arena's defaults: no threshold, no share, up to the peak of the granules live chunks touch.
+  vs.push_back(make_variant("arena alone, default release (up to the peak touched)",
                             [](simulated_vm_device& d) { return arena_alone{vm{d}, arena_t::options{}}; }));
   vs.push_back(
-      make_variant("pool<=64K, slabs 64K-256K, default release (1/32, up to the peak)", [](simulated_vm_device& d) {
+      make_variant("pool<=64K, slabs 64K-256K, default release (up to the peak touched)", [](simulated_vm_device& d) {
         return candidate<64_KiB>{vm{d}, arena_t::options{}, {.slab_size = 256_KiB, .initial_slab_size = 64_KiB}};
       }));
   // virtual_allocator's own arena (free granules kept mapped, block-sized pieces, frontier growth):

@@ -687,13 +687,14 @@ BOOST_AUTO_TEST_CASE(release_threshold_divisor_keeps_a_share_of_the_touched_gran
 }
 
 BOOST_AUTO_TEST_CASE(keep_up_to_peak_holds_what_the_peak_needed_and_no_more) {
-  // No threshold, no share: only the peak in use (since construction or release()) keeps granules.
+  // No threshold, no share: only the most granules touched at once (since construction or
+  // release()) keeps granules. Here every block fills its granules, so that is the peak in use.
   host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0}};
   const block x = a.allocate(64_KiB, 64_KiB), y = a.allocate(64_KiB, 64_KiB), z = a.allocate(64_KiB, 64_KiB);
   BOOST_REQUIRE(x);
   BOOST_REQUIRE(y);
   BOOST_REQUIRE(z);
-  a.deallocate(x);  // peak 192 KiB, 128 KiB touched: granule 0 stays mapped
+  a.deallocate(x);  // peak 3 granules, 2 touched: granule 0 stays mapped
   a.deallocate(z);  // 64 KiB touched: granules 0 and 2 stay mapped
   BOOST_TEST(a.free_mapped_bytes() == 128_KiB);
   BOOST_TEST(a.mapped_bytes() == 192_KiB);
@@ -713,13 +714,47 @@ BOOST_AUTO_TEST_CASE(keep_up_to_peak_holds_what_the_peak_needed_and_no_more) {
   const block v = a.allocate(64_KiB, 64_KiB);
   BOOST_REQUIRE(v);
   BOOST_TEST(a.counters().num_maps == 4u);
-  // release() gives back every free granule and starts the peak again from what is in use.
+  // release() gives back every free granule and starts the peak again from what is touched.
   a.deallocate(v);
   BOOST_TEST(a.release() == 64_KiB);
-  a.deallocate(w);  // peak 128 KiB, nothing touched: both granules stay
+  a.deallocate(w);  // peak 2 granules, nothing touched: both granules stay
   BOOST_TEST(a.free_mapped_bytes() == 128_KiB);
   BOOST_TEST(a.release() == 128_KiB);
   BOOST_TEST(a.mapped_bytes() == 0u);
+  BOOST_TEST(a.counters().num_maps == a.counters().num_unmaps);
+  BOOST_TEST(a.check_invariants());
+}
+
+// The peak that keeps granules is that of the granules touched, not of the bytes in use: blocks
+// smaller than a granule, each on its own, keep a granule each after they go.
+BOOST_AUTO_TEST_CASE(keep_up_to_peak_counts_touched_granules_not_bytes_in_use) {
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0}};
+  std::vector<block> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(a.allocate(40_KiB, 64_KiB));  // a granule each: 160 KiB in use, 4 granules
+    BOOST_REQUIRE(blocks.back());
+  }
+  BOOST_TEST(a.mapped_bytes() == 256_KiB);
+  for (int i = 0; i < 3; ++i) a.deallocate(blocks[static_cast<std::size_t>(i)]);
+  // The peak in use (160 KiB) would keep one granule beside the last block's; the peak touched
+  // keeps all three.
+  BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
+  BOOST_TEST(a.counters().num_unmaps == 0u);
+  // Three more blocks take the kept granules: no driver call.
+  for (int i = 0; i < 3; ++i) {
+    blocks[static_cast<std::size_t>(i)] = a.allocate(40_KiB, 64_KiB);
+    BOOST_REQUIRE(blocks[static_cast<std::size_t>(i)]);
+  }
+  BOOST_TEST(a.counters().num_maps == 4u);
+  BOOST_TEST(a.free_mapped_bytes() == 0u);
+  // A fifth granule is a new peak; after it goes, nothing over that peak is held.
+  const block fifth = a.allocate(40_KiB, 64_KiB);
+  BOOST_REQUIRE(fifth);
+  for (const block& b : blocks) a.deallocate(b);
+  a.deallocate(fifth);
+  BOOST_TEST(a.mapped_bytes() == 320_KiB);
+  BOOST_TEST(a.free_mapped_bytes() == 320_KiB);
+  BOOST_TEST(a.release() == 320_KiB);
   BOOST_TEST(a.counters().num_maps == a.counters().num_unmaps);
   BOOST_TEST(a.check_invariants());
 }
@@ -733,16 +768,16 @@ BOOST_AUTO_TEST_CASE(a_free_trims_what_a_keeping_cache_allocation_left_over_the_
   const block pin = a.allocate(64_KiB, 64_KiB);                      // granule 5: the hole stays one
   BOOST_REQUIRE((s1 && s2 && big && pin));
   BOOST_TEST(a.counters().num_maps == 6u);
-  a.deallocate(big);  // peak 320.5 KiB, 128 KiB touched: three of the four granules stay
-  BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
-  BOOST_TEST(a.counters().num_unmaps == 1u);
+  a.deallocate(big);  // a peak of 6 granules touched, 2 touched now: the four freed stay
+  BOOST_TEST(a.free_mapped_bytes() == 256_KiB);
+  BOOST_TEST(a.counters().num_unmaps == 0u);
   // 512 KiB does not fit the 256 KiB hole: eight new granules after the pin, nothing trimmed.
   const block wide = a.allocate_keeping_cache(512_KiB, 64_KiB);
   BOOST_REQUIRE(wide);
   BOOST_TEST(a.counters().num_maps == 14u);
-  BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
-  // Granule 0 keeps s2, so this free frees no granule; the peak (576.5 KiB) is below the 640 KiB
-  // touched, so the rule keeps nothing: the three free granules go.
+  BOOST_TEST(a.free_mapped_bytes() == 256_KiB);
+  // Granule 0 keeps s2, so this free frees no granule; the 10 granules touched are the peak, so
+  // the rule keeps nothing: the four free granules go.
   a.deallocate(s1);
   BOOST_TEST(a.free_mapped_bytes() == 0u);
   BOOST_TEST(a.counters().num_unmaps == 4u);
@@ -1305,7 +1340,8 @@ bool marks_hold(const model::entry& e) {
 
 /// `threshold`: the arena's release_threshold; `divisor` its release_threshold_divisor;
 /// `up_to_peak` its keep_up_to_peak (free mapped granules kept: the most of the threshold, the
-/// touched bytes ÷ divisor and the peak bytes in use since the last release() less the touched);
+/// touched bytes ÷ divisor and the most granules touched at once since the last release() less
+/// those touched now);
 /// `block_sized` its block_sized_pieces (keep_all only), whose free granules in pieces still in
 /// use (`stranded_free_bytes`) neither release() nor pressure can give back; `frontier_divisor` its
 /// frontier_growth_divisor (with block_sized only).
@@ -1332,16 +1368,17 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
     std::uint64_t next_id = 1;
     std::size_t failures = 0, served = 0, checks = 0;
     std::size_t target_live = 300;
-    std::size_t in_use = 0, peak_in_use = 0;  // chunk bytes; the peak since the last release()
+    std::size_t peak_touched = 0;  // granules; the most touched at once since the last release()
     auto check_accounting = [&] {
       // Mapped bytes == the granules live chunks touch + the free mapped granules kept.
       const std::size_t touched = m.touched.size() * g;
       BOOST_REQUIRE(a.mapped_bytes() == touched + a.free_mapped_bytes());
       const std::size_t share = divisor == 0 ? 0 : (touched / divisor) / g * g;
-      const std::size_t below_peak = up_to_peak && peak_in_use > touched ? (peak_in_use - touched) / g * g : 0;
+      const std::size_t peak = std::max(peak_touched * g, touched);
+      const std::size_t below_peak = up_to_peak ? peak - touched : 0;
       BOOST_REQUIRE(a.free_mapped_bytes() <= std::max({threshold, share, below_peak}));
       const std::size_t with_threshold = touched + std::min(threshold, capacity);  // keep_all: no bound but capacity
-      BOOST_REQUIRE(a.mapped_bytes() <= std::max({with_threshold, touched + share, peak_in_use}));
+      BOOST_REQUIRE(a.mapped_bytes() <= std::max({with_threshold, touched + share, up_to_peak ? peak : 0}));
       BOOST_REQUIRE(v.physical_bytes() == a.mapped_bytes());
       BOOST_REQUIRE(a.allocated_chunk_count() == m.live.size());
     };
@@ -1372,7 +1409,6 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         m.live.emplace(at, e);
         m.addresses.push_back(at);
         m.touch(at, chunk, +1);
-        in_use += chunk;
       } else {
         const std::size_t pick = rng() % m.addresses.size();
         const std::uintptr_t at = m.addresses[pick];
@@ -1380,9 +1416,8 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         m.addresses.pop_back();
         const auto found = m.live.find(at);
         BOOST_REQUIRE(marks_hold(found->second));
+        peak_touched = std::max(peak_touched, m.touched.size());  // a peak ends with a free
         a.deallocate(found->second.b);
-        peak_in_use = std::max(peak_in_use, in_use);
-        in_use -= found->second.chunk;
         m.touch(at, found->second.chunk, -1);
         m.live.erase(found);
       }
@@ -1397,22 +1432,22 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         // frontier growth below 1/16 of the capacity happens many times a run.
         for (const auto& [at, e] : m.live) {
           BOOST_REQUIRE(marks_hold(e));
+          peak_touched = std::max(peak_touched, m.touched.size());
           a.deallocate(e.b);
           m.touch(at, e.chunk, -1);
         }
         m.live.clear();
         m.addresses.clear();
-        in_use = 0;
         a.release();
         BOOST_REQUIRE(a.mapped_bytes() == 0u);
-        peak_in_use = 0;
+        peak_touched = 0;
         check_accounting();
       }
       if (op % 250'000 == 249'999) {
         a.release();
         BOOST_REQUIRE(a.free_mapped_bytes() == a.stranded_free_bytes());
         if (!block_sized) BOOST_REQUIRE(a.stranded_free_bytes() == 0u);
-        peak_in_use = in_use;
+        peak_touched = m.touched.size();
         check_accounting();
       }
     }
@@ -1436,8 +1471,8 @@ BOOST_AUTO_TEST_CASE(model_based_randomized) {
   // the share turned off: both bounds hold exactly as the rule says.
   run_model(3, 1'000'000, 256_KiB, 32, false);
   run_model(4, 500'000, 256_KiB, 0, false);
-  // The defaults: no threshold, the share, and what stays under the peak in use.
-  run_model(5, 1'000'000, 0, 32, true);
+  // The defaults: no threshold, no share, what stays under the peak of the touched granules.
+  run_model(5, 1'000'000, 0, 0, true);
   // keep_all (virtual_allocator's): no list of free granules; the pressure and release() find
   // them by a scan.
   run_model(6, 1'000'000, host_arena::keep_all, 32, true);

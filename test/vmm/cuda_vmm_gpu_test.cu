@@ -124,7 +124,7 @@ BOOST_AUTO_TEST_CASE(virtual_arena_keeps_content_across_unmaps, ALLOY_GPU_TEST) 
   BOOST_REQUIRE(probe.valid());
   const std::size_t g = probe.granularity();
   // Nothing kept free: every granule whose last chunk goes is unmapped at once (the defaults keep
-  // up to the peak in use, and the zeros checked at the end would not hold).
+  // up to the peak of the granules touched, and the zeros checked at the end would not hold).
   alloy::virtual_arena<alloy::cuda_vmm> a{
       alloy::cuda_vmm{{.capacity = 256 * g}},
       {.release_threshold = 0, .release_threshold_divisor = 0, .keep_up_to_peak = false}};

@@ -51,13 +51,14 @@ namespace alloy {
 ///   that any wholly free granule anywhere can go back. A granule whose last allocated chunk
 ///   goes is *free mapped*: kept (ready for the next chunk there, no driver call) while free
 ///   mapped granules total at most the largest of `release_threshold` bytes (default 0),
-///   1/`release_threshold_divisor` of the granules live chunks touch (default 1/32) and, with
-///   `keep_up_to_peak` (default), what keeps mapped bytes within the most bytes in use since
-///   construction or the last `release()`. Beyond that the one freed longest ago is unmapped and
-///   released (least recently freed first; a hot granule stays). An allocate that needs new
-///   granules applies the same rule first, so mapped bytes never pass the granules live chunks
-///   touch plus what is kept: memory the program needed a moment ago stays for the next
-///   request, and the peak mapped stays that of the touched granules or the peak in use. With
+///   1/`release_threshold_divisor` of the granules live chunks touch (default: no share) and,
+///   with `keep_up_to_peak` (default), what keeps mapped granules within the most that live
+///   chunks have touched at once since construction or the last `release()`. Beyond that the one
+///   freed longest ago is unmapped and released (least recently freed first; a hot granule
+///   stays). An allocate that needs new granules applies the same rule first, so mapped bytes
+///   never pass the granules live chunks touch plus what is kept: memory the heap held a moment
+///   ago stays for the next request, a heap at its steady state makes almost no driver calls,
+///   and with the defaults the peak mapped is the peak of the touched granules. With
 ///   `release_threshold = keep_all` (`virtual_allocator`'s) nothing is unmapped until the device
 ///   runs short or `release()`, and no list is kept: those find the free mapped granules by a
 ///   scan (highest address first), so that allocations and frees do no list work per granule.
@@ -254,18 +255,21 @@ class virtual_arena {
     /// multiple of the backend's.
     std::size_t granularity = 0;
     /// Free mapped bytes always kept for reuse before the least recently freed granule is
-    /// unmapped (as `cudaMemPoolAttrReleaseThreshold`, whose default is 0 too). 0: with the share
-    /// and `keep_up_to_peak` below it needs the least memory for as few calls (bench/README.md).
+    /// unmapped (as `cudaMemPoolAttrReleaseThreshold`, whose default is 0 too). 0: with
+    /// `keep_up_to_peak` below it needs the least memory for as few calls (bench/README.md).
     std::size_t release_threshold = 0;
     /// A free also keeps free mapped granules up to (bytes of the granules live chunks touch) ÷
-    /// this (0: no share): a share grows with the heap where a fixed threshold does not.
-    std::size_t release_threshold_divisor = 32;
-    /// A free also keeps free mapped granules while the mapped bytes stay within the most bytes
-    /// in use since construction or the last `release()`: what the program held a moment ago its
-    /// next requests need, and holding it never raises the peak mapped above the peak in use.
-    /// With it, threshold 0 makes 2-4x fewer map + unmap calls than the former 32 MiB on the
-    /// large traces and holds less on the small ones (bench/README.md, Virtual memory). Off:
-    /// only the threshold and the share decide.
+    /// this (0, the default: no share). A share grows with the heap where a fixed threshold does
+    /// not, but it comes on top of the touched granules: it can raise the peak mapped by 1/this.
+    std::size_t release_threshold_divisor = 0;
+    /// A free also keeps free mapped granules while the mapped granules stay within the most
+    /// that live chunks have touched at once since construction or the last `release()`: what
+    /// the heap held a moment ago its next requests need, and holding it never raises the peak
+    /// mapped above the peak of the touched granules, the least any release rule reaches with
+    /// this placement. Over the shipped traces and W1 it keeps the peak mapped at that least
+    /// and makes fewer map + unmap calls than the 1/32 share it replaced as the default, which
+    /// added up to 3 % to the peak (bench/README.md, Virtual memory). Off: only the threshold
+    /// and the share decide.
     bool keep_up_to_peak = true;
     /// With `release_threshold = keep_all` only: the unmapped granules a block covers whole are
     /// mapped as one physical piece a run (one create and one map, where a GPU's driver takes
@@ -557,7 +561,6 @@ class virtual_arena {
   /// neighbours; its granules lose a user, those left with none are free mapped, then trimmed.
   void free_chunk(std::uint32_t c, std::uintptr_t addr) noexcept {
     const detail::best_fit_chunk& node = pool_[c];
-    peak_in_use_ = std::max(peak_in_use_, in_use_);  // a peak ends with a free
     in_use_ -= node.size();
     requested_ -= node.requested();
     merge_free(c, addr);
@@ -565,6 +568,7 @@ class virtual_arena {
   /// Frees chunk `c` at `addr` (taken off the address map; not counted in use) without the
   /// counts: merged with its free neighbours, its granules lose a user.
   [[gnu::always_inline]] void merge_free(std::uint32_t c, std::uintptr_t addr) noexcept {
+    note_touched_peak();  // a peak of the granules touched ends with a free
     detail::best_fit_chunk& node = pool_[c];
     const std::size_t size = node.size();
     node.set_free(size);
@@ -603,7 +607,7 @@ class virtual_arena {
     finish_release_batch();
     const std::size_t before = free_mapped_;
     trim(0);
-    peak_in_use_ = in_use_;
+    peak_touched_ = touched_granules();
     return (before - free_mapped_) << gshift_;
   }
 
@@ -624,7 +628,7 @@ class virtual_arena {
     finish_release_batch();
     if (batch_.active || free_mapped_ == 0) {
       trim(0);
-      peak_in_use_ = in_use_;
+      peak_touched_ = touched_granules();
       return true;
     }
     batch_.vmm = &vmm_;
@@ -642,7 +646,7 @@ class virtual_arena {
       ++counters_.num_device_free;
     });
     if (taken == 0 && room != 0) {  // what is left lies in block-sized pieces still in use
-      peak_in_use_ = in_use_;
+      peak_touched_ = touched_granules();
       return true;
     }
     batch_.remaining.store(batch_.count, std::memory_order_relaxed);
@@ -1573,6 +1577,7 @@ class virtual_arena {
       }
       offload_stats_.bytes_copied_to_host += total;
     }
+    note_touched_peak();
     const std::size_t unmapped = unmap_tag(t);
     trim_due_ = true;  // fewer granules touched: the rule may keep fewer free ones
     rec.state = copy ? tag_state::offloaded : tag_state::discarded;
@@ -2039,15 +2044,18 @@ class virtual_arena {
     return taken;
   }
   /// Free mapped bytes kept: the most of `release_threshold`, a share of the granules live chunks
-  /// touch (`release_threshold_divisor`) and what stays under the peak in use (`keep_up_to_peak`),
-  /// counting `about_to_map` granules as touched.
+  /// touch (`release_threshold_divisor`) and what stays under the most granules touched at once
+  /// (`keep_up_to_peak`), counting `about_to_map` granules as touched.
   std::size_t kept_free_bytes(std::size_t about_to_map = 0) const noexcept {
-    const std::size_t touched = mapped_ - free_mapped_ + about_to_map;
+    const std::size_t touched = touched_granules() + about_to_map;
     const std::size_t touched_bytes = touched << gshift_;
-    const std::size_t below_peak = opts_.keep_up_to_peak ? peak_in_use_ - std::min(peak_in_use_, touched_bytes) : 0;
+    const std::size_t below_peak = opts_.keep_up_to_peak ? (std::max(peak_touched_, touched) - touched) << gshift_ : 0;
     if (opts_.release_threshold_divisor == 0) return std::max(opts_.release_threshold, below_peak);
     return std::max({opts_.release_threshold, touched_bytes / opts_.release_threshold_divisor, below_peak});
   }
+  /// Mapped granules that are not free mapped: those allocated chunks touch.
+  std::size_t touched_granules() const noexcept { return mapped_ - free_mapped_; }
+  void note_touched_peak() noexcept { peak_touched_ = std::max(peak_touched_, touched_granules()); }
   /// Unmaps the least recently freed granules until at most `keep_bytes` of free mapped remain.
   void trim(std::size_t keep_bytes) noexcept {
     const std::size_t keep = keep_bytes >> gshift_;
@@ -2179,7 +2187,7 @@ class virtual_arena {
     base_ = end_ = reserved_end_ = 0;
     head_ = tail_ = none;
     oldest_ = newest_ = no_granule;
-    mapped_ = free_mapped_ = peak_in_use_ = in_use_ = requested_ = 0;
+    mapped_ = free_mapped_ = peak_touched_ = in_use_ = requested_ = 0;
     tags_.clear();
     tags_in_use_ = false;
     offloaded_in_use_ = 0;
@@ -2205,7 +2213,7 @@ class virtual_arena {
     newest_ = other.newest_;
     mapped_ = other.mapped_;
     free_mapped_ = other.free_mapped_;
-    peak_in_use_ = other.peak_in_use_;
+    peak_touched_ = other.peak_touched_;
     in_use_ = other.in_use_;
     requested_ = other.requested_;
     counters_ = other.counters_;
@@ -2247,7 +2255,8 @@ class virtual_arena {
   std::uint32_t newest_ = no_granule;
   std::size_t mapped_ = 0;       ///< granules mapped
   std::size_t free_mapped_ = 0;  ///< of which no allocated chunk touches (on the list)
-  std::size_t peak_in_use_ = 0;  ///< most bytes in use since the last release() (what a free may keep mapped)
+  std::size_t peak_touched_ =
+      0;  ///< most granules live chunks touched at once since the last release(), as of the last free
   std::size_t in_use_ = 0;
   std::size_t requested_ = 0;
   allocator_counters counters_{};
