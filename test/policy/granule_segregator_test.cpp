@@ -168,13 +168,48 @@ BOOST_AUTO_TEST_CASE(the_other_part_serves_when_the_chosen_one_fails) {
   BOOST_TEST(h.small_part().mapped_bytes() == 0u);
   BOOST_TEST(d.physical_bytes() == 2 * granule);
   h.deallocate(b);
-  // Both parts refuse what the capacity cannot hold: an empty block, everything as it was.
+  // Both parts refuse what the capacity cannot hold: before the empty block they gave their free
+  // granules back (what one keeps may be what the other needs), nothing else changed.
   BOOST_TEST(!h.allocate(3 * granule, 256));
-  BOOST_TEST(d.physical_bytes() == 2 * granule);
-  BOOST_TEST(h.large_part().free_mapped_bytes() == 2 * granule);
+  BOOST_TEST(d.physical_bytes() == 0u);
+  BOOST_TEST(h.large_part().free_mapped_bytes() == 0u);
   BOOST_TEST(h.bytes_in_use() == 0u);
+  BOOST_TEST(h.small_part().check_invariants());
+  BOOST_TEST(h.large_part().check_invariants());
+}
+
+// A part unmaps its own free granules when its request needs them, not the other part's: when
+// both fail, the composite has both release and routes the request once more.
+BOOST_AUTO_TEST_CASE(granules_one_part_keeps_serve_the_other_after_both_fail) {
+  alloy::host_vmm d = device(4 * granule);
+  heap h{arena{vmm{d}}, arena{vmm{d}}};  // the defaults: each keeps up to its own peak
+  std::vector<alloy::block> small;
+  for (int i = 0; i < 8; ++i) {  // two granules of 16 KiB blocks in the small part
+    small.push_back(h.allocate(16_KiB, 256));
+    BOOST_REQUIRE(small.back());
+    BOOST_REQUIRE(h.small_part().owns(small.back()));
+  }
+  const alloy::block two = h.allocate(2 * granule, 256);
+  BOOST_REQUIRE(two);
+  BOOST_REQUIRE(h.large_part().owns(two));
+  for (const alloy::block& b : small) h.deallocate(b);
+  h.deallocate(two);
+  BOOST_TEST(h.small_part().free_mapped_bytes() == 2 * granule);  // each keeps its peak
+  BOOST_TEST(h.large_part().free_mapped_bytes() == 2 * granule);
+  // Three granules: either part alone has its own two and no room on the device; both fail,
+  // release, and the request is routed again.
+  const alloy::block three = h.allocate(3 * granule, 256);
+  BOOST_REQUIRE(three);
+  BOOST_TEST(h.large_part().owns(three));
+  BOOST_TEST(h.small_part().mapped_bytes() == 0u);
+  BOOST_TEST(d.physical_bytes() == 3 * granule);
+  fill_pattern(three, 7);
+  BOOST_TEST(has_pattern(three, 7));
+  h.deallocate(three);
   h.release();
   BOOST_TEST(d.physical_bytes() == 0u);
+  BOOST_TEST(h.small_part().check_invariants());
+  BOOST_TEST(h.large_part().check_invariants());
 }
 
 // Random requests (small, around the threshold, large) and frees through the composite, capacity

@@ -37,8 +37,10 @@ concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
 ///
 /// - Routing: a request of at most `Threshold` bytes goes to `Small`, unless `Small` would add a
 ///   granule for it and `Large` would not (it fits in a granule `Large`'s live blocks hold
-///   already); a larger one goes to `Large`. When the chosen part fails, the other is tried. A
-///   small request that fits in `Small`'s held granules costs one search there
+///   already); a larger one goes to `Large`. When the chosen part fails, the other is tried;
+///   when both fail, `allocate` has both `release()` their free granules and routes the request
+///   once more (a `virtual_arena` short of memory unmaps its own free granules, not the other
+///   part's, which may be what the request lacks). A small request that fits in `Small`'s held granules costs one search there
 ///   (`allocate_in_held_granules`, when `Small` has it; else `granules_added` and `allocate`);
 ///   else `Large`'s `granules_added` too (O(1) in `virtual_arena`).
 /// - Routing of frees: by address, `Small.owns(b)`, so a block may have come from either part.
@@ -62,7 +64,10 @@ concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
 ///   Memory kind: what both parts share.
 /// - Statistics: its parts' figures added up (as `fallback`); it is not a size segregator to
 ///   `stats<>` (a small-sized block may lie in `Large`), so no pools by size.
-/// - Failure: an empty block when both parts fail. Thread safety: none (wrap in `synchronized`).
+/// - Failure: an empty block when both parts fail, also after releasing (their free granules
+///   are then gone, where one `virtual_arena` keeps its own when releasing would not be enough:
+///   the composite cannot tell beforehand). The other calls (`allocate_keeping_cache`, tagged,
+///   stream-ordered) never release. Thread safety: none (wrap in `synchronized`).
 ///   Metadata: none of its own.
 template <std::size_t Threshold, owning_allocator Small, allocator Large>
   requires granule_reporting_allocator<Small> && granule_reporting_allocator<Large>
@@ -95,16 +100,16 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
   /// Routed as the class comment says. With `Small`'s `allocate_in_held_granules` (virtual_arena)
   /// a small request that fits in `Small`'s held granules costs one search there.
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if constexpr (held_granule_allocator<Small>) {
-      if (bytes <= Threshold) {
-        if (const block b = small_.allocate_in_held_granules(bytes, alignment)) return b;
-        if (large_.granules_added(bytes, alignment) == 0)
-          if (const block b = large_.allocate(bytes, alignment)) return b;
-        if (const block b = small_.allocate(bytes, alignment)) return b;
-        return large_.allocate(bytes, alignment);
-      }
+    if (const block b = allocate_routed(bytes, alignment)) return b;
+    // Both failed. A part gives its free granules back only when its own request needs them, so
+    // those the other part keeps may be what this request lacks: both release, then one more try.
+    if constexpr (requires {
+                    { small_.release() } -> std::convertible_to<std::size_t>;
+                    { large_.release() } -> std::convertible_to<std::size_t>;
+                  }) {
+      if (small_.release() + large_.release() != 0) return allocate_routed(bytes, alignment);
     }
-    return route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment); });
+    return {};
   }
 
   /// Whether a request goes to `Large` first: it is larger than `Threshold`, or `Small` would add
@@ -122,6 +127,18 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
   Large& second_part() noexcept { return large_; }
   const Large& second_part() const noexcept { return large_; }
 
+  block allocate_routed(std::size_t bytes, std::size_t alignment) noexcept {
+    if constexpr (held_granule_allocator<Small>) {
+      if (bytes <= Threshold) {
+        if (const block b = small_.allocate_in_held_granules(bytes, alignment)) return b;
+        if (large_.granules_added(bytes, alignment) == 0)
+          if (const block b = large_.allocate(bytes, alignment)) return b;
+        if (const block b = small_.allocate(bytes, alignment)) return b;
+        return large_.allocate(bytes, alignment);
+      }
+    }
+    return route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment); });
+  }
   template <class Call>
   block route_allocation(std::size_t bytes, std::size_t alignment, Call call) noexcept {
     if (goes_to_large(bytes, alignment)) {
