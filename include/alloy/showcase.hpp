@@ -222,9 +222,9 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
 ///   makes 290-51,000; it holds 1.01-1.40x peak live on the PyTorch traces without a limit (1.40
 ///   on silmont fp32, 31.5 MiB: granules mapped ahead of a growing heap), default_allocator
-///   1.02-2.10x. Set `options::arena` to the arena's defaults (`{}`: threshold 0, a 1/32 share,
-///   kept up to the peak in use: 1.042 against 1.231 geometric mean over the traces, for 5,982
-///   map calls per 1,000 operations against 803) to
+///   1.02-2.10x. Set `options::arena` to the arena's defaults (`{}`: threshold 0, free granules
+///   kept up to the peak of those touched: 1.020 against 1.231 geometric mean over the traces,
+///   for 5,722 map calls per 1,000 operations against 803) to
 ///   give memory back to other processes sooner.
 /// - Block-sized pieces (`options.arena.block_sized_pieces`, on): a block's run of new granules is
 ///   mapped as one physical piece, since a driver's create + map costs about the same for any

@@ -210,13 +210,13 @@ namespace alloy {
 ///   compositions_fuzz (`synchronized<virtual_allocator>`).
 /// - Today's figures (alloy-replay, the 15 shipped traces, 2 MiB granules, bench/README.md
 ///   "Virtual memory"; ratios and call counts are deterministic): smallest device ÷ peak live
-///   1.000-1.109 (geometric mean 1.019); with the defaults and no limit, peak mapped ÷ peak live
-///   1.000-1.044 on the PyTorch traces but the two silmont ones (1.130, 1.079: the granules their
-///   live chunks touch) and 1.035-1.042 on MiniMalloc, at 163-429 map + unmap calls per 1,000
-///   operations on PyTorch and 8,500-21,200 on MiniMalloc (blocks of hundreds of MiB that move:
-///   each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds): about
-///   1.5x default_allocator's time a pair, mapped ÷ live 1.13-1.15 (the granules live chunks
-///   touch at the peak: 1.118-1.149), 0.017-0.025 map calls per pair. Each map or unmap
+///   1.000-1.098 (geometric mean 1.019); with the defaults and no limit, peak mapped ÷ peak live
+///   is the peak of the granules live chunks touch: 1.000-1.021 on the PyTorch traces but the two
+///   silmont ones (1.098, 1.079) and 1.006-1.011 on MiniMalloc, at 80-459 map + unmap calls per
+///   1,000 operations on PyTorch and 8,300-20,200 on MiniMalloc (blocks of hundreds of MiB that
+///   move: each granule mapped where the block lands). W1 (bench/virtual_memory, five seeds):
+///   about 1.5x default_allocator's time a pair, mapped ÷ live 1.118-1.149 (fifteen seeds
+///   1.109-1.154), 0.001 map calls per pair. Each map or unmap
 ///   is a system call over `host_vmm` and a driver call on a GPU (an H200: create + map about
 ///   36 us a piece whatever its size, unmap + release 27 us; a larger `granularity` makes fewer
 ///   of them, bench/README.md "On a real device"); what no release rule removes is the free
