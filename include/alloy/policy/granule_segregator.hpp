@@ -47,16 +47,17 @@ concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
 /// - Today's figures (two `virtual_arena`s with default options under `granule_segregator<256
 ///   KiB>`, alloy-replay's `virtual_arena_pair`; 2 MiB granules; bench/README.md): peak mapped ÷
 ///   peak live at no limit on W1 1.083-1.127 over its five seeds against one arena's 1.118-1.149
-///   (fifteen seeds: mean 1.093, 1.063-1.127, eleven within 1.10; one arena 1.133, 1.109-1.154); on
-///   the 15 traces the same as one arena but medium_128 inference, a granule more (1.059 of 34
-///   MiB: each arena keeps free granules up to its own peak); the smallest device the same on
-///   all 15. Over 127 traces nobody tuned to (the PyTorch ones resized, synthetic ones,
-///   MiniMalloc at 768 B a unit) the smallest device is 6 better, 9 worse than one arena's by 1-2
-///   granules (geometric mean 1.0371 against 1.0372), the peak mapped at no limit 2 better, 17
-///   worse (1.0397 against 1.0373: up to two granules on the smallest traces, where the two
-///   arenas' own peaks add up to more than the pair's). Time: a W1 pair about 1.2x one arena's (12 % more instructions: the routing, two
-///   heaps' metadata in the cache), the traces 1.04x cold and 1.05x warm. Small blocks always
-///   apart instead cost silmont fp32 a granule (1.143 against 1.079).
+///   (fifteen seeds: mean 1.093, 1.063-1.127, eleven within 1.10; one arena 1.133, 1.109-1.154);
+///   on the 15 traces the same as one arena but medium_128 inference, a granule more (1.059 of 34
+///   MiB); the smallest device the same on all 15. Over 127 traces nobody tuned to (the PyTorch
+///   ones resized, synthetic ones, MiniMalloc at 768 B a unit) the smallest device is 6 better, 9
+///   worse than one arena's by 1-2 granules (geometric mean 1.0371 against 1.0372), the peak
+///   mapped at no limit 2 better, 17 worse (1.0397 against 1.0373): up to two granules on the
+///   smallest traces, where one arena maps new granules while the other keeps free ones up to
+///   its own peak (the pair's touched granules peak as one arena's). Time (twenty-seventh session): a W1
+///   pair about 1.2x one arena's (12 % more instructions: the routing, two heaps' metadata in the cache), the
+///   traces 1.04x cold and 1.05x warm. Small blocks always apart instead cost silmont fp32 a
+///   granule (1.143 against 1.079).
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes`, `counters`, `bytes_in_use` and `requested_bytes` (the sums),
 ///   introspection, checked frees (`try_deallocate`), stream-ordered calls,
