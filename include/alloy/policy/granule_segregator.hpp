@@ -54,10 +54,10 @@ concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
 ///   worse than one arena's by 1-2 granules (geometric mean 1.0371 against 1.0372), the peak
 ///   mapped at no limit 2 better, 17 worse (1.0397 against 1.0373): up to two granules on the
 ///   smallest traces, where one arena maps new granules while the other keeps free ones up to
-///   its own peak (the pair's touched granules peak as one arena's). Time (twenty-seventh session): a W1
-///   pair about 1.2x one arena's (12 % more instructions: the routing, two heaps' metadata in the cache), the
-///   traces 1.04x cold and 1.05x warm. Small blocks always apart instead cost silmont fp32 a
-///   granule (1.143 against 1.079).
+///   its own peak (the pair's touched granules peak as one arena's). Time (twenty-seventh
+///   session): a W1 pair about 1.2x one arena's (12 % more instructions: the routing, two heaps'
+///   metadata in the cache), the traces 1.04x cold and 1.05x warm. Small blocks always apart
+///   instead cost silmont fp32 a granule (1.143 against 1.079).
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes`, `counters`, `bytes_in_use` and `requested_bytes` (the sums),
 ///   introspection, checked frees (`try_deallocate`), stream-ordered calls,
