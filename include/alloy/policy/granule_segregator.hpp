@@ -40,9 +40,10 @@ concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
 ///   already); a larger one goes to `Large`. When the chosen part fails, the other is tried;
 ///   when both fail, `allocate` has both `release()` their free granules and routes the request
 ///   once more (a `virtual_arena` short of memory unmaps its own free granules, not the other
-///   part's, which may be what the request lacks). A small request that fits in `Small`'s held granules costs one search there
-///   (`allocate_in_held_granules`, when `Small` has it; else `granules_added` and `allocate`);
-///   else `Large`'s `granules_added` too (O(1) in `virtual_arena`).
+///   part's, which may be what the request lacks). A small request that fits in `Small`'s held
+///   granules costs one search there (`allocate_in_held_granules`, when `Small` has it; else
+///   `granules_added` and `allocate`); else `Large`'s `granules_added` too (O(1) in
+///   `virtual_arena`).
 /// - Routing of frees: by address, `Small.owns(b)`, so a block may have come from either part.
 /// - Today's figures (two `virtual_arena`s with default options under `granule_segregator<256
 ///   KiB>`, alloy-replay's `virtual_arena_pair`; 2 MiB granules; bench/README.md): peak mapped ÷

@@ -2253,10 +2253,9 @@ class virtual_arena {
   std::uint32_t tail_ = none;        ///< the chunk that ends at `end_`
   std::uint32_t oldest_ = no_granule;
   std::uint32_t newest_ = no_granule;
-  std::size_t mapped_ = 0;       ///< granules mapped
-  std::size_t free_mapped_ = 0;  ///< of which no allocated chunk touches (on the list)
-  std::size_t peak_touched_ =
-      0;  ///< most granules live chunks touched at once since the last release(), as of the last free
+  std::size_t mapped_ = 0;        ///< granules mapped
+  std::size_t free_mapped_ = 0;   ///< of which no allocated chunk touches (on the list)
+  std::size_t peak_touched_ = 0;  ///< most granules touched at once since release(), as of a free
   std::size_t in_use_ = 0;
   std::size_t requested_ = 0;
   allocator_counters counters_{};
