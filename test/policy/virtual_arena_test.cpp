@@ -747,7 +747,7 @@ BOOST_AUTO_TEST_CASE(keep_up_to_peak_counts_touched_granules_not_bytes_in_use) {
   }
   BOOST_TEST(a.counters().num_maps == 4u);
   BOOST_TEST(a.free_mapped_bytes() == 0u);
-  // A fifth granule is a new peak; after it goes, nothing over that peak is held.
+  // A fifth block makes a peak of five granules: with every block gone, those five are kept.
   const block fifth = a.allocate(40_KiB, 64_KiB);
   BOOST_REQUIRE(fifth);
   for (const block& b : blocks) a.deallocate(b);
