@@ -5,6 +5,7 @@
 // overlap, content intact) and exact figures against a model.
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -270,6 +271,113 @@ BOOST_AUTO_TEST_CASE(random_runs_keep_contents_and_figures) {
     BOOST_TEST(h.large_part().check_invariants());
   }
   BOOST_TEST(failed_in_all > 0u);  // the capacity ran short: both parts were tried
+}
+
+// ---- the shared release rule ----------------------------------------------------------------
+
+static_assert(heap::shares_release_rule);
+
+// Each arena alone keeps free granules up to the peak of its own touched granules; together they
+// keep them up to the peak of the granules both touched at once. Run on a heap moved twice (the
+// parts' keep limits point at the heap that holds them).
+BOOST_AUTO_TEST_CASE(the_parts_keep_free_granules_up_to_the_peak_they_touched_together) {
+  alloy::host_vmm d = device();
+  heap first{arena{vmm{d}}, arena{vmm{d}}};  // the defaults: keep up to the peak
+  heap moved{std::move(first)};
+  heap h{arena{vmm{d}}, arena{vmm{d}}};
+  h = std::move(moved);
+  std::vector<alloy::block> small;
+  for (int i = 0; i < 4; ++i) {  // one granule of 16 KiB blocks in the small part
+    small.push_back(h.allocate(16_KiB, 256));
+    BOOST_REQUIRE(small.back());
+    BOOST_REQUIRE(h.small_part().owns(small.back()));
+  }
+  for (const alloy::block& b : small) h.deallocate(b);
+  BOOST_TEST(h.small_part().free_mapped_bytes() == granule);  // its own peak keeps it
+  // Two granules in the large part: the peak together becomes two granules, touched by the large
+  // block alone, so the small part's free granule goes before they are mapped (alone, each
+  // keeping up to its own peak: three granules mapped).
+  const alloy::block two = h.allocate(2 * granule, 256);
+  BOOST_REQUIRE(two);
+  BOOST_REQUIRE(h.large_part().owns(two));
+  BOOST_TEST(h.small_part().mapped_bytes() == 0u);
+  BOOST_TEST(d.physical_bytes() == 2 * granule);
+  BOOST_TEST(h.peak_touched_bytes() == 2 * granule);
+  h.deallocate(two);
+  BOOST_TEST(h.large_part().free_mapped_bytes() == 2 * granule);  // the peak keeps both
+  // A small block needs a granule of the small part (the large part's are free, not held): one
+  // granule is touched, the peak is two, so the large part keeps one (least recently freed) and
+  // the small part none.
+  const alloy::block one = h.allocate(16_KiB, 256);
+  BOOST_REQUIRE(one);
+  BOOST_REQUIRE(h.small_part().owns(one));
+  BOOST_TEST(h.large_part().free_mapped_bytes() == granule);
+  BOOST_TEST(h.small_part().free_mapped_bytes() == 0u);
+  BOOST_TEST(d.physical_bytes() == 2 * granule);
+  // release() gives back the free granules and starts the peak again from what is touched.
+  h.release();
+  BOOST_TEST(d.physical_bytes() == granule);
+  BOOST_TEST(h.peak_touched_bytes() == granule);
+  h.deallocate(one);
+  h.release();
+  BOOST_TEST(d.physical_bytes() == 0u);
+  BOOST_TEST(h.small_part().check_invariants());
+  BOOST_TEST(h.large_part().check_invariants());
+}
+
+// Random phases of mostly small and mostly large requests, so that the parts peak at different
+// times: after every call the device holds no more than the most granules the parts touched
+// together (each part alone keeps up to its own peak, which passes that: the steps where it
+// would are counted), and the heap's peak is that figure.
+BOOST_AUTO_TEST_CASE(random_runs_map_no_more_than_the_parts_touched_together_at_their_peak) {
+  for (const std::uint64_t seed : {21u, 22u, 23u}) {
+    alloy::host_vmm d = device();
+    heap h{arena{vmm{d}}, arena{vmm{d}}};
+    std::mt19937_64 rng(seed);
+    std::vector<alloy::block> live;
+    std::size_t peak_together = 0, peaks_apart = 0, kept_steps = 0;
+    std::size_t small_peak = 0, large_peak = 0;
+    const auto touched = [&] { return h.small_part().touched_bytes() + h.large_part().touched_bytes(); };
+    const auto check = [&] {
+      peak_together = std::max(peak_together, touched());
+      small_peak = std::max(small_peak, h.small_part().touched_bytes());
+      large_peak = std::max(large_peak, h.large_part().touched_bytes());
+      peaks_apart = std::max(peaks_apart, small_peak + large_peak);
+      BOOST_REQUIRE_LE(d.physical_bytes(), peak_together);
+      BOOST_REQUIRE_EQUAL(h.reserved_bytes(), d.physical_bytes());
+      kept_steps += h.small_part().free_mapped_bytes() + h.large_part().free_mapped_bytes() != 0;
+    };
+    for (int step = 0; step < 40000; ++step) {
+      const bool small_phase = (step / 2000) % 2 == 0;
+      const std::size_t target = (step / 1000) % 3 == 0 ? 40 : 120;  // live blocks swell and shrink
+      if (!live.empty() && (live.size() > target || rng() % 2 == 0)) {
+        const std::size_t i = rng() % live.size();
+        h.deallocate(live[i]);
+        live[i] = live.back();
+        live.pop_back();
+      } else {
+        const bool small = small_phase ? rng() % 8 != 0 : rng() % 8 == 0;
+        const std::size_t bytes = small ? 1 + rng() % 16_KiB : 16_KiB + 1 + rng() % (4 * granule);
+        const alloy::block b = h.allocate(bytes, 256);
+        BOOST_REQUIRE(b);
+        live.push_back(b);
+      }
+      check();
+    }
+    for (const alloy::block& b : live) {
+      h.deallocate(b);
+      check();
+    }
+    BOOST_TEST(h.peak_touched_bytes() == peak_together);
+    BOOST_TEST_MESSAGE("seed " << seed << ": peak touched together " << peak_together / granule << " granules, apart "
+                               << peaks_apart / granule << "; free granules kept after " << kept_steps << " calls");
+    BOOST_TEST(kept_steps > 10000u);          // the rule keeps granules
+    BOOST_TEST(peaks_apart > peak_together);  // each part's own peak would have let it keep more
+    h.release();
+    BOOST_TEST(d.physical_bytes() == 0u);
+    BOOST_TEST(h.small_part().check_invariants());
+    BOOST_TEST(h.large_part().check_invariants());
+  }
 }
 
 // Planned growth answers with no plan, so `synchronized` calls `allocate` under its lock.

@@ -790,6 +790,62 @@ BOOST_AUTO_TEST_CASE(a_free_trims_what_a_keeping_cache_allocation_left_over_the_
   BOOST_TEST(a.counters().num_maps == a.counters().num_unmaps);
 }
 
+// The two calls a composite shares its release rule through (granule_segregator): the free
+// granules released down to a limit, least recently freed first, and the limit a hook sets on
+// what is kept before granules are mapped, asked with the bytes about to be mapped.
+BOOST_AUTO_TEST_CASE(release_free_beyond_and_the_free_keep_limit) {
+  host_arena a{host_vmm{{.granularity = 64_KiB}}, {.release_threshold = 0, .release_threshold_divisor = 0}};
+  std::vector<block> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(a.allocate(64_KiB, 64_KiB));  // granules 0-3
+    BOOST_REQUIRE(blocks.back());
+  }
+  for (std::size_t i : {2u, 0u, 3u}) a.deallocate(blocks[i]);  // freed in this order, all kept
+  BOOST_TEST(a.touched_bytes() == 64_KiB);
+  BOOST_TEST(a.free_mapped_bytes() == 192_KiB);
+  BOOST_TEST(a.release_free_beyond(64_KiB) == 128_KiB);  // granules 2 and 0 go, 3 stays
+  BOOST_TEST(a.free_mapped_bytes() == 64_KiB);
+  std::vector<alloy::block_state> states;
+  a.for_each_block([&](const alloy::block_info& info) {
+    if (info.size == 64_KiB) states.push_back(info.state);
+  });
+  using enum alloy::block_state;
+  BOOST_TEST((states == std::vector{unmapped, allocated, unmapped, free}));
+  BOOST_TEST(a.release_free_beyond(1_GiB) == 0u);  // a limit above what is kept releases nothing
+
+  struct hook_calls {
+    std::vector<std::size_t> about_to_map;
+  } calls;
+  a.set_free_keep_limit({[](void* context, const void*, std::size_t about_to_map) noexcept {
+                           static_cast<hook_calls*>(context)->about_to_map.push_back(about_to_map);
+                           return std::size_t{0};
+                         },
+                         &calls});
+  // Best fit puts 64 KiB on granule 0 (the exact hole), unmapped: before mapping it the arena
+  // asks the hook, with 64 KiB. Its own rule would keep granule 3 (4 granules touched at the
+  // peak, 2 now); the hook's 0 keeps nothing.
+  const std::size_t unmaps = a.counters().num_unmaps;
+  const block on_zero = a.allocate(64_KiB, 64_KiB);
+  BOOST_REQUIRE(on_zero);
+  BOOST_TEST(on_zero.ptr == blocks[0].ptr);
+  BOOST_TEST((calls.about_to_map == std::vector<std::size_t>{64_KiB}));
+  BOOST_TEST(a.free_mapped_bytes() == 0u);
+  BOOST_TEST(a.counters().num_unmaps == unmaps + 1);
+  // Freed, granule 0 stays (the rule's; a free does not ask), and serves again without a map:
+  // the hook is not asked.
+  a.deallocate(on_zero);
+  BOOST_TEST(a.free_mapped_bytes() == 64_KiB);
+  const block again = a.allocate(64_KiB, 64_KiB);
+  BOOST_REQUIRE(again);
+  BOOST_TEST(calls.about_to_map.size() == 1u);
+  a.deallocate(again);
+  a.deallocate(blocks[1]);
+  const std::size_t mapped = a.mapped_bytes();
+  BOOST_TEST(a.release() == mapped);
+  BOOST_TEST(a.counters().num_maps == a.counters().num_unmaps);
+  BOOST_TEST(a.check_invariants());
+}
+
 // ---- capacity -----------------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(capacity_exhausted_freed_and_served_again) {

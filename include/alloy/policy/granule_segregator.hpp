@@ -2,9 +2,11 @@
 // alloy/policy/granule_segregator.hpp
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include <alloy/concepts.hpp>
@@ -24,6 +26,16 @@ concept granule_reporting_allocator = allocator<A> && requires(const A& a, std::
 template <class A>
 concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
   { a.allocate_in_held_granules(n, n) } -> std::same_as<block>;
+};
+/// A heap whose release rule a composite can share with another (`virtual_arena`): it reports
+/// the bytes of granules its live blocks touch and those mapped and free, releases free ones down
+/// to a limit, and asks a hook, before it maps, for the most free bytes it may keep.
+template <class A>
+concept release_sharing_allocator = allocator<A> && requires(A& a, const A& c, std::size_t n) {
+  { c.touched_bytes() } -> std::convertible_to<std::size_t>;
+  { c.free_mapped_bytes() } -> std::convertible_to<std::size_t>;
+  { a.release_free_beyond(n) } -> std::convertible_to<std::size_t>;
+  a.set_free_keep_limit(typename A::free_keep_limit{});
 };
 
 /// `granule_segregator<Threshold, Small, Large>`: small blocks in a heap of their own, so that
@@ -45,20 +57,31 @@ concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
 ///   `granules_added` and `allocate`); else `Large`'s `granules_added` too (O(1) in
 ///   `virtual_arena`).
 /// - Routing of frees: by address, `Small.owns(b)`, so a block may have come from either part.
+/// - One release rule (parts that are `release_sharing_allocator`s, as `virtual_arena`s are): a
+///   `virtual_arena` keeps free granules up to the most granules its live chunks touched at once;
+///   two of them, each keeping up to its own peak, would hold more than their blocks ever touched
+///   together (the small part's kept granules while the large part grows). So the parts keep
+///   free granules only up to the most bytes of granules their live blocks touched at once,
+///   together (`peak_touched_bytes`, noted before each free and as a part maps; restarted by
+///   `release()`): before a part maps, the other releases the free granules beyond the room left
+///   (least recently freed first), then the part keeps at most what remains. Mapped bytes then
+///   never pass that peak (with `allocate`; `allocate_keeping_cache` skips the trim, as in one
+///   arena). The cost is that of one arena's rule: nothing where no part maps, and the other
+///   part's granules unmapped, to be mapped again when it grows (over 127 traces 1.02x the map
+///   calls, geometric mean, up to 1.9x on the smallest, where the peak fell most; W1 the same).
+///   Copies and moves point the parts' limits at the heap that holds them.
 /// - Today's figures (two `virtual_arena`s with default options under `granule_segregator<256
 ///   KiB>`, alloy-replay's `virtual_arena_pair`; 2 MiB granules; bench/README.md): peak mapped ÷
 ///   peak live at no limit on W1 1.083-1.127 over its five seeds against one arena's 1.118-1.149
 ///   (fifteen seeds: mean 1.093, 1.063-1.127, eleven within 1.10; one arena 1.133, 1.109-1.154);
-///   on the 15 traces the same as one arena but medium_128 inference, a granule more (1.059 of 34
-///   MiB); the smallest device the same on all 15. Over 127 traces nobody tuned to (the PyTorch
-///   ones resized, synthetic ones, MiniMalloc at 768 B a unit) the smallest device is 6 better, 9
-///   worse than one arena's by 1-2 granules (geometric mean 1.0371 against 1.0372), the peak
-///   mapped at no limit 2 better, 17 worse (1.0397 against 1.0373): up to two granules on the
-///   smallest traces, where one arena maps new granules while the other keeps free ones up to
-///   its own peak (the pair's touched granules peak as one arena's). Time (twenty-seventh
-///   session): a W1 pair about 1.2x one arena's (12 % more instructions: the routing, two heaps'
-///   metadata in the cache), the traces 1.04x cold and 1.05x warm. Small blocks always apart
-///   instead cost silmont fp32 a granule (1.143 against 1.079).
+///   on the 15 traces that of one arena or less (bcrafton 1.004 against 1.005); the smallest
+///   device the same on all 15. Over 127 traces nobody tuned to (the PyTorch ones resized,
+///   synthetic ones, MiniMalloc at 768 B a unit) the smallest device is 7 better, 8 worse than one
+///   arena's by 1-2 granules (geometric mean 1.0371 against 1.0372), the peak mapped at no limit
+///   5 better, 6 worse (1.0367 against 1.0373; before the shared rule 2 better, 17 worse, 1.0397).
+///   Time (twenty-seventh session): a W1 pair about 1.2x one arena's (12 % more instructions: the
+///   routing, two heaps' metadata in the cache), the traces 1.04x cold and 1.05x warm. Small
+///   blocks always apart instead cost silmont fp32 a granule (1.143 against 1.079).
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes`, `counters`, `bytes_in_use` and `requested_bytes` (the sums),
 ///   introspection, checked frees (`try_deallocate`), stream-ordered calls,
@@ -72,7 +95,7 @@ concept held_granule_allocator = allocator<A> && requires(A& a, std::size_t n) {
 ///   are then gone, where one `virtual_arena` keeps its own when releasing would not be enough:
 ///   the composite cannot tell beforehand). The other calls (`allocate_keeping_cache`, tagged,
 ///   stream-ordered) never release. Thread safety: none (wrap in `synchronized`).
-///   Metadata: none of its own.
+///   Metadata: the shared peak, one word.
 template <std::size_t Threshold, owning_allocator Small, allocator Large>
   requires granule_reporting_allocator<Small> && granule_reporting_allocator<Large>
 class granule_segregator : public detail::two_parts<granule_segregator<Threshold, Small, Large>, Small, Large> {
@@ -83,8 +106,29 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
   static constexpr bool device_accessible = detail::all_device_accessible<Small, Large>;
   static constexpr std::size_t small_threshold = Threshold;
 
-  granule_segregator() = default;
-  granule_segregator(Small small, Large large) : small_(std::move(small)), large_(std::move(large)) {}
+  granule_segregator()
+    requires std::default_initializable<Small> && std::default_initializable<Large>
+  {
+    share_release_rule();
+  }
+  granule_segregator(Small small, Large large) : small_(std::move(small)), large_(std::move(large)) {
+    share_release_rule();
+  }
+  // The parts' keep limits point at this object: a copy or a move sets its own.
+  granule_segregator(const granule_segregator& other)
+    requires std::copy_constructible<Small> && std::copy_constructible<Large>
+      : small_(other.small_), large_(other.large_), peak_touched_(other.peak_touched_) {
+    share_release_rule();
+  }
+  granule_segregator(granule_segregator&& other) noexcept(std::is_nothrow_move_constructible_v<Small> &&
+                                                          std::is_nothrow_move_constructible_v<Large>)
+      : small_(std::move(other.small_)), large_(std::move(other.large_)), peak_touched_(other.peak_touched_) {
+    share_release_rule();
+  }
+  // Assigned parts keep the limits they had, which point here.
+  granule_segregator& operator=(const granule_segregator&) = default;
+  granule_segregator& operator=(granule_segregator&&) = default;
+  ~granule_segregator() = default;
 
   /// Whether either part takes the request (`request_screening_allocator`, when both have it).
   bool serves(std::size_t bytes, std::size_t alignment) const noexcept
@@ -111,10 +155,33 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
                     { small_.release() } -> std::convertible_to<std::size_t>;
                     { large_.release() } -> std::convertible_to<std::size_t>;
                   }) {
-      if (small_.release() + large_.release() != 0) return allocate_routed(bytes, alignment);
+      const std::size_t released = small_.release() + large_.release();
+      restart_peak();
+      if (released != 0) return allocate_routed(bytes, alignment);
     }
     return {};
   }
+
+  /// Both parts' `release()`; the shared peak restarts from what their live blocks touch.
+  void release() noexcept
+    requires releasing_allocator<Small> && releasing_allocator<Large>
+  {
+    base::release();
+    restart_peak();
+  }
+  bool release_detached(detached_segments& out) noexcept
+    requires detaching_release_allocator<Small> && detaching_release_allocator<Large>
+  {
+    const bool done = base::release_detached(out);
+    restart_peak();
+    return done;
+  }
+
+  /// Whether the parts keep their free granules by one rule (both `release_sharing_allocator`).
+  static constexpr bool shares_release_rule = release_sharing_allocator<Small> && release_sharing_allocator<Large>;
+  /// With a shared release rule: the most bytes of granules the parts' live blocks have touched at
+  /// once, since construction or the last `release()` (0 without).
+  std::size_t peak_touched_bytes() const noexcept { return peak_touched_; }
 
   /// Whether a request goes to `Large` first: it is larger than `Threshold`, or `Small` would add
   /// a granule for it and `Large` would not.
@@ -158,7 +225,46 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
 
   template <class Call>
   bool route_free(block b, Call call) noexcept {
+    note_touched_peak();  // a free may end a peak
     return (small_.owns(b) ? call(small_) : call(large_)) != detail::free_outcome::refused;
+  }
+
+  // ---- the shared release rule ----------------------------------------------------------------
+  // Each `virtual_arena` keeps free granules up to the peak of its own touched granules; two of
+  // them, each keeping up to its own peak, can hold more than their live blocks ever touched
+  // together (the small part's kept granules while the large part grows). So before a part maps,
+  // both keep free granules only up to the peak of their touched granules added up, the other
+  // part's released first (least recently freed first).
+
+  void share_release_rule() noexcept {
+    if constexpr (shares_release_rule) {
+      small_.set_free_keep_limit({&free_bytes_kept, this});
+      large_.set_free_keep_limit({&free_bytes_kept, this});
+    }
+  }
+  static std::size_t free_bytes_kept(void* context, const void* arena, std::size_t about_to_map) noexcept
+    requires shares_release_rule
+  {
+    auto& self = *static_cast<granule_segregator*>(context);
+    if (arena == &self.small_) return self.free_bytes_kept_by(self.small_, self.large_, about_to_map);
+    return self.free_bytes_kept_by(self.large_, self.small_, about_to_map);
+  }
+  /// What `growing` may keep free as it maps `about_to_map` bytes, once `other` kept no more
+  /// than the room under the shared peak.
+  template <class Growing, class Other>
+  std::size_t free_bytes_kept_by(Growing& growing, Other& other, std::size_t about_to_map) noexcept {
+    const std::size_t touched = growing.touched_bytes() + other.touched_bytes() + about_to_map;
+    peak_touched_ = std::max(peak_touched_, touched);
+    const std::size_t room = peak_touched_ - touched;
+    if (other.free_mapped_bytes() > room) (void)other.release_free_beyond(room);
+    return room - std::min(room, other.free_mapped_bytes());
+  }
+  void note_touched_peak() noexcept {
+    if constexpr (shares_release_rule)
+      peak_touched_ = std::max(peak_touched_, small_.touched_bytes() + large_.touched_bytes());
+  }
+  void restart_peak() noexcept {
+    if constexpr (shares_release_rule) peak_touched_ = small_.touched_bytes() + large_.touched_bytes();
   }
   template <class Call>
   void route_use(block b, Call call) {
@@ -171,6 +277,7 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
 
   Small small_{};
   Large large_{};
+  std::size_t peak_touched_ = 0;  ///< with a shared release rule, see `peak_touched_bytes`
 };
 
 }  // namespace alloy

@@ -146,8 +146,11 @@ namespace alloy {
 ///   use + free), `largest_free_block` (the largest free mapped run), `bytes_reservable_limit`
 ///   (the backend's capacity), `mapped_bytes`, `free_mapped_bytes`, `stranded_free_bytes`, `address_space`,
 ///   `allocate_keeping_cache`, `check_invariants`; for `granule_segregator`, `granules_added`
-///   (the granules an allocate made now would add to those live chunks touch, O(1) as best fit)
-///   and `allocate_in_held_granules` (an allocate that serves only when that is 0). Not (yet)
+///   (the granules an allocate made now would add to those live chunks touch, O(1) as best fit),
+///   `allocate_in_held_granules` (an allocate that serves only when that is 0), and for the
+///   release rule it shares, `touched_bytes`, `release_free_beyond` (free granules released down
+///   to a limit) and `set_free_keep_limit` (a hook asked before a map how much free memory the
+///   arena may keep; called only when granules are to be mapped). Not (yet)
 ///   `allocate_at` / `chunk_size` for a compacting defragmenter.
 /// - Tags and offload (DESIGN §12, issue 21): every chunk carries a `tag` (per call, or the
 ///   current tag that `scoped_tag` sets). A granule's record holds the tag of the chunks that
@@ -654,11 +657,36 @@ class virtual_arena {
     return false;
   }
 
+  /// Unmaps and releases free mapped granules, least recently freed first (with `keep_all` the
+  /// highest), until at most `keep_bytes` of them stay, and no more than the release rule keeps;
+  /// returns how many bytes went back (fewer when the rest lie in block-sized pieces in use).
+  std::size_t release_free_beyond(std::size_t keep_bytes) noexcept {
+    finish_release_batch();
+    const std::size_t before = free_mapped_;
+    trim(std::min(keep_bytes, kept_free_bytes()));
+    return (before - free_mapped_) << gshift_;
+  }
+
+  /// A say in what stays mapped, for a composite of arenas on one backend (`granule_segregator`):
+  /// before it maps granules, the arena asks `bytes(context, arena, about_to_map)` for the most
+  /// free mapped bytes it may keep and keeps the least of that and what its own rule keeps. The
+  /// call may release other arenas' free granules, not this one's. A setting of the object, not of
+  /// its contents: a move does not carry it (an arena moved into keeps its own; one constructed by
+  /// a move has none).
+  struct free_keep_limit {
+    std::size_t (*bytes)(void* context, const void* arena, std::size_t about_to_map) noexcept = nullptr;
+    void* context = nullptr;
+  };
+  void set_free_keep_limit(free_keep_limit limit) noexcept { keep_limit_ = limit; }
+
   /// Mapped bytes (granules with physical memory behind them).
   std::size_t reserved_bytes() const noexcept { return mapped_ << gshift_; }
   std::size_t mapped_bytes() const noexcept { return mapped_ << gshift_; }
   /// Bytes of granules mapped with no allocated chunk touching them (what `release()` frees).
   std::size_t free_mapped_bytes() const noexcept { return free_mapped_ << gshift_; }
+  /// Bytes of the mapped granules that allocated chunks touch (`mapped_bytes() -
+  /// free_mapped_bytes()`).
+  std::size_t touched_bytes() const noexcept { return touched_granules() << gshift_; }
   /// Free mapped bytes in block-sized pieces a live chunk still touches elsewhere: neither
   /// `release()` nor capacity pressure can give them back until that chunk goes (0 without
   /// `block_sized_pieces`). O(granules).
@@ -1195,7 +1223,7 @@ class virtual_arena {
       (void)drop_user(first, last);  // nothing mapped yet
       return {};
     }
-    trim(kept_free_bytes(to_map));  // as `map_new_granules`: mapped memory stays within the rule
+    trim(kept_free_bytes_before_map(to_map));  // as `map_new_granules`: mapped memory stays within the rule
     (void)carve(c, start, rounded, bytes);
     in_use_ -= rounded;  // counted at the commit, when memory is behind it
     requested_ -= bytes;
@@ -1781,7 +1809,7 @@ class virtual_arena {
     }
     // The granules about to be mapped count against what is kept free: trimmed first, so that
     // mapped memory never passes what the live chunks touch plus what a free may keep.
-    if (may_release) trim(kept_free_bytes(to_map));
+    if (may_release) trim(kept_free_bytes_before_map(to_map));
     if (opts_.frontier_growth_divisor != 0 && map_with_granules_ahead(first, last, to_map)) return true;
     bool retried = false;
     if (map_chunk_granules(first, last, start, rounded, may_release, to_map, retried) == map_result::mapped)
@@ -2053,6 +2081,14 @@ class virtual_arena {
     if (opts_.release_threshold_divisor == 0) return std::max(opts_.release_threshold, below_peak);
     return std::max({opts_.release_threshold, touched_bytes / opts_.release_threshold_divisor, below_peak});
   }
+  /// What is kept as `to_map` granules are about to be mapped: the rule's, within the limit a
+  /// composite set (`set_free_keep_limit`).
+  std::size_t kept_free_bytes_before_map(std::size_t to_map) noexcept {
+    const std::size_t own = kept_free_bytes(to_map);
+    if (keep_limit_.bytes == nullptr) [[likely]]
+      return own;
+    return std::min(own, keep_limit_.bytes(keep_limit_.context, this, to_map << gshift_));
+  }
   /// Mapped granules that are not free mapped: those allocated chunks touch.
   std::size_t touched_granules() const noexcept { return mapped_ - free_mapped_; }
   void note_touched_peak() noexcept { peak_touched_ = std::max(peak_touched_, touched_granules()); }
@@ -2233,6 +2269,7 @@ class virtual_arena {
 
   Vmm vmm_;
   options opts_{};
+  free_keep_limit keep_limit_{};  ///< the object's, not moved with its contents
   unsigned shift_ = 8;
   unsigned gshift_ = 21;
   detail::best_fit_free_index index_;
