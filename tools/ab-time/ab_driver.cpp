@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: alloy-ab-time A.so B.so [--rounds N] [--w1 SEEDS | --w1-only] [--composition NAME]... [TRACE...]\n"
-        "  compositions: virtual_allocator (default), virtual_arena, default_allocator\n"
+        "  compositions: virtual_allocator (default), virtual_arena, virtual_arena_pair, default_allocator\n"
         "  traces: default every one in ../shared/traces; --w1 0 skips W1 (default 5 seeds)\n");
     return 2;
   }

@@ -22,11 +22,12 @@ namespace {
 using namespace alloy;
 using namespace alloy::replay;
 
-enum class which { unknown, virtual_allocator, virtual_arena, default_allocator };
+enum class which { unknown, virtual_allocator, virtual_arena, virtual_arena_pair, default_allocator };
 
 which parse(std::string_view name) {
   if (name == "virtual_allocator") return which::virtual_allocator;
   if (name == "virtual_arena") return which::virtual_arena;
+  if (name == "virtual_arena_pair") return which::virtual_arena_pair;
   if (name == "default_allocator") return which::default_allocator;
   return which::unknown;
 }
@@ -46,6 +47,12 @@ void with_target(which w, F&& f) {
       break;
     case which::virtual_arena:
       f(d.vm, [&] { return raw_target<virtual_arena_t>{virtual_arena_t{vm_t{d.vm}}, 256}; });
+      break;
+    case which::virtual_arena_pair:
+      f(d.vm, [&] {
+        return raw_target<virtual_arena_pair_t>{
+            virtual_arena_pair_t{virtual_arena_t{vm_t{d.vm}}, virtual_arena_t{vm_t{d.vm}}}, 256};
+      });
       break;
     case which::default_allocator:
       f(d.segments, [&] { return raw_target<default_t>{make_default(upstream_t{d.segments}), 256}; });
