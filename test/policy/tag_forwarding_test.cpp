@@ -538,6 +538,36 @@ BOOST_AUTO_TEST_CASE(segregator_of_two_arenas_offloads_both_or_neither) {
   alloc.deallocate(large);
 }
 
+// Parts apart (here one restored by hand; after a failed undo or a restore that stopped halfway
+// in general): the composite's tag is not resident, so a request of it fails, also one that would
+// reach the part holding it resident (found by compositions_fuzz); once restored, it is served.
+BOOST_AUTO_TEST_CASE(a_tag_resident_in_one_part_only_takes_nothing) {
+  host_vmm backend{{.granularity = granule}};
+  using composite = alloy::segregator<4096, shared_arena, shared_arena>;
+  composite alloc{shared_arena{alloy::vmm_ref<host_vmm>{backend}}, shared_arena{alloy::vmm_ref<host_vmm>{backend}}};
+  const block small = alloc.allocate(1000, 8, tag{2}), large = alloc.allocate(3 * granule, 256, tag{2});
+  BOOST_REQUIRE(small);
+  BOOST_REQUIRE(large);
+  fill_pattern(small, 1);
+  BOOST_TEST(alloc.offload(tag{2}) == offload_status::done);
+  BOOST_TEST(alloc.small().restore(tag{2}) == offload_status::done);
+  BOOST_TEST(alloc.small().state(tag{2}) == tag_state::resident);
+  BOOST_TEST(alloc.state(tag{2}) == tag_state::offloaded);
+  BOOST_TEST(alloc.allocate(100, 8, tag{2}).ptr == nullptr);  // the small part alone would serve it
+  {
+    scoped_tag guard{alloc, tag{2}};
+    BOOST_TEST(alloc.allocate(100, 8).ptr == nullptr);
+  }
+  const block other = alloc.allocate(100, 8, tag{1});  // other tags are served
+  BOOST_REQUIRE(other);
+  BOOST_TEST(alloc.restore(tag{2}) == offload_status::done);
+  BOOST_TEST(has_pattern(small, 1));
+  const block again = alloc.allocate(100, 8, tag{2});
+  BOOST_REQUIRE(again);
+  for (const block& b : {small, large, other, again}) alloc.deallocate(b);
+  BOOST_TEST(alloc.bytes_in_use() == 0u);
+}
+
 // A std::pmr container built inside a scoped_tag on the decorated allocator under the resource:
 // tagged from outside, offloaded and restored through the decorators with the same data pointer
 // and content; the decorator's figures exact (memory_stats, memory_summary).

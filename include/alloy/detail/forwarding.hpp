@@ -625,7 +625,9 @@ offload_status offload_all_parts(std::size_t n, At at) noexcept {
 /// tag is set in both parts (read from the first); a tagged allocation goes through
 /// `route_allocation` like a plain one; `offload`, `discard`, `restore`, `state`, `offload_all`
 /// reach both parts as `offload_parts` and its neighbours above say; `offload_stats` and the
-/// per-tag figures are sums. A composite of a tagging part and a part without tags has no tags:
+/// per-tag figures are sums. A request of a tag that is not resident (`state`) fails, as in one
+/// part, also one the parts' routing would send to a part that holds the tag resident (parts
+/// apart after a failed undo, or a restore that stopped halfway; found by the fuzzer). A composite of a tagging part and a part without tags has no tags:
 /// the second part's blocks could not be offloaded with their tag, so the composite could not
 /// keep the promise. A composite that routes tags itself (tag 0 to a pool, other tags to the
 /// arena: `virtual_allocator`) declares them itself.
@@ -737,11 +739,15 @@ class two_parts {
   }
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (current_tag_refused()) [[unlikely]]
+      return {};
     return self().route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment); });
   }
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
     requires has_tagged_allocate<First> && has_tagged_allocate<Second>
   {
+    if (tag_refused(t)) [[unlikely]]
+      return {};
     return self().route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment, t); });
   }
   void deallocate(block b) noexcept {
@@ -755,6 +761,8 @@ class two_parts {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
     requires cache_keeping_allocator<First> && cache_keeping_allocator<Second>
   {
+    if (current_tag_refused()) [[unlikely]]
+      return {};
     return self().route_allocation(bytes, alignment,
                                    [&](auto& part) { return part.allocate_keeping_cache(bytes, alignment); });
   }
@@ -771,6 +779,8 @@ class two_parts {
   template <class Stream>
     requires stream_ordered_allocator<First, Stream> && stream_ordered_allocator<Second, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    if (current_tag_refused()) [[unlikely]]
+      return {};
     return self().route_allocation(bytes, alignment,
                                    [&](auto& part) { return part.allocate(bytes, alignment, stream); });
   }
@@ -797,6 +807,30 @@ class two_parts {
   const Second& second() const noexcept { return static_cast<const Derived&>(*this).second_part(); }
   First& first() noexcept { return static_cast<Derived&>(*this).first_part(); }
   Second& second() noexcept { return static_cast<Derived&>(*this).second_part(); }
+
+ protected:
+  /// Whether a request of tag `t` must fail although a part would serve it: a tag that is not
+  /// resident takes nothing, as in one part, also where the parts hold it apart (one resident, the
+  /// other not: after a failed undo, or a restore that stopped halfway) and the request would
+  /// reach the resident one. Two reads of a small table when tags are in use, one compare each
+  /// when not.
+  bool tag_refused(tag t) const noexcept {
+    if constexpr (offloading_allocator<First> && offloading_allocator<Second>) {
+      return state(t) != tag_state::resident;
+    } else {
+      (void)t;
+      return false;
+    }
+  }
+  bool current_tag_refused() const noexcept {
+    if constexpr (tag_holding<First> && tag_holding<Second>) {
+      return tag_refused(current_tag());
+    } else {
+      return false;
+    }
+  }
+
+ private:
   /// The parts as `offload_parts` visits them: `at(0, f)` is `f(first())`, `at(1, f)` `f(second())`.
   auto each_part() noexcept {
     return [this](std::size_t i, auto&& f) { return i == 0 ? f(first()) : f(second()); };

@@ -148,6 +148,8 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
   /// Routed as the class comment says. With `Small`'s `allocate_in_held_granules` (virtual_arena)
   /// a small request that fits in `Small`'s held granules costs one search there.
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (base::current_tag_refused()) [[unlikely]]
+      return {};
     if (const block b = allocate_routed(bytes, alignment)) return b;
     // Both failed. A part gives its free granules back only when its own request needs them, so
     // those the other part keeps may be what this request lacks: both release, then one more try.
