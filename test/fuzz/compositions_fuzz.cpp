@@ -9,13 +9,14 @@
 // operations and at the end. Any violation traps.
 //
 // The virtual compositions (virtual_arena<host_vmm> with its default release rule; with
-// `virtual_allocator`'s block-sized pieces, alone and under stream_ordered; `stats<virtual_allocator>`;
+// `virtual_allocator`'s block-sized pieces, alone and under stream_ordered; two under
+// `granule_segregator`, one release rule shared; `stats<virtual_allocator>`;
 // and `synchronized<virtual_allocator>` over a thread-safe backend, whose growths are planned,
 // mapped and committed within each call, granules ahead at the frontier included, on tag 0 only)
 // also take tags, offload, discard and restore, and run over a backend that fails chosen creates,
 // maps and reserves and a host copy that fails when asked: a tag's blocks must come back at the
 // same addresses holding the same bytes after an offload, a failed call must change no tag's
-// state, the backend's physical bytes must equal the arena's mapped bytes after every operation,
+// state, the backend's physical bytes must equal the arenas' mapped bytes after every operation,
 // and after everything is freed and released nothing is mapped, nor, once the composition is
 // gone, reserved (inputs of odd length restore every tag first; even ones leave offloaded tags to
 // the destructor).
@@ -397,25 +398,39 @@ constexpr auto no_check = [](auto&, bool) {};
 constexpr auto arena_check = [](auto& a, bool full) {
   if (full) ALLOY_FUZZ_CHECK(alloy::find<alloy::best_fit_arena>(a).check_invariants());
 };
-/// The virtual_arena of a composition (`virtual_allocator` has no `parts()`: its `arena()`).
-template <class A>
-const auto& virtual_arena_of(const A& a) {
+/// Calls `visit` with each virtual_arena of a composition (`virtual_allocator` has no `parts()`:
+/// its `arena()`; `granule_segregator` its two parts).
+template <class A, class Visit>
+void for_each_virtual_arena(const A& a, Visit&& visit) {
   if constexpr (requires { a.arena(); }) {
-    return a.arena();
+    visit(a.arena());
   } else if constexpr (requires { a.inner(); }) {
-    return virtual_arena_of(a.inner());
+    for_each_virtual_arena(a.inner(), visit);
+  } else if constexpr (requires { a.small_part(); }) {
+    visit(a.small_part());
+    visit(a.large_part());
   } else {
-    return a;
+    visit(a);
   }
 }
+template <class A>
+std::size_t mapped_bytes_of(const A& a) {
+  std::size_t mapped = 0;
+  for_each_virtual_arena(a, [&](const auto& arena) { mapped += arena.mapped_bytes(); });
+  return mapped;
+}
 
-/// The arena's books, and the backend's physical bytes against its mapped bytes (no plan is ever
-/// pending here), after every operation.
+/// The arenas' books, and the backend's physical bytes against their mapped bytes (no plan is
+/// ever pending here), after every operation.
 constexpr auto virtual_check = [](const auto& a, bool full) {
-  const auto& arena = virtual_arena_of(a);
-  ALLOY_FUZZ_CHECK(arena.vmm().physical_bytes() == arena.mapped_bytes());
-  ALLOY_FUZZ_CHECK(arena.mapped_bytes() <= arena.vmm().capacity());
-  if (full) ALLOY_FUZZ_CHECK(arena.check_invariants());
+  std::size_t physical = 0, capacity = 0;
+  for_each_virtual_arena(a, [&](const auto& arena) {
+    physical = arena.vmm().physical_bytes();  // one backend
+    capacity = arena.vmm().capacity();
+    if (full) ALLOY_FUZZ_CHECK(arena.check_invariants());
+  });
+  ALLOY_FUZZ_CHECK(physical == mapped_bytes_of(a));
+  ALLOY_FUZZ_CHECK(physical <= capacity);
 };
 
 /// A virtual composition over a small host_vmm whose calls fail as the input says: after
@@ -433,7 +448,7 @@ void run_virtual(const std::uint8_t* data, std::size_t size, Make&& make, std::s
     if (size % 2 == 1)
       for (std::uint16_t t = 0; t < tag_model<decltype(alloc)>::tags; ++t) (void)alloc.restore(alloy::tag{t});
     alloc.release();
-    ALLOY_FUZZ_CHECK(virtual_arena_of(alloc).mapped_bytes() == 0);
+    ALLOY_FUZZ_CHECK(mapped_bytes_of(alloc) == 0);
     ALLOY_FUZZ_CHECK(backend.physical_bytes() == 0);
   }
   ALLOY_FUZZ_CHECK(backend.physical_bytes() == 0);
@@ -463,7 +478,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::size_t n = size - 1;
     using virtual_arena = alloy::virtual_arena<fuzz_vmm>;
     using virtual_allocator = alloy::virtual_allocator<fuzz_vmm>;
-    switch (data[0] % 11) {
+    switch (data[0] % 12) {
       case 0: run(arena{up, {.growth_size = 64_KiB, .max_growth_size = 1_MiB}}, ops, n, arena_check); break;
       case 1:
         run(arena{up, {.initial_size = 4_MiB, .maximum_size = 4_MiB, .max_split_size = 256_KiB}}, ops, n, arena_check);
@@ -502,7 +517,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                           f)}};
         });
         break;
-      case 9:  // the showcase composition, counted
+      case 9:  // two arenas, small blocks apart unless that costs a granule, free granules kept by one rule
+        run_virtual(ops, n, [](fault_injection& f) {
+          const auto o = with_fault_injection(virtual_arena::options{.address_space = 2_MiB}, f);
+          return alloy::granule_segregator<16_KiB, virtual_arena, virtual_arena>{virtual_arena{f.vmm, o},
+                                                                                 virtual_arena{f.vmm, o}};
+        });
+        break;
+      case 10:  // the showcase composition, counted
         run_virtual(ops, n, [](fault_injection& f) {
           virtual_allocator::options o;
           o.arena = with_fault_injection(o.arena, f);
