@@ -149,8 +149,8 @@ namespace alloy {
 ///   (the granules an allocate made now would add to those live chunks touch, O(1) as best fit),
 ///   `allocate_in_held_granules` (an allocate that serves only when that is 0), and for the
 ///   release rule it shares, `touched_bytes`, `release_free_beyond` (free granules released down
-///   to a limit) and `set_free_keep_limit` (a hook asked before a map how much free memory the
-///   arena may keep; called only when granules are to be mapped). Not (yet)
+///   to a limit) and `set_free_keep_limit` (a hook an allocation that maps granules asks first
+///   how much free memory the arena may keep). Not (yet)
 ///   `allocate_at` / `chunk_size` for a compacting defragmenter.
 /// - Tags and offload (DESIGN §12, issue 21): every chunk carries a `tag` (per call, or the
 ///   current tag that `scoped_tag` sets). A granule's record holds the tag of the chunks that
@@ -668,11 +668,12 @@ class virtual_arena {
   }
 
   /// A say in what stays mapped, for a composite of arenas on one backend (`granule_segregator`):
-  /// before it maps granules, the arena asks `bytes(context, arena, about_to_map)` for the most
-  /// free mapped bytes it may keep and keeps the least of that and what its own rule keeps. The
-  /// call may release other arenas' free granules, not this one's. A setting of the object, not of
-  /// its contents: a move does not carry it (an arena moved into keeps its own; one constructed by
-  /// a move has none).
+  /// before an allocation (or a planned growth) maps granules, the arena asks `bytes(context,
+  /// arena, about_to_map)` for the most free mapped bytes it may keep and keeps the least of that
+  /// and what its own rule keeps (`restore` and `allocate_keeping_cache` do not ask, as they do
+  /// not trim). The call may release other arenas' free granules, not this one's. A setting of the
+  /// object, not of its contents: a move does not carry it (an arena moved into keeps its own;
+  /// one constructed by a move has none).
   struct free_keep_limit {
     std::size_t (*bytes)(void* context, const void* arena, std::size_t about_to_map) noexcept = nullptr;
     void* context = nullptr;
