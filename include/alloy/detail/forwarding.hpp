@@ -813,10 +813,11 @@ class two_parts {
   /// resident takes nothing, as in one part, also where the parts hold it apart (one resident, the
   /// other not: after a failed undo, or a restore that stopped halfway) and the request would
   /// reach the resident one. Two reads of a small table when tags are in use, one compare each
-  /// when not.
+  /// when not (each part asked directly: through `state`'s loop over the parts W1's pair took
+  /// 1.026x its time before the check in one paired run, directly 0.996x).
   bool tag_refused(tag t) const noexcept {
     if constexpr (offloading_allocator<First> && offloading_allocator<Second>) {
-      return state(t) != tag_state::resident;
+      return first().state(t) != tag_state::resident || second().state(t) != tag_state::resident;
     } else {
       (void)t;
       return false;
