@@ -627,10 +627,11 @@ offload_status offload_all_parts(std::size_t n, At at) noexcept {
 /// reach both parts as `offload_parts` and its neighbours above say; `offload_stats` and the
 /// per-tag figures are sums. A request of a tag that is not resident (`state`) fails, as in one
 /// part, also one the parts' routing would send to a part that holds the tag resident (parts
-/// apart after a failed undo, or a restore that stopped halfway; found by the fuzzer). A composite of a tagging part and a part without tags has no tags:
-/// the second part's blocks could not be offloaded with their tag, so the composite could not
-/// keep the promise. A composite that routes tags itself (tag 0 to a pool, other tags to the
-/// arena: `virtual_allocator`) declares them itself.
+/// apart after a failed undo, or a restore that stopped halfway; found by the fuzzer). A
+/// composite of a tagging part and a part without tags has no tags: the second part's blocks
+/// could not be offloaded with their tag, so the composite could not keep the promise. A
+/// composite that routes tags itself (tag 0 to a pool, other tags to the arena:
+/// `virtual_allocator`) declares them itself.
 /// `Derived` provides `first()` and `second()`.
 template <class Derived, class First, class Second>
 class two_parts {

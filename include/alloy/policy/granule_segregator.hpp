@@ -75,7 +75,7 @@ concept release_sharing_allocator = allocator<A> && requires(A& a, const A& c, s
 ///   peak live at no limit on W1 1.083-1.127 over its five seeds against one arena's 1.118-1.149
 ///   (fifteen seeds: mean 1.093, 1.063-1.127, eleven within 1.10; one arena 1.133, 1.109-1.154);
 ///   on the 15 traces that of one arena or less (bcrafton 1.004 against 1.005); the smallest
-///   device the same on all 15. Over 127 traces nobody tuned to (the PyTorch ones resized,
+///   device the same on 14, a step lower on bcrafton (1.004 against 1.008). Over 127 traces nobody tuned to (the PyTorch ones resized,
 ///   synthetic ones, MiniMalloc at 768 B a unit) the smallest device is 7 better, 8 worse than one
 ///   arena's by 1-2 granules (geometric mean 1.0371 against 1.0372), the peak mapped at no limit
 ///   5 better, 6 worse (1.0367 against 1.0373; before the shared rule 2 better, 17 worse, 1.0397).
