@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // granule_segregator over two virtual_arenas sharing one host_vmm: the routing rule on hand-made
 // heaps, `virtual_arena::granules_added` against what the allocation then adds (randomized), the
-// other part serving when the chosen one fails, and a randomized run with fill patterns (no
-// overlap, content intact) and exact figures against a model.
+// other part serving when the chosen one fails, a randomized run with fill patterns (no overlap,
+// content intact) and exact figures against a model, and the release rule the parts share (by
+// hand and randomized: never more mapped than the parts touched together at their peak).
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -306,8 +307,8 @@ BOOST_AUTO_TEST_CASE(the_parts_keep_free_granules_up_to_the_peak_they_touched_to
   h.deallocate(two);
   BOOST_TEST(h.large_part().free_mapped_bytes() == 2 * granule);  // the peak keeps both
   // A small block needs a granule of the small part (the large part's are free, not held): one
-  // granule is touched, the peak is two, so the large part keeps one (least recently freed) and
-  // the small part none.
+  // granule is touched, the peak is two, so the large part releases one of its two (least
+  // recently freed first) and the small part keeps none.
   const alloy::block one = h.allocate(16_KiB, 256);
   BOOST_REQUIRE(one);
   BOOST_REQUIRE(h.small_part().owns(one));
