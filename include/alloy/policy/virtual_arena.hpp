@@ -607,11 +607,9 @@ class virtual_arena {
 
   /// Unmaps and releases every free mapped granule; returns how many bytes went back.
   std::size_t release() noexcept {
-    finish_release_batch();
-    const std::size_t before = free_mapped_;
-    trim(0);
+    const std::size_t released = release_free_beyond(0);
     peak_touched_ = touched_granules();
-    return (before - free_mapped_) << gshift_;
+    return released;
   }
 
   /// `release()` without the backend's unmaps and releases (`detaching_release_allocator`, over a
