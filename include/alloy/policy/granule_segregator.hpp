@@ -231,12 +231,7 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
     return (small_.owns(b) ? call(small_) : call(large_)) != detail::free_outcome::refused;
   }
 
-  // ---- the shared release rule ----------------------------------------------------------------
-  // Each `virtual_arena` keeps free granules up to the peak of its own touched granules; two of
-  // them, each keeping up to its own peak, can hold more than their live blocks ever touched
-  // together (the small part's kept granules while the large part grows). So before a part maps,
-  // both keep free granules only up to the peak of their touched granules added up, the other
-  // part's released first (least recently freed first).
+  // ---- the shared release rule (class comment: "One release rule") ------------------------------
 
   void share_release_rule() noexcept {
     if constexpr (shares_release_rule) {
@@ -248,25 +243,29 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
     requires shares_release_rule
   {
     auto& self = *static_cast<granule_segregator*>(context);
-    if (arena == &self.small_) return self.free_bytes_kept_by(self.small_, self.large_, about_to_map);
-    return self.free_bytes_kept_by(self.large_, self.small_, about_to_map);
+    if (arena == &self.small_) return self.free_bytes_kept_beside(self.large_, about_to_map);
+    return self.free_bytes_kept_beside(self.small_, about_to_map);
   }
-  /// What `growing` may keep free as it maps `about_to_map` bytes, once `other` kept no more
-  /// than the room under the shared peak.
-  template <class Growing, class Other>
-  std::size_t free_bytes_kept_by(Growing& growing, Other& other, std::size_t about_to_map) noexcept {
-    const std::size_t touched = growing.touched_bytes() + other.touched_bytes() + about_to_map;
+  /// What the part that maps `about_to_map` bytes may keep free, once `other` kept no more than
+  /// the room under the shared peak.
+  template <class Other>
+  std::size_t free_bytes_kept_beside(Other& other, std::size_t about_to_map) noexcept {
+    const std::size_t touched = touched_together() + about_to_map;
     peak_touched_ = std::max(peak_touched_, touched);
     const std::size_t room = peak_touched_ - touched;
     if (other.free_mapped_bytes() > room) (void)other.release_free_beyond(room);
     return room - std::min(room, other.free_mapped_bytes());
   }
+  std::size_t touched_together() const noexcept
+    requires shares_release_rule
+  {
+    return small_.touched_bytes() + large_.touched_bytes();
+  }
   void note_touched_peak() noexcept {
-    if constexpr (shares_release_rule)
-      peak_touched_ = std::max(peak_touched_, small_.touched_bytes() + large_.touched_bytes());
+    if constexpr (shares_release_rule) peak_touched_ = std::max(peak_touched_, touched_together());
   }
   void restart_peak() noexcept {
-    if constexpr (shares_release_rule) peak_touched_ = small_.touched_bytes() + large_.touched_bytes();
+    if constexpr (shares_release_rule) peak_touched_ = touched_together();
   }
   template <class Call>
   void route_use(block b, Call call) {
