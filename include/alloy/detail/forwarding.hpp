@@ -814,8 +814,8 @@ class two_parts {
   /// resident takes nothing, as in one part, also where the parts hold it apart (one resident, the
   /// other not: after a failed undo, or a restore that stopped halfway) and the request would
   /// reach the resident one. Two reads of a small table when tags are in use, one compare each
-  /// when not (each part asked directly: through `state`'s loop over the parts W1's pair took
-  /// 1.026x its time before the check in one paired run, directly 0.996x).
+  /// when not: each part is asked directly, cheaper than `state`'s loop over the parts on a path
+  /// every allocation takes (bench/README.md, twenty-ninth session).
   bool tag_refused(tag t) const noexcept {
     if constexpr (offloading_allocator<First> && offloading_allocator<Second>) {
       return first().state(t) != tag_state::resident || second().state(t) != tag_state::resident;
