@@ -57,8 +57,10 @@
 // first fit, the fewest new granules over every free chunk, and best fit with blocks up to 64 KiB
 // (or 256 KiB) in an address range of their own; and virtual_arena_pair (granule_segregator of two
 // arenas, blocks up to 256 KiB apart unless that adds a granule). Beside them the granule bound
-// (peak live rounded up to granules). Whether the peak-mapped targets (1.05 PyTorch, 1.10 W1) are
-// within reach of another placement.
+// (peak live rounded up to granules), and on the traces a placement told every lifetime beforehand
+// (offline_plan.hpp; W1's two million operations would take hours): the best placement lies
+// between the granule bound and the least of the others. Whether the peak-mapped targets (1.05
+// PyTorch, 1.10 W1) are within reach of another placement, and what the best one must waste.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -82,6 +84,7 @@
 #include "replay/trace_reader.hpp"
 #include "support/pairs_workload.hpp"
 #include "support/sleep_wake_workload.hpp"
+#include "virtual_memory/offline_plan.hpp"
 #include "virtual_memory/placement_model.hpp"
 
 namespace {
@@ -541,6 +544,20 @@ std::size_t ids_of(const std::vector<placement_op>& ops) {
   for (const placement_op& o : ops) n = std::max<std::size_t>(n, o.id + 1);
   return n;
 }
+/// Each block of `ops` with the operations it is live over (to the end when never freed).
+std::vector<bench::block_lifetime> lifetimes_of(const std::vector<placement_op>& ops) {
+  std::vector<bench::block_lifetime> blocks;
+  std::vector<std::size_t> current(ids_of(ops));  // per id: its block now (ids are used again)
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].free) {
+      blocks[current[ops[i].id]].end = i;
+    } else {
+      current[ops[i].id] = blocks.size();
+      blocks.push_back({i, ops.size(), ops[i].bytes});
+    }
+  }
+  return blocks;
+}
 /// Peak granules touched ÷ `peak_live` placing `ops` in `model`; 0 when its books did not add up.
 template <class Model>
 double peak_touched(Model model, const std::vector<placement_op>& ops, std::size_t peak_live, std::size_t granule) {
@@ -578,12 +595,16 @@ int placements(std::vector<std::string> paths) {
       "Peak granules touched by live blocks ÷ peak live (2 MiB granules, requests rounded to 256 B): virtual_arena "
       "(unmapping every granule once no chunk touches it) and a model heap placing the same requests by other "
       "online policies (bench/virtual_memory/placement_model.hpp); W1: 1,000 live, 256 B-4 MiB, 1,000,000 "
-      "pairs\n\n"
+      "pairs. Last, a placement told every block's lifetime beforehand (bench/virtual_memory/offline_plan.hpp; "
+      "not run on W1, too slow there): the best placement lies between the granule bound and the least of the "
+      "others\n\n"
       "| workload | peak live | granule bound | virtual_arena | best fit | best fit, granule rule | first fit | "
-      "fewest new granules | up to 64 KiB apart | up to 256 KiB apart | virtual_arena_pair |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "fewest new granules | up to 64 KiB apart | up to 256 KiB apart | virtual_arena_pair | knowing every "
+      "lifetime |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   bool consistent = true;
-  const auto row = [&](const std::string& name, const std::vector<placement_op>& ops, std::size_t peak_live) {
+  const auto row = [&](const std::string& name, const std::vector<placement_op>& ops, std::size_t peak_live,
+                       bool plan) {
     using bench::placement;
     const double bound =
         static_cast<double>((peak_live + granule - 1) / granule * granule) / static_cast<double>(peak_live);
@@ -601,6 +622,12 @@ int placements(std::vector<std::string> paths) {
       consistent = consistent && f > 0;
       std::printf(" %.3f |", f);
     }
+    if (plan) {
+      const bench::offline_plan p(lifetimes_of(ops), granule);
+      std::printf(" %.3f |", static_cast<double>(p.peak_touched_granules() * granule) / static_cast<double>(peak_live));
+    } else {
+      std::printf(" – |");
+    }
     std::printf("\n");
     std::fflush(stdout);
   };
@@ -608,9 +635,10 @@ int placements(std::vector<std::string> paths) {
     bench::workload_params p = bench::w1_params();
     p.seed += 1000 * static_cast<std::uint64_t>(s);
     const bench::workload w = bench::make_workload(p);
-    row("W1 seed " + std::to_string(p.seed), ops_of(w), w.peak_live);
+    row("W1 seed " + std::to_string(p.seed), ops_of(w), w.peak_live, false);
   }
-  for (const bench::rmm_trace& t : traces) row(std::filesystem::path(t.name).filename(), ops_of(t), t.peak_live_bytes);
+  for (const bench::rmm_trace& t : traces)
+    row(std::filesystem::path(t.name).filename(), ops_of(t), t.peak_live_bytes, true);
   if (!consistent) std::printf("\na model's books did not add up, or the arena failed a request (0.000 above)\n");
   return consistent ? 0 : 1;
 }
