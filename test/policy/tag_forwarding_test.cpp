@@ -6,8 +6,9 @@
 // every step fill patterns at unchanged addresses and, exactly, the decorator's bytes in use,
 // reserved bytes (= the backend's physical bytes), OOM count, reclaims and refused allocations;
 // then misuse through the wrappers (an offloaded tag's allocation refused and counted, restore of
-// a resident tag, a failing map, host allocation failing in one shard: the others undone),
-// `limited`'s count across an offload, a pmr container tagged from outside through the
+// a resident tag, a failing map, host allocation failing in one shard: the others undone; shards
+// holding a tag apart after a restore or an `offload_all` that stopped halfway: its requests
+// refused), `limited`'s count across an offload, a pmr container tagged from outside through the
 // decorators, and memory_summary / memory_stats.
 #include <boost/test/unit_test.hpp>
 
@@ -536,6 +537,122 @@ BOOST_AUTO_TEST_CASE(segregator_of_two_arenas_offloads_both_or_neither) {
   BOOST_TEST(has_pattern(large, 2));
   alloc.deallocate(small);
   alloc.deallocate(large);
+}
+
+// sharded: a restore that stops halfway (the device full after the first shard's part) leaves the
+// shards holding the tag apart. The tag is then not resident, and a request of it fails, also one
+// from the thread whose shard holds it resident (it would otherwise be served there), tagged or
+// through the current tag; other tags are served; once the restore completes, the tag is served
+// again. Discarding a tag in every shard and restoring it keeps the refusal to the shards' own.
+BOOST_AUTO_TEST_CASE(sharded_refuses_a_tag_its_shards_hold_apart) {
+  host_vmm backend{{.capacity = 8 * granule, .granularity = granule}};
+  using shards = alloy::sharded<shared_arena>;
+  shards alloc{[&](std::size_t) { return shared_arena{alloy::vmm_ref<host_vmm>{backend}}; }, {.shards = 2}};
+  worker left, right;
+  block a, b;
+  left.run([&] { a = alloc.allocate(2 * granule, 256, tag{3}); });
+  right.run([&] { b = alloc.allocate(2 * granule, 256, tag{3}); });
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(b);
+  fill_pattern(a, 1);
+  fill_pattern(b, 2);
+  // Which worker allocates from shard 0, whose part `restore` maps first.
+  const bool left_is_first = alloc.with_shard(0, [&](auto& s) { return s.owns(a); });
+  worker& first = left_is_first ? left : right;
+  worker& second = left_is_first ? right : left;
+  BOOST_TEST(alloc.with_shard(left_is_first ? 1 : 0, [&](auto& s) { return s.owns(b); }));
+
+  BOOST_TEST(alloc.offload(tag{3}) == offload_status::done);
+  BOOST_TEST(backend.physical_bytes() == 0u);
+  block filler;
+  second.run([&] { filler = alloc.allocate(5 * granule, 256, tag{1}); });  // 3 granules left
+  BOOST_REQUIRE(filler);
+  BOOST_TEST(alloc.restore(tag{3}) == offload_status::device_out_of_memory);  // shard 0's 2, not shard 1's
+  BOOST_TEST(alloc.with_shard(0, [](auto& s) { return s.state(tag{3}); }) == tag_state::resident);
+  BOOST_TEST(alloc.with_shard(1, [](auto& s) { return s.state(tag{3}); }) == tag_state::offloaded);
+  BOOST_TEST(alloc.state(tag{3}) == tag_state::offloaded);
+  BOOST_TEST(alloc.tag_apart(tag{3}));
+  BOOST_TEST(!alloc.tag_apart(tag{1}));
+  const std::size_t in_use = alloc.bytes_in_use();
+  block refused{}, refused_plain{}, other{};
+  first.run([&] {
+    refused = alloc.allocate(100, 8, tag{3});  // shard 0 holds tag 3 resident and has room
+    scoped_tag guard{alloc, tag{3}};
+    refused_plain = alloc.allocate(100, 8);
+  });
+  BOOST_TEST(refused.ptr == nullptr);
+  BOOST_TEST(refused_plain.ptr == nullptr);
+  BOOST_TEST(alloc.bytes_in_use() == in_use);
+  first.run([&] { other = alloc.allocate(100, 8, tag{1}); });
+  BOOST_REQUIRE(other);
+
+  second.run([&] { alloc.deallocate(filler); });
+  BOOST_TEST(alloc.restore(tag{3}) == offload_status::done);
+  BOOST_TEST(!alloc.tag_apart(tag{3}));
+  BOOST_TEST(has_pattern(a, 1));
+  BOOST_TEST(has_pattern(b, 2));
+  block again{};
+  first.run([&] { again = alloc.allocate(100, 8, tag{3}); });
+  BOOST_REQUIRE(again);
+
+  // Apart no more: a tag discarded in every shard is refused by the shards themselves (counted).
+  first.run([&] { alloc.deallocate(again); });
+  const std::size_t refused_before = alloc.offload_stats().num_refused_allocations;
+  BOOST_TEST(alloc.discard(tag{3}) == offload_status::done);
+  BOOST_TEST(!alloc.tag_apart(tag{3}));
+  first.run([&] { refused = alloc.allocate(100, 8, tag{3}); });
+  BOOST_TEST(refused.ptr == nullptr);
+  BOOST_TEST(alloc.offload_stats().num_refused_allocations > refused_before);
+  BOOST_TEST(alloc.restore(tag{3}) == offload_status::done);
+  first.run([&] { alloc.deallocate(a); });
+  second.run([&] { alloc.deallocate(b); });
+  first.run([&] { alloc.deallocate(other); });
+  BOOST_TEST(alloc.bytes_in_use() == 0u);
+}
+
+// sharded: `offload_all` stopping at shard 1 (its host copy fails) leaves tag 3 offloaded in
+// shard 0 and resident in shard 1: apart, so a request of it from shard 1's thread fails; the
+// restore completes shard 0 and the tag is served again.
+BOOST_AUTO_TEST_CASE(sharded_offload_all_that_stops_halfway_leaves_the_tag_refused) {
+  host_vmm backend{{.granularity = granule}};
+  switchable_host hosts[2];
+  using shards = alloy::sharded<shared_arena>;
+  shards alloc{[&](std::size_t i) {
+                 return shared_arena{alloy::vmm_ref<host_vmm>{backend}, host_options<shared_arena>(hosts[i])};
+               },
+               {.shards = 2}};
+  worker left, right;
+  block a, b;
+  left.run([&] { a = alloc.allocate(granule, 256, tag{3}); });
+  right.run([&] { b = alloc.allocate(granule, 256, tag{3}); });
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(b);
+  fill_pattern(a, 3);
+  fill_pattern(b, 4);
+  const bool left_is_first = alloc.with_shard(0, [&](auto& s) { return s.owns(a); });
+  worker& second = left_is_first ? right : left;
+
+  hosts[1].failing = true;
+  BOOST_TEST(alloc.offload_all() == offload_status::host_out_of_memory);
+  BOOST_TEST(alloc.with_shard(0, [](auto& s) { return s.state(tag{3}); }) == tag_state::offloaded);
+  BOOST_TEST(alloc.with_shard(1, [](auto& s) { return s.state(tag{3}); }) == tag_state::resident);
+  BOOST_TEST(alloc.tag_apart(tag{3}));
+  block refused{};
+  second.run([&] { refused = alloc.allocate(100, 8, tag{3}); });  // shard 1 holds it resident
+  BOOST_TEST(refused.ptr == nullptr);
+
+  hosts[1].failing = false;
+  BOOST_TEST(alloc.restore(tag{3}) == offload_status::done);
+  BOOST_TEST(!alloc.tag_apart(tag{3}));
+  BOOST_TEST(has_pattern(a, 3));
+  BOOST_TEST(has_pattern(b, 4));
+  block again{};
+  second.run([&] { again = alloc.allocate(100, 8, tag{3}); });
+  BOOST_REQUIRE(again);
+  second.run([&] { alloc.deallocate(again); });
+  left.run([&] { alloc.deallocate(a); });
+  right.run([&] { alloc.deallocate(b); });
+  BOOST_TEST(alloc.bytes_in_use() == 0u);
 }
 
 // Parts apart (here one restored by hand; after a failed undo or a restore that stopped halfway

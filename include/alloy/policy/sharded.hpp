@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -172,6 +173,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <class Make>
     requires std::is_invocable_r_v<Inner, Make&, std::size_t>
   explicit sharded(Make make, options opts = {}) {
+    if constexpr (offloading_allocator<Inner>) tags_apart_.reset(new std::atomic<std::uint64_t>[tag_words] {});
     count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
     shards_ = static_cast<shard*>(::operator new(sizeof(shard) * count_, std::align_val_t{alignof(shard)}));
     std::size_t built = 0;
@@ -194,7 +196,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         count_(std::exchange(other.count_, 0)),
         caching_(other.caching_),
         next_shard_(other.next_shard_.load(std::memory_order_relaxed)),
-        refused_(other.refused_.load(std::memory_order_relaxed)) {
+        refused_(other.refused_.load(std::memory_order_relaxed)),
+        tags_apart_(std::move(other.tags_apart_)),
+        apart_count_(other.apart_count_.load(std::memory_order_relaxed)),
+        current_tag_(other.current_tag_.load(std::memory_order_relaxed)) {
     std::copy(std::begin(other.capacity_), std::end(other.capacity_), capacity_);
     for (std::size_t i = 0; i < thread_slots; ++i) {
       slots_[i].thread.store(other.slots_[i].thread.load(std::memory_order_relaxed), std::memory_order_relaxed);
@@ -214,6 +219,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   }
 
   [[gnu::always_inline]] block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (current_tag_apart()) [[unlikely]]
+      return {};
     slot* me = my_slot();
     if (is_cached_size(bytes) && is_power_of_two(alignment)) {
       const std::size_t c = classes::index(bytes);
@@ -239,6 +246,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
     requires cache_keeping_allocator<Inner>
   {
+    if (current_tag_apart()) [[unlikely]]
+      return {};
     const slot* me = my_slot();
     return allocate_direct<false>(
         shard_of(me), index_of(me), bytes, alignment,
@@ -249,6 +258,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    if (current_tag_apart()) [[unlikely]]
+      return {};
     const slot* me = my_slot();
     return allocate_direct<false>(
         shard_of(me), index_of(me), bytes, alignment,
@@ -347,12 +358,23 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   // first failure returned, a retry completes it), `state` resident only when every shard is.
   // `offload_stats()` and the per-tag figures are the shards' added up (one offload here is one
   // per shard in `num_offloads`). There is no thread cache over a tagging `Inner`: a cached block
-  // has no tag.
+  // has no tag. A tag is resident only when every shard holds it so (`state`); shards hold it
+  // apart (some resident, some not) after a failed undo or a restore that stopped halfway, and
+  // then a request of it fails, as one of a tag that is offloaded everywhere does, also where the
+  // thread's shard holds it resident (it would break the promise that an offloaded tag takes
+  // nothing). Which tags are apart is noted after each `offload`, `discard`, `restore` and
+  // `offload_all` here (a bit per tag; a request reads one counter while no tag is apart, and the
+  // current tag this object set); a shard changed through `with_shard` is seen at the tag's next
+  // call here. Such a refusal reaches no shard, so no shard counts it.
 
   /// Allocates with tag `t` from the thread's shard (or the others in turn).
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
     requires detail::has_tagged_allocate<Inner>
   {
+    if constexpr (offloading_allocator<Inner>) {
+      if (tag_apart(t)) [[unlikely]]
+        return {};
+    }
     const slot* me = my_slot();
     return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment,
                                   [t](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, t); });
@@ -369,21 +391,28 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires tag_holding<Inner>
   {
     queries::set_current_tag(t);
+    current_tag_.store(t.value, std::memory_order_relaxed);
   }
   offload_status offload(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    return detail::offload_parts(count_, each_shard(), t, true);
+    const offload_status s = detail::offload_parts(count_, each_shard(), t, true);
+    note_agreement(t);
+    return s;
   }
   offload_status discard(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    return detail::offload_parts(count_, each_shard(), t, false);
+    const offload_status s = detail::offload_parts(count_, each_shard(), t, false);
+    note_agreement(t);
+    return s;
   }
   offload_status restore(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    return detail::restore_parts(count_, each_shard(), t);
+    const offload_status s = detail::restore_parts(count_, each_shard(), t);
+    note_agreement(t);
+    return s;
   }
   tag_state state(tag t) const noexcept
     requires offloading_allocator<Inner>
@@ -393,7 +422,16 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   offload_status offload_all() noexcept
     requires detail::has_offload_all<Inner>
   {
-    return detail::offload_all_parts(count_, each_shard());
+    const offload_status s = detail::offload_all_parts(count_, each_shard());
+    if constexpr (offloading_allocator<Inner>) note_agreement_of_every_tag();
+    return s;
+  }
+  /// Whether the shards hold tag `t` apart: resident in some, not in others (a request of it fails).
+  bool tag_apart(tag t) const noexcept
+    requires offloading_allocator<Inner>
+  {
+    return apart_count_.load(std::memory_order_relaxed) != 0 &&
+           (tags_apart_[t.value / 64].load(std::memory_order_relaxed) >> (t.value % 64) & 1) != 0;
   }
 
   // ---- capabilities of Inner, over every shard -------------------------------------------------
@@ -742,6 +780,51 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       return f(shards_[i].inner);
     };
   }
+
+  // ---- which tags the shards hold apart ("tags and offload" above) ------------------------------
+
+  static constexpr std::size_t tag_words = (std::size_t{std::numeric_limits<std::uint16_t>::max()} + 1) / 64;
+  /// A plain request takes the current tag: refused while the shards hold it apart.
+  bool current_tag_apart() const noexcept {
+    if constexpr (offloading_allocator<Inner> && tag_holding<Inner>) {
+      return tag_apart(tag{current_tag_.load(std::memory_order_relaxed)});
+    } else {
+      return false;
+    }
+  }
+  /// Sets the bits of the 64 tags from `64 * word` to `apart`, keeping the count of tags apart.
+  void set_apart_bits(std::size_t word, std::uint64_t apart) noexcept {
+    const std::uint64_t before = tags_apart_[word].exchange(apart, std::memory_order_relaxed);
+    const int change = std::popcount(apart) - std::popcount(before);
+    if (change > 0) apart_count_.fetch_add(static_cast<std::uint32_t>(change), std::memory_order_relaxed);
+    if (change < 0) apart_count_.fetch_sub(static_cast<std::uint32_t>(-change), std::memory_order_relaxed);
+  }
+  /// After a call that may have changed tag `t` in some shards: whether they now hold it apart.
+  void note_agreement(tag t) noexcept {
+    bool some_resident = false, some_not = false;
+    const std::size_t caller = caller_index();
+    for (std::size_t i = 0; i < count_; ++i) {
+      shard_lock lock(shards_[i], caller);
+      (shards_[i].inner.state(t) == tag_state::resident ? some_resident : some_not) = true;
+    }
+    const std::size_t word = t.value / 64;
+    const std::uint64_t bit = std::uint64_t{1} << (t.value % 64);
+    const std::uint64_t others = tags_apart_[word].load(std::memory_order_relaxed) & ~bit;
+    set_apart_bits(word, some_resident && some_not ? others | bit : others);
+  }
+  /// After `offload_all`, which reaches every tag: the same for each, every shard asked once.
+  void note_agreement_of_every_tag() noexcept {
+    std::uint64_t resident[tag_words] = {}, not_resident[tag_words] = {};
+    const std::size_t caller = caller_index();
+    for (std::size_t i = 0; i < count_; ++i) {
+      shard_lock lock(shards_[i], caller);
+      for (std::size_t v = 0; v < tag_words * 64; ++v) {
+        const bool here = shards_[i].inner.state(tag{static_cast<std::uint16_t>(v)}) == tag_state::resident;
+        (here ? resident : not_resident)[v / 64] |= std::uint64_t{1} << (v % 64);
+      }
+    }
+    for (std::size_t w = 0; w < tag_words; ++w) set_apart_bits(w, resident[w] & not_resident[w]);
+  }
   /// Without `std::has_single_bit`, which GCC compiles to a call to libgcc's popcount unless the
   /// target has POPCNT.
   static constexpr bool is_power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
@@ -986,6 +1069,11 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   alignas(64) std::atomic<std::size_t> next_shard_{0};
   std::atomic<std::size_t> refused_{0};
   slot slots_[thread_slots];
+  /// Over an offloading `Inner`: a bit per tag the shards hold apart, their count, and the current
+  /// tag `set_current_tag` gave every shard (for plain requests).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> tags_apart_;
+  std::atomic<std::uint32_t> apart_count_{0};
+  std::atomic<std::uint16_t> current_tag_{0};
 };
 
 }  // namespace alloy
