@@ -441,6 +441,15 @@ BOOST_AUTO_TEST_CASE(limited_counts_an_offloaded_tags_blocks_until_they_are_free
   BOOST_TEST(capped.inner().check_invariants());
 }
 
+/// Two shards over `backend`, shard i taking its host copies from `hosts[i]`.
+alloy::sharded<shared_arena> two_shards_with_hosts(host_vmm& backend, switchable_host (&hosts)[2]) {
+  return alloy::sharded<shared_arena>{[&](std::size_t i) {
+                                        return shared_arena{alloy::vmm_ref<host_vmm>{backend},
+                                                            host_options<shared_arena>(hosts[i])};
+                                      },
+                                      {.shards = 2}};
+}
+
 // sharded: offload of a tag whose blocks are in both shards, the host copy failing in shard 1:
 // shard 0, done first, is restored; the tag is resident with every byte at its address, the
 // backend holds what it held; with the host back, the offload succeeds and the restore too.
@@ -448,10 +457,7 @@ BOOST_AUTO_TEST_CASE(sharded_offload_is_all_or_nothing) {
   host_vmm backend{{.granularity = granule}};
   switchable_host hosts[2];
   using shards = alloy::sharded<shared_arena>;
-  shards alloc{[&](std::size_t i) {
-                 return shared_arena{alloy::vmm_ref<host_vmm>{backend}, host_options<shared_arena>(hosts[i])};
-               },
-               {.shards = 2}};
+  shards alloc = two_shards_with_hosts(backend, hosts);
   worker left, right;
   std::vector<block> blocks;
   for (std::size_t i = 0; i < 8; ++i) {
@@ -539,6 +545,45 @@ BOOST_AUTO_TEST_CASE(segregator_of_two_arenas_offloads_both_or_neither) {
   alloc.deallocate(large);
 }
 
+/// Two threads, and a block of `bytes` with tag `t` from each (so one in each shard), filled with
+/// patterns 1 and 2; `first` is the thread of shard 0, which `restore` and `offload_all` reach
+/// first, `second` the other.
+template <class Shards>
+struct a_block_in_each_shard {
+  a_block_in_each_shard(Shards& alloc, std::size_t bytes, tag t) {
+    left.run([&] { a = alloc.allocate(bytes, 256, t); });
+    right.run([&] { b = alloc.allocate(bytes, 256, t); });
+    BOOST_REQUIRE(a);
+    BOOST_REQUIRE(b);
+    fill_pattern(a, 1);
+    fill_pattern(b, 2);
+    const bool left_is_first = alloc.with_shard(0, [&](auto& s) { return s.owns(a); });
+    BOOST_REQUIRE(alloc.with_shard(left_is_first ? 1 : 0, [&](auto& s) { return s.owns(b); }));
+    first = left_is_first ? &left : &right;
+    second = left_is_first ? &right : &left;
+  }
+  /// `restore(t)` completes the tag: apart no more, both blocks intact, a request of it from `w`
+  /// served.
+  void restore_serves(Shards& alloc, tag t, worker& w) {
+    BOOST_TEST(alloc.restore(t) == offload_status::done);
+    BOOST_TEST(!alloc.tag_apart(t));
+    BOOST_TEST(has_pattern(a, 1));
+    BOOST_TEST(has_pattern(b, 2));
+    block again{};
+    w.run([&] { again = alloc.allocate(100, 8, t); });
+    BOOST_REQUIRE(again);
+    w.run([&] { alloc.deallocate(again); });
+  }
+  void free(Shards& alloc) {
+    left.run([&] { alloc.deallocate(a); });
+    right.run([&] { alloc.deallocate(b); });
+  }
+  worker left, right;
+  block a, b;  // from left, from right
+  worker* first = nullptr;
+  worker* second = nullptr;
+};
+
 // sharded: a restore that stops halfway (the device full after the first shard's part) leaves the
 // shards holding the tag apart. The tag is then not resident, and a request of it fails, also one
 // from the thread whose shard holds it resident (it would otherwise be served there), tagged or
@@ -548,19 +593,8 @@ BOOST_AUTO_TEST_CASE(sharded_refuses_a_tag_its_shards_hold_apart) {
   host_vmm backend{{.capacity = 8 * granule, .granularity = granule}};
   using shards = alloy::sharded<shared_arena>;
   shards alloc{[&](std::size_t) { return shared_arena{alloy::vmm_ref<host_vmm>{backend}}; }, {.shards = 2}};
-  worker left, right;
-  block a, b;
-  left.run([&] { a = alloc.allocate(2 * granule, 256, tag{3}); });
-  right.run([&] { b = alloc.allocate(2 * granule, 256, tag{3}); });
-  BOOST_REQUIRE(a);
-  BOOST_REQUIRE(b);
-  fill_pattern(a, 1);
-  fill_pattern(b, 2);
-  // Which worker allocates from shard 0, whose part `restore` maps first.
-  const bool left_is_first = alloc.with_shard(0, [&](auto& s) { return s.owns(a); });
-  worker& first = left_is_first ? left : right;
-  worker& second = left_is_first ? right : left;
-  BOOST_TEST(alloc.with_shard(left_is_first ? 1 : 0, [&](auto& s) { return s.owns(b); }));
+  a_block_in_each_shard<shards> blocks(alloc, 2 * granule, tag{3});
+  worker &first = *blocks.first, &second = *blocks.second;
 
   BOOST_TEST(alloc.offload(tag{3}) == offload_status::done);
   BOOST_TEST(backend.physical_bytes() == 0u);
@@ -587,16 +621,9 @@ BOOST_AUTO_TEST_CASE(sharded_refuses_a_tag_its_shards_hold_apart) {
   BOOST_REQUIRE(other);
 
   second.run([&] { alloc.deallocate(filler); });
-  BOOST_TEST(alloc.restore(tag{3}) == offload_status::done);
-  BOOST_TEST(!alloc.tag_apart(tag{3}));
-  BOOST_TEST(has_pattern(a, 1));
-  BOOST_TEST(has_pattern(b, 2));
-  block again{};
-  first.run([&] { again = alloc.allocate(100, 8, tag{3}); });
-  BOOST_REQUIRE(again);
+  blocks.restore_serves(alloc, tag{3}, first);
 
   // Apart no more: a tag discarded in every shard is refused by the shards themselves (counted).
-  first.run([&] { alloc.deallocate(again); });
   const std::size_t refused_before = alloc.offload_stats().num_refused_allocations;
   BOOST_TEST(alloc.discard(tag{3}) == offload_status::done);
   BOOST_TEST(!alloc.tag_apart(tag{3}));
@@ -604,8 +631,7 @@ BOOST_AUTO_TEST_CASE(sharded_refuses_a_tag_its_shards_hold_apart) {
   BOOST_TEST(refused.ptr == nullptr);
   BOOST_TEST(alloc.offload_stats().num_refused_allocations > refused_before);
   BOOST_TEST(alloc.restore(tag{3}) == offload_status::done);
-  first.run([&] { alloc.deallocate(a); });
-  second.run([&] { alloc.deallocate(b); });
+  blocks.free(alloc);
   first.run([&] { alloc.deallocate(other); });
   BOOST_TEST(alloc.bytes_in_use() == 0u);
 }
@@ -617,20 +643,9 @@ BOOST_AUTO_TEST_CASE(sharded_offload_all_that_stops_halfway_leaves_the_tag_refus
   host_vmm backend{{.granularity = granule}};
   switchable_host hosts[2];
   using shards = alloy::sharded<shared_arena>;
-  shards alloc{[&](std::size_t i) {
-                 return shared_arena{alloy::vmm_ref<host_vmm>{backend}, host_options<shared_arena>(hosts[i])};
-               },
-               {.shards = 2}};
-  worker left, right;
-  block a, b;
-  left.run([&] { a = alloc.allocate(granule, 256, tag{3}); });
-  right.run([&] { b = alloc.allocate(granule, 256, tag{3}); });
-  BOOST_REQUIRE(a);
-  BOOST_REQUIRE(b);
-  fill_pattern(a, 3);
-  fill_pattern(b, 4);
-  const bool left_is_first = alloc.with_shard(0, [&](auto& s) { return s.owns(a); });
-  worker& second = left_is_first ? right : left;
+  shards alloc = two_shards_with_hosts(backend, hosts);
+  a_block_in_each_shard<shards> blocks(alloc, granule, tag{3});
+  worker& second = *blocks.second;
 
   hosts[1].failing = true;
   BOOST_TEST(alloc.offload_all() == offload_status::host_out_of_memory);
@@ -642,16 +657,8 @@ BOOST_AUTO_TEST_CASE(sharded_offload_all_that_stops_halfway_leaves_the_tag_refus
   BOOST_TEST(refused.ptr == nullptr);
 
   hosts[1].failing = false;
-  BOOST_TEST(alloc.restore(tag{3}) == offload_status::done);
-  BOOST_TEST(!alloc.tag_apart(tag{3}));
-  BOOST_TEST(has_pattern(a, 3));
-  BOOST_TEST(has_pattern(b, 4));
-  block again{};
-  second.run([&] { again = alloc.allocate(100, 8, tag{3}); });
-  BOOST_REQUIRE(again);
-  second.run([&] { alloc.deallocate(again); });
-  left.run([&] { alloc.deallocate(a); });
-  right.run([&] { alloc.deallocate(b); });
+  blocks.restore_serves(alloc, tag{3}, second);
+  blocks.free(alloc);
   BOOST_TEST(alloc.bytes_in_use() == 0u);
 }
 
