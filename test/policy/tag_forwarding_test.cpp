@@ -608,6 +608,10 @@ BOOST_AUTO_TEST_CASE(sharded_refuses_a_tag_its_shards_hold_apart) {
   BOOST_TEST(alloc.tag_apart(tag{3}));
   BOOST_TEST(!alloc.tag_apart(tag{1}));
   const std::size_t in_use = alloc.bytes_in_use();
+  const auto refused_in = [&](std::size_t i) {
+    return alloc.with_shard(i, [](auto& s) { return s.offload_stats().num_refused_allocations; });
+  };
+  const std::size_t refused_before[2] = {refused_in(0), refused_in(1)};
   block refused{}, refused_plain{}, other{};
   first.run([&] {
     refused = alloc.allocate(100, 8, tag{3});  // shard 0 holds tag 3 resident and has room
@@ -617,19 +621,22 @@ BOOST_AUTO_TEST_CASE(sharded_refuses_a_tag_its_shards_hold_apart) {
   BOOST_TEST(refused.ptr == nullptr);
   BOOST_TEST(refused_plain.ptr == nullptr);
   BOOST_TEST(alloc.bytes_in_use() == in_use);
+  BOOST_TEST(refused_in(0) == refused_before[0]);
+  BOOST_TEST(refused_in(1) == refused_before[1] + 2);  // counted once each, where tag 3 is offloaded
   first.run([&] { other = alloc.allocate(100, 8, tag{1}); });
   BOOST_REQUIRE(other);
 
   second.run([&] { alloc.deallocate(filler); });
   blocks.restore_serves(alloc, tag{3}, first);
 
-  // Apart no more: a tag discarded in every shard is refused by the shards themselves (counted).
-  const std::size_t refused_before = alloc.offload_stats().num_refused_allocations;
+  // Apart no more: a tag discarded in every shard is refused by the shards themselves (the
+  // thread's shard, then the other: each counts it).
+  const std::size_t refused_all = alloc.offload_stats().num_refused_allocations;
   BOOST_TEST(alloc.discard(tag{3}) == offload_status::done);
   BOOST_TEST(!alloc.tag_apart(tag{3}));
   first.run([&] { refused = alloc.allocate(100, 8, tag{3}); });
   BOOST_TEST(refused.ptr == nullptr);
-  BOOST_TEST(alloc.offload_stats().num_refused_allocations > refused_before);
+  BOOST_TEST(alloc.offload_stats().num_refused_allocations == refused_all + 2);
   BOOST_TEST(alloc.restore(tag{3}) == offload_status::done);
   blocks.free(alloc);
   first.run([&] { alloc.deallocate(other); });
@@ -652,9 +659,14 @@ BOOST_AUTO_TEST_CASE(sharded_offload_all_that_stops_halfway_leaves_the_tag_refus
   BOOST_TEST(alloc.with_shard(0, [](auto& s) { return s.state(tag{3}); }) == tag_state::offloaded);
   BOOST_TEST(alloc.with_shard(1, [](auto& s) { return s.state(tag{3}); }) == tag_state::resident);
   BOOST_TEST(alloc.tag_apart(tag{3}));
+  const auto refused_in_shard_0 = [&] {
+    return alloc.with_shard(0, [](auto& s) { return s.offload_stats().num_refused_allocations; });
+  };
+  const std::size_t refused_before = refused_in_shard_0();
   block refused{};
   second.run([&] { refused = alloc.allocate(100, 8, tag{3}); });  // shard 1 holds it resident
   BOOST_TEST(refused.ptr == nullptr);
+  BOOST_TEST(refused_in_shard_0() == refused_before + 1);  // shard 0, which holds it offloaded
 
   hosts[1].failing = false;
   blocks.restore_serves(alloc, tag{3}, second);
@@ -677,11 +689,15 @@ BOOST_AUTO_TEST_CASE(a_tag_resident_in_one_part_only_takes_nothing) {
   BOOST_TEST(alloc.small().restore(tag{2}) == offload_status::done);
   BOOST_TEST(alloc.small().state(tag{2}) == tag_state::resident);
   BOOST_TEST(alloc.state(tag{2}) == tag_state::offloaded);
+  const std::size_t refused = alloc.large().offload_stats().num_refused_allocations;
   BOOST_TEST(alloc.allocate(100, 8, tag{2}).ptr == nullptr);  // the small part alone would serve it
   {
     scoped_tag guard{alloc, tag{2}};
     BOOST_TEST(alloc.allocate(100, 8).ptr == nullptr);
   }
+  // Both counted once, by the part that holds the tag offloaded.
+  BOOST_TEST(alloc.large().offload_stats().num_refused_allocations == refused + 2);
+  BOOST_TEST(alloc.offload_stats().num_refused_allocations == refused + 2);
   const block other = alloc.allocate(100, 8, tag{1});  // other tags are served
   BOOST_REQUIRE(other);
   BOOST_TEST(alloc.restore(tag{2}) == offload_status::done);

@@ -627,7 +627,8 @@ offload_status offload_all_parts(std::size_t n, At at) noexcept {
 /// reach both parts as `offload_parts` and its neighbours above say; `offload_stats` and the
 /// per-tag figures are sums. A request of a tag that is not resident (`state`) fails, as in one
 /// part, also one the parts' routing would send to a part that holds the tag resident (parts
-/// apart after a failed undo, or a restore that stopped halfway; found by the fuzzer). A
+/// apart after a failed undo, or a restore that stopped halfway; found by the fuzzer): it is
+/// handed to a part that does not hold the tag resident, which refuses it and counts it. A
 /// composite of a tagging part and a part without tags has no tags: the second part's blocks
 /// could not be offloaded with their tag, so the composite could not keep the promise. A
 /// composite that routes tags itself (tag 0 to a pool, other tags to the arena:
@@ -740,16 +741,18 @@ class two_parts {
   }
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    const auto call = [&](auto& part) { return part.allocate(bytes, alignment); };
     if (current_tag_refused()) [[unlikely]]
-      return {};
-    return self().route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment); });
+      return refused_with_current_tag(call);
+    return self().route_allocation(bytes, alignment, call);
   }
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
     requires has_tagged_allocate<First> && has_tagged_allocate<Second>
   {
+    const auto call = [&](auto& part) { return part.allocate(bytes, alignment, t); };
     if (tag_refused(t)) [[unlikely]]
-      return {};
-    return self().route_allocation(bytes, alignment, [&](auto& part) { return part.allocate(bytes, alignment, t); });
+      return refused_by_a_part(t, call);
+    return self().route_allocation(bytes, alignment, call);
   }
   void deallocate(block b) noexcept {
     (void)self().route_free(b, [&](auto& part) { return free_in(part, b); });
@@ -762,10 +765,10 @@ class two_parts {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
     requires cache_keeping_allocator<First> && cache_keeping_allocator<Second>
   {
+    const auto call = [&](auto& part) { return part.allocate_keeping_cache(bytes, alignment); };
     if (current_tag_refused()) [[unlikely]]
-      return {};
-    return self().route_allocation(bytes, alignment,
-                                   [&](auto& part) { return part.allocate_keeping_cache(bytes, alignment); });
+      return refused_with_current_tag(call);
+    return self().route_allocation(bytes, alignment, call);
   }
   block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
     requires growth_planning_allocator<First> && growth_planning_allocator<Second>
@@ -780,10 +783,10 @@ class two_parts {
   template <class Stream>
     requires stream_ordered_allocator<First, Stream> && stream_ordered_allocator<Second, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    const auto call = [&](auto& part) { return part.allocate(bytes, alignment, stream); };
     if (current_tag_refused()) [[unlikely]]
-      return {};
-    return self().route_allocation(bytes, alignment,
-                                   [&](auto& part) { return part.allocate(bytes, alignment, stream); });
+      return refused_with_current_tag(call);
+    return self().route_allocation(bytes, alignment, call);
   }
   template <class Stream>
     requires stream_ordered_allocator<First, Stream> && stream_ordered_allocator<Second, Stream>
@@ -829,6 +832,27 @@ class two_parts {
       return tag_refused(current_tag());
     } else {
       return false;
+    }
+  }
+  /// A request `tag_refused` turned down is handed to a part that does not hold `t` resident: it
+  /// refuses it and counts it (`num_refused_allocations`), as one part would.
+  template <class Call>
+  block refused_by_a_part(tag t, Call call) noexcept {
+    if constexpr (offloading_allocator<First> && offloading_allocator<Second>) {
+      return first().state(t) != tag_state::resident ? call(first()) : call(second());
+    } else {
+      (void)t;
+      (void)call;
+      return {};
+    }
+  }
+  template <class Call>
+  block refused_with_current_tag(Call call) noexcept {
+    if constexpr (tag_holding<First> && tag_holding<Second>) {
+      return refused_by_a_part(current_tag(), call);
+    } else {
+      (void)call;
+      return {};
     }
   }
 

@@ -149,7 +149,7 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
   /// a small request that fits in `Small`'s held granules costs one search there.
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (base::current_tag_refused()) [[unlikely]]
-      return {};
+      return base::refused_with_current_tag([&](auto& part) { return part.allocate(bytes, alignment); });
     if (const block b = allocate_routed(bytes, alignment)) return b;
     // Both failed. A part gives its free granules back only when its own request needs them, so
     // those the other part keeps may be what this request lacks: both release, then one more try.

@@ -219,8 +219,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   }
 
   [[gnu::always_inline]] block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    const auto call = [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); };
     if (current_tag_apart()) [[unlikely]]
-      return {};
+      return refused_with_current_tag(bytes, alignment, call);
     slot* me = my_slot();
     if (is_cached_size(bytes) && is_power_of_two(alignment)) {
       const std::size_t c = classes::index(bytes);
@@ -231,8 +232,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         return block{k.blocks[c][--k.count[c]], bytes};
       }
     }
-    return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment,
-                                 [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
+    return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment, call);
   }
   void deallocate(block b) noexcept { (void)free_block(b); }
   /// As `deallocate`; false when the free was refused (no shard owns the block, or the owner
@@ -246,24 +246,22 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept
     requires cache_keeping_allocator<Inner>
   {
+    const auto call = [](Inner& in, std::size_t n, std::size_t a) { return in.allocate_keeping_cache(n, a); };
     if (current_tag_apart()) [[unlikely]]
-      return {};
+      return refused_with_current_tag(bytes, alignment, call);
     const slot* me = my_slot();
-    return allocate_direct<false>(
-        shard_of(me), index_of(me), bytes, alignment,
-        [](Inner& in, std::size_t n, std::size_t a) { return in.allocate_keeping_cache(n, a); });
+    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment, call);
   }
   /// As `allocate`, through `Inner`'s stream-ordered allocate, past the thread cache (a cached
   /// block has no stream): the thread's shard, then the others in turn.
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    const auto call = [stream](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, stream); };
     if (current_tag_apart()) [[unlikely]]
-      return {};
+      return refused_with_current_tag(bytes, alignment, call);
     const slot* me = my_slot();
-    return allocate_direct<false>(
-        shard_of(me), index_of(me), bytes, alignment,
-        [stream](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, stream); });
+    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment, call);
   }
   /// A stream-ordered free, from any thread, to the shard that owns the block (never a cache).
   template <class Stream>
@@ -365,19 +363,20 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   // nothing). Which tags are apart is noted after each `offload`, `discard`, `restore` and
   // `offload_all` here (a bit per tag; a request reads one counter while no tag is apart, and the
   // current tag this object set); a shard changed through `with_shard` is seen at the tag's next
-  // call here. Such a refusal reaches no shard, so no shard counts it.
+  // call here. Such a request is handed to a shard that does not hold the tag resident, which
+  // refuses it and counts it (`num_refused_allocations`), as one arena would.
 
   /// Allocates with tag `t` from the thread's shard (or the others in turn).
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept
     requires detail::has_tagged_allocate<Inner>
   {
+    const auto call = [t](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, t); };
     if constexpr (offloading_allocator<Inner>) {
       if (tag_apart(t)) [[unlikely]]
-        return {};
+        return refused_by_a_shard(t, bytes, alignment, call);
     }
     const slot* me = my_slot();
-    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment,
-                                  [t](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a, t); });
+    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment, call);
   }
   /// Shard 0's (every shard gets the same from `set_current_tag`).
   tag current_tag() const noexcept
@@ -790,6 +789,26 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       return tag_apart(tag{current_tag_.load(std::memory_order_relaxed)});
     } else {
       return false;
+    }
+  }
+  /// A request of tag `t`, which the shards hold apart, handed to the first shard that does not
+  /// hold `t` resident: it refuses the request and counts it. (None: restored meanwhile; empty.)
+  template <class Call>
+  block refused_by_a_shard(tag t, std::size_t bytes, std::size_t alignment, Call call) noexcept {
+    const std::size_t caller = caller_index();
+    for (std::size_t i = 0; i < count_; ++i) {
+      shard_lock lock(shards_[i], caller);
+      if (shards_[i].inner.state(t) != tag_state::resident) return call(shards_[i].inner, bytes, alignment);
+    }
+    return {};
+  }
+  template <class Call>
+  block refused_with_current_tag(std::size_t bytes, std::size_t alignment, Call call) noexcept {
+    if constexpr (offloading_allocator<Inner> && tag_holding<Inner>) {
+      return refused_by_a_shard(tag{current_tag_.load(std::memory_order_relaxed)}, bytes, alignment, call);
+    } else {
+      (void)bytes, (void)alignment, (void)call;
+      return {};
     }
   }
   /// Sets the bits of the 64 tags from `64 * word` to `apart`, keeping the count of tags apart.
