@@ -811,12 +811,17 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       return {};
     }
   }
-  /// Sets the bits of the 64 tags from `64 * word` to `apart`, keeping the count of tags apart.
-  void set_apart_bits(std::size_t word, std::uint64_t apart) noexcept {
-    const std::uint64_t before = tags_apart_[word].exchange(apart, std::memory_order_relaxed);
-    const int change = std::popcount(apart) - std::popcount(before);
-    if (change > 0) apart_count_.fetch_add(static_cast<std::uint32_t>(change), std::memory_order_relaxed);
-    if (change < 0) apart_count_.fetch_sub(static_cast<std::uint32_t>(-change), std::memory_order_relaxed);
+  /// Sets tag `v`'s bit, keeping the count of tags apart (a read-modify-write of the bit alone:
+  /// calls for other tags may set their bits in the same word at once).
+  void set_apart(std::size_t v, bool apart) noexcept {
+    const std::uint64_t bit = std::uint64_t{1} << (v % 64);
+    std::atomic<std::uint64_t>& word = tags_apart_[v / 64];
+    if (apart) {
+      if ((word.fetch_or(bit, std::memory_order_relaxed) & bit) == 0)
+        apart_count_.fetch_add(1, std::memory_order_relaxed);
+    } else if ((word.fetch_and(~bit, std::memory_order_relaxed) & bit) != 0) {
+      apart_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
   /// After a call that may have changed tag `t` in some shards: whether they now hold it apart.
   void note_agreement(tag t) noexcept {
@@ -826,10 +831,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       shard_lock lock(shards_[i], caller);
       (shards_[i].inner.state(t) == tag_state::resident ? some_resident : some_not) = true;
     }
-    const std::size_t word = t.value / 64;
-    const std::uint64_t bit = std::uint64_t{1} << (t.value % 64);
-    const std::uint64_t others = tags_apart_[word].load(std::memory_order_relaxed) & ~bit;
-    set_apart_bits(word, some_resident && some_not ? others | bit : others);
+    set_apart(t.value, some_resident && some_not);
   }
   /// After `offload_all`, which reaches every tag: the same for each, every shard asked once.
   void note_agreement_of_every_tag() noexcept {
@@ -842,7 +844,12 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         (here ? resident : not_resident)[v / 64] |= std::uint64_t{1} << (v % 64);
       }
     }
-    for (std::size_t w = 0; w < tag_words; ++w) set_apart_bits(w, resident[w] & not_resident[w]);
+    for (std::size_t w = 0; w < tag_words; ++w) {
+      const std::uint64_t apart = resident[w] & not_resident[w];
+      const std::uint64_t changed = apart ^ tags_apart_[w].load(std::memory_order_relaxed);
+      for (std::size_t k = 0; k < 64; ++k)
+        if ((changed >> k & 1) != 0) set_apart(w * 64 + k, (apart >> k & 1) != 0);
+    }
   }
   /// Without `std::has_single_bit`, which GCC compiles to a call to libgcc's popcount unless the
   /// target has POPCNT.
