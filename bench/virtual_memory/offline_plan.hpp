@@ -12,12 +12,12 @@
 // It is a heuristic, not a solver: where it stays above the granule bound the best placement lies
 // between the two.
 //
-// Blocks go largest first (the longest-lived, then the earliest allocated, first among equals). A block may not overlap a
-// placed block that is live at the same time; among the places next to those (right after one,
-// right before one, either moved to a granule boundary) it takes the one whose highest count of touched granules over its lifetime is
-// least, then the one ending in the lowest granule, then the lowest. Cost: O(blocks x (placed
-// blocks + places x lifetime x granules the block spans)); seconds on traces of a few thousand
-// events, too slow for W1's two million.
+// Blocks go largest first (the longest-lived, then the earliest allocated, first among equals).
+// A block may not overlap a placed block that is live at the same time; among the places next to
+// those (right after one, right before one, either moved to a granule boundary) it takes the one
+// whose highest count of touched granules over its lifetime is least, then the one ending in the
+// lowest granule, then the lowest. Cost: O(blocks x (placed blocks + places x lifetime x granules
+// the block spans)); seconds on traces of a few thousand events, too slow for W1's two million.
 #pragma once
 
 #include <algorithm>
@@ -145,7 +145,9 @@ class offline_plan {
   std::vector<block_lifetime> blocks_;
   std::size_t granule_;
   std::size_t times_ = 0, peak_live_ = 0, granules_ = 0;
-  std::vector<std::uint16_t> users_;   // per operation and granule: live blocks touching it
+  // Per operation and granule: live blocks touching it (at most granule / rounding: 8,192 at 2 MiB
+  // and 256 B).
+  std::vector<std::uint16_t> users_;
   std::vector<std::size_t> touched_;   // per operation: granules live blocks touch
   std::vector<std::uint64_t> offset_;  // per block
   std::vector<std::size_t> placed_;
