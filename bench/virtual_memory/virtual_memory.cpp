@@ -58,7 +58,7 @@
 // (or 256 KiB) in an address range of their own; and virtual_arena_pair (granule_segregator of two
 // arenas, blocks up to 256 KiB apart unless that adds a granule). Beside them the granule bound
 // (peak live rounded up to granules), and on the traces a placement told every lifetime beforehand
-// (offline_plan.hpp; W1's two million operations would take hours): the best placement lies
+// (offline_plan.hpp; far too slow for W1's two million operations): the best placement lies
 // between the granule bound and the least of the others. Whether the peak-mapped targets (1.05
 // PyTorch, 1.10 W1) are within reach of another placement, and what the best one must waste.
 #include <algorithm>

@@ -215,8 +215,8 @@ namespace alloy {
 ///   "Virtual memory"; ratios and call counts are deterministic): smallest device ÷ peak live
 ///   1.000-1.098 (geometric mean 1.019); with the defaults and no limit, peak mapped ÷ peak live
 ///   is the peak of the granules live chunks touch: 1.000-1.021 on the PyTorch traces but the two
-///   silmont ones (1.098, 1.079; a placement told every lifetime reaches their granule bounds,
-///   1.008 and 1.016: the rest is placing without knowing when blocks go) and 1.006-1.011 on
+///   silmont ones (1.098, 1.079; placements told every lifetime reach their granule bounds, 1.008
+///   and 1.016: the rest is placing without knowing when blocks go) and 1.006-1.011 on
 ///   MiniMalloc, at 80-459 map + unmap calls per 1,000 operations on PyTorch and 8,300-20,200
 ///   on MiniMalloc (blocks of hundreds of MiB that move: each granule mapped where the block
 ///   lands). W1 (bench/virtual_memory, five seeds):
