@@ -574,6 +574,10 @@ struct a_block_in_each_shard {
     BOOST_REQUIRE(again);
     w.run([&] { alloc.deallocate(again); });
   }
+  /// Allocations shard `i` refused for a tag not resident there.
+  static std::size_t refused_in(Shards& alloc, std::size_t i) {
+    return alloc.with_shard(i, [](auto& s) { return s.offload_stats().num_refused_allocations; });
+  }
   void free(Shards& alloc) {
     left.run([&] { alloc.deallocate(a); });
     right.run([&] { alloc.deallocate(b); });
@@ -608,9 +612,7 @@ BOOST_AUTO_TEST_CASE(sharded_refuses_a_tag_its_shards_hold_apart) {
   BOOST_TEST(alloc.tag_apart(tag{3}));
   BOOST_TEST(!alloc.tag_apart(tag{1}));
   const std::size_t in_use = alloc.bytes_in_use();
-  const auto refused_in = [&](std::size_t i) {
-    return alloc.with_shard(i, [](auto& s) { return s.offload_stats().num_refused_allocations; });
-  };
+  const auto refused_in = [&](std::size_t i) { return blocks.refused_in(alloc, i); };
   const std::size_t refused_before[2] = {refused_in(0), refused_in(1)};
   block refused{}, refused_plain{}, other{};
   first.run([&] {
@@ -659,14 +661,11 @@ BOOST_AUTO_TEST_CASE(sharded_offload_all_that_stops_halfway_leaves_the_tag_refus
   BOOST_TEST(alloc.with_shard(0, [](auto& s) { return s.state(tag{3}); }) == tag_state::offloaded);
   BOOST_TEST(alloc.with_shard(1, [](auto& s) { return s.state(tag{3}); }) == tag_state::resident);
   BOOST_TEST(alloc.tag_apart(tag{3}));
-  const auto refused_in_shard_0 = [&] {
-    return alloc.with_shard(0, [](auto& s) { return s.offload_stats().num_refused_allocations; });
-  };
-  const std::size_t refused_before = refused_in_shard_0();
+  const std::size_t refused_before = blocks.refused_in(alloc, 0);
   block refused{};
   second.run([&] { refused = alloc.allocate(100, 8, tag{3}); });  // shard 1 holds it resident
   BOOST_TEST(refused.ptr == nullptr);
-  BOOST_TEST(refused_in_shard_0() == refused_before + 1);  // shard 0, which holds it offloaded
+  BOOST_TEST(blocks.refused_in(alloc, 0) == refused_before + 1);  // shard 0, which holds it offloaded
 
   hosts[1].failing = false;
   blocks.restore_serves(alloc, tag{3}, second);
