@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* alloy/capi.h: liballoy, alloy's C interface for PyTorch, CuPy and other foreign callers.
+ *
+ * One allocator per device, configured once by a string in the style of PYTORCH_CUDA_ALLOC_CONF
+ * ("composition:virtual,capacity:8GiB"), read from the environment variable ALLOY_CONF at the
+ * first call or set by alloy_configure() before it. Keys:
+ *   composition  virtual (default: virtual_allocator on CUDA virtual memory), default, caching
+ *   capacity     device memory at most: bytes with a unit (512MiB, 8GiB, 1.5GB) or a fraction of
+ *                the device (0.75); 0 or absent: the device's memory
+ *   history      allocation events kept per device for snapshots; 0 (default) = off
+ *   backend      cuda (default) or host: host memory and N simulated devices, no CUDA call at
+ *                all, stream handles are opaque keys (for tests on machines without a GPU)
+ *   devices      with backend:host, how many simulated devices (default 1)
+ *
+ * Every call is thread-safe. Stream-ordered as PyTorch expects: a block freed on its stream is
+ * reused by that stream at once, and by other streams only after the streams named by
+ * alloy_torch_record_stream are past its last use. Nothing here throws or aborts: a bad call is
+ * refused and counted (alloy_last_error says why), and out of memory is a NULL result
+ * (alloy_last_oom says why). Only the functions below are exported. */
+#ifndef ALLOY_CAPI_H
+#define ALLOY_CAPI_H
+
+#include <stddef.h>
+
+#if defined(_WIN32)
+#  define ALLOY_CAPI_EXPORT
+#else
+#  define ALLOY_CAPI_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CUDA runtime's stream handle, declared exactly as <driver_types.h> does, so that this
+ * header needs no CUDA header (a repeated identical typedef is valid C11 and C++). */
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+/* Result codes of alloy_configure (and alloy_last_error_code). */
+enum alloy_status {
+  ALLOY_OK = 0,
+  ALLOY_ERROR_UNKNOWN_KEY = 1,         /* a configuration key alloy does not know */
+  ALLOY_ERROR_BAD_VALUE = 2,           /* a value that cannot be read, or out of range */
+  ALLOY_ERROR_ALREADY_CONFIGURED = 3,  /* the allocators exist already: configure before any use */
+  ALLOY_ERROR_BAD_DEVICE = 4,          /* a device index out of range */
+  ALLOY_ERROR_BAD_POINTER = 5,         /* a free of a pointer not live in this library, or with the wrong device */
+  ALLOY_ERROR_UNAVAILABLE = 6          /* the backend cannot start (no CUDA driver or device) */
+};
+
+/* ---- configuration and errors ---------------------------------------------------------------- */
+
+/* Sets the configuration before first use (0 on success; else an alloy_status, and
+ * alloy_last_error names the bad key or value). A NULL or empty string means the defaults. */
+ALLOY_CAPI_EXPORT int alloy_configure(const char* conf);
+/* The configuration in force, normalized ("backend:cuda,composition:virtual,..."), starting the
+ * library if it has not started. */
+ALLOY_CAPI_EXPORT const char* alloy_configuration(void);
+/* The calling thread's last error message ("" if none); valid until that thread's next call. */
+ALLOY_CAPI_EXPORT const char* alloy_last_error(void);
+/* The calling thread's last error code (an alloy_status; ALLOY_OK if none). */
+ALLOY_CAPI_EXPORT int alloy_last_error_code(void);
+/* Devices served (the CUDA device count, or backend:host's `devices`); -1 if the backend cannot start. */
+ALLOY_CAPI_EXPORT int alloy_device_count(void);
+
+/* ---- PyTorch's CUDAPluggableAllocator, exactly its types -------------------------------------- */
+
+ALLOY_CAPI_EXPORT void* alloy_torch_malloc(size_t size, int device, cudaStream_t stream);
+ALLOY_CAPI_EXPORT void alloy_torch_free(void* ptr, size_t size, int device, cudaStream_t stream);
+ALLOY_CAPI_EXPORT void alloy_torch_init(int device_count);
+ALLOY_CAPI_EXPORT void alloy_torch_empty_cache(void);
+ALLOY_CAPI_EXPORT void alloy_torch_set_memory_fraction(double fraction, int device);
+ALLOY_CAPI_EXPORT void alloy_torch_record_stream(void* ptr, cudaStream_t stream);
+
+/* ---- CuPy's CFunctionAllocator (no size, no stream: the legacy default stream) -------------- */
+
+ALLOY_CAPI_EXPORT void* alloy_cupy_malloc(void* param, size_t size, int device);
+ALLOY_CAPI_EXPORT void alloy_cupy_free(void* param, void* ptr, int device);
+
+/* ---- statistics, summary, snapshot ----------------------------------------------------------
+ * The text functions write at most `capacity` bytes including a terminating NUL and return the
+ * length of the whole text (without the NUL), so a call with capacity 0 asks for the size. On a
+ * bad device they return 0 and set alloy_last_error. */
+
+/* A JSON object keyed exactly as torch.cuda.memory_stats(). */
+ALLOY_CAPI_EXPORT size_t alloy_memory_stats_json(int device, char* buffer, size_t capacity);
+/* A JSON object of alloy::statistics (TensorFlow's and Large Model Support's names:
+ * num_allocs, bytes_in_use, peak_bytes_in_use, ...), plus device memory
+ * (device_total_bytes, device_free_bytes) and num_bad_frees. */
+ALLOY_CAPI_EXPORT size_t alloy_statistics_json(int device, char* buffer, size_t capacity);
+/* A text table like torch.cuda.memory_summary(). */
+ALLOY_CAPI_EXPORT size_t alloy_memory_summary(int device, char* buffer, size_t capacity);
+/* Every device's segments and blocks, and the allocation history when `history` is on, in the
+ * schema of torch.cuda.memory._snapshot(), as JSON. */
+ALLOY_CAPI_EXPORT size_t alloy_snapshot_json(char* buffer, size_t capacity);
+ALLOY_CAPI_EXPORT void alloy_reset_peak(int device);
+ALLOY_CAPI_EXPORT void alloy_reset_accumulated(int device);
+/* Why the device's last request failed (asked, limit, in use, reserved, largest free block,
+ * fragmentation); "" if none has. Valid until the next failure on that device. */
+ALLOY_CAPI_EXPORT const char* alloy_last_oom(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ALLOY_CAPI_H */
