@@ -60,7 +60,8 @@ void fail(config_error& error, int status, std::string message) {
 bool parse_bytes(std::string_view text, std::size_t& out) {
   text = trim(text);
   std::size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
+    ++digits;
   double number = 0;
   if (!parse_decimal(text.substr(0, digits), number)) return false;
   const std::string unit = lower(trim(text.substr(digits)));
@@ -68,9 +69,9 @@ bool parse_bytes(std::string_view text, std::size_t& out) {
     const char* name;
     double factor;
   };
-  static constexpr named_unit units[] = {{"", 1.0},       {"b", 1.0},        {"kb", 1e3},           {"mb", 1e6},
-                                         {"gb", 1e9},     {"tb", 1e12},      {"kib", 1024.0},       {"mib", 1048576.0},
-                                         {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  static constexpr named_unit units[] = {
+      {"", 1.0},    {"b", 1.0},      {"kb", 1e3},        {"mb", 1e6},           {"gb", 1e9},
+      {"tb", 1e12}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
   for (const named_unit& u : units) {
     if (unit != u.name) continue;
     const double bytes = std::floor(number * u.factor);
@@ -90,7 +91,8 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
     if (entry.empty()) continue;
     const std::size_t colon = entry.find(':');
     if (colon == std::string_view::npos) {
-      fail(error, ALLOY_ERROR_BAD_VALUE, "alloy: configuration entry '" + std::string(entry) + "' has no value (key:value)");
+      fail(error, ALLOY_ERROR_BAD_VALUE,
+           "alloy: configuration entry '" + std::string(entry) + "' has no value (key:value)");
       return false;
     }
     const std::string key = lower(trim(entry.substr(0, colon)));
@@ -125,7 +127,8 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
       }
     } else if (key == "history") {
       std::size_t n = 0;
-      if (!parse_count(value, n) || n > (std::size_t{1} << 28)) return bad("expected a count of events, 0 to 268435456");
+      if (!parse_count(value, n) || n > (std::size_t{1} << 28))
+        return bad("expected a count of events, 0 to 268435456");
       c.history = n;
     } else if (key == "devices") {
       std::size_t n = 0;
@@ -140,7 +143,8 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
     }
   }
   if (c.devices_given && c.backend != backend_kind::host) {
-    fail(error, ALLOY_ERROR_BAD_VALUE, "alloy: bad value for devices: it applies to backend:host only (CUDA devices are counted)");
+    fail(error, ALLOY_ERROR_BAD_VALUE,
+         "alloy: bad value for devices: it applies to backend:host only (CUDA devices are counted)");
     return false;
   }
   out = c;
@@ -150,7 +154,9 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
 std::string config::to_string() const {
   std::string s = std::string("backend:") + (backend == backend_kind::host ? "host" : "cuda");
   s += ",composition:";
-  s += composition == composition_kind::virtual_memory ? "virtual" : composition == composition_kind::caching ? "caching" : "default";
+  s += composition == composition_kind::virtual_memory ? "virtual"
+       : composition == composition_kind::caching      ? "caching"
+                                                       : "default";
   s += ",capacity:";
   if (capacity_bytes != 0) {
     s += std::to_string(capacity_bytes) + "B";

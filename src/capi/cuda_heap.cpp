@@ -88,15 +88,15 @@ std::unique_ptr<device_heap> make_cuda_heap(const config& c, int device, std::si
     }
     case composition_kind::default_heap: {
       using heap_t = default_allocator<capped_upstream<cuda_malloc_upstream>>;
-      return std::make_unique<heap_of<heap_t, cudaStream_t>>(
-          c.history, limit, false,
-          [](device_state* s, no_backend*) { return heap_t{capped_upstream<cuda_malloc_upstream>{s}}; });
+      return std::make_unique<heap_of<heap_t, cudaStream_t>>(c.history, limit, false, [](device_state* s, no_backend*) {
+        return heap_t{capped_upstream<cuda_malloc_upstream>{s}};
+      });
     }
     case composition_kind::caching: {
       using heap_t = caching_allocator<capped_upstream<cuda_malloc_upstream>>;
-      return std::make_unique<heap_of<heap_t, cudaStream_t>>(
-          c.history, limit, false,
-          [](device_state* s, no_backend*) { return heap_t{capped_upstream<cuda_malloc_upstream>{s}}; });
+      return std::make_unique<heap_of<heap_t, cudaStream_t>>(c.history, limit, false, [](device_state* s, no_backend*) {
+        return heap_t{capped_upstream<cuda_malloc_upstream>{s}};
+      });
     }
   }
   why = "unknown composition";

@@ -42,7 +42,8 @@ class history {
     try {
       if (events_.size() == keep_) events_.pop_front();
       const auto now = std::chrono::system_clock::now().time_since_epoch();
-      events_.push_back({action, addr, size, stream, std::chrono::duration_cast<std::chrono::microseconds>(now).count()});
+      events_.push_back(
+          {action, addr, size, stream, std::chrono::duration_cast<std::chrono::microseconds>(now).count()});
     } catch (...) {
       // History is best effort: a host allocation failure drops the event, never the request.
     }
@@ -59,7 +60,7 @@ class history {
 /// which the sources write segment events. Touched only under the device's lock.
 struct device_state {
   std::size_t limit = std::numeric_limits<std::size_t>::max();
-  std::size_t taken = 0;  ///< bytes of device memory taken (segments, or physical memory)
+  std::size_t taken = 0;      ///< bytes of device memory taken (segments, or physical memory)
   std::uintptr_t stream = 0;  ///< the stream of the call in progress, for segment events
   history events;
 

@@ -44,13 +44,15 @@ std::unique_ptr<device_heap> make_host_heap(const config& c, int /*device*/, std
     }
     case composition_kind::default_heap: {
       using heap_t = default_allocator<capped_upstream<host_upstream>>;
-      return std::make_unique<heap_of<heap_t, key_stream>>(
-          c.history, limit, false, [](device_state* s, no_backend*) { return heap_t{capped_upstream<host_upstream>{s}}; });
+      return std::make_unique<heap_of<heap_t, key_stream>>(c.history, limit, false, [](device_state* s, no_backend*) {
+        return heap_t{capped_upstream<host_upstream>{s}};
+      });
     }
     case composition_kind::caching: {
       using heap_t = caching_allocator<capped_upstream<host_upstream>>;
-      return std::make_unique<heap_of<heap_t, key_stream>>(
-          c.history, limit, false, [](device_state* s, no_backend*) { return heap_t{capped_upstream<host_upstream>{s}}; });
+      return std::make_unique<heap_of<heap_t, key_stream>>(c.history, limit, false, [](device_state* s, no_backend*) {
+        return heap_t{capped_upstream<host_upstream>{s}};
+      });
     }
   }
   return nullptr;
