@@ -231,7 +231,7 @@ BOOST_AUTO_TEST_CASE(bad_frees_are_refused_counted_and_change_nothing) {
   torch_free(p, 1000, 1, stream_key(1));  // wrong device
   BOOST_TEST(alloy_last_error_code() == ALLOY_ERROR_BAD_POINTER);
   BOOST_TEST(std::string(alloy_last_error()).find("belongs to device 0") != std::string::npos);
-  cupy_free(nullptr, p, 2);  // wrong device through CuPy
+  cupy_free(nullptr, p, 2);               // wrong device through CuPy
   torch_free(p, 1000, 7, stream_key(1));  // no such device
   BOOST_TEST(alloy_last_error_code() == ALLOY_ERROR_BAD_DEVICE);
   torch_free(nullptr, 0, 0, stream_key(1));  // nothing, as free(NULL)
@@ -470,7 +470,8 @@ BOOST_AUTO_TEST_CASE(four_threads_on_three_devices_with_frees_from_other_threads
     BOOST_TEST(after.at("allocation.all.current") == before[static_cast<std::size_t>(d)].at("allocation.all.current"));
     BOOST_TEST(after.at("allocated_bytes.all.current") ==
                before[static_cast<std::size_t>(d)].at("allocated_bytes.all.current"));
-    BOOST_TEST(after.at("allocation.all.allocated") - before[static_cast<std::size_t>(d)].at("allocation.all.allocated") ==
+    BOOST_TEST(after.at("allocation.all.allocated") -
+                   before[static_cast<std::size_t>(d)].at("allocation.all.allocated") ==
                after.at("allocation.all.freed") - before[static_cast<std::size_t>(d)].at("allocation.all.freed"));
   }
 }

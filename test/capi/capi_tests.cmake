@@ -21,3 +21,13 @@ if(NOT ALLOY_SANITIZE AND NOT ALLOY_SANITIZE_THREAD)
     -DHEADER=${PROJECT_SOURCE_DIR}/include/alloy/capi.h -P ${CMAKE_CURRENT_SOURCE_DIR}/capi/check_exports.cmake)
   set_tests_properties(capi.exports PROPERTIES LABELS "host")
 endif()
+if(TARGET capi_capi_gpu_test)
+  target_link_libraries(capi_capi_gpu_test PRIVATE alloy_capi)
+  foreach(composition default caching)
+    add_test(NAME capi.capi_gpu_test.${composition}
+      COMMAND capi_capi_gpu_test --log_level=test_suite --report_level=short --color_output=false)
+    set_tests_properties(capi.capi_gpu_test.${composition} PROPERTIES LABELS "gpu"
+      SKIP_REGULAR_EXPRESSION "skipped because precondition failed"
+      ENVIRONMENT "${ALLOY_TEST_ENV};ALLOY_CONF=composition:${composition},history:10000")
+  endforeach()
+endif()
