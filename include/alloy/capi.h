@@ -66,6 +66,14 @@ ALLOY_CAPI_EXPORT int alloy_device_count(void);
 /* ---- PyTorch's CUDAPluggableAllocator, exactly its types -------------------------------------- */
 
 ALLOY_CAPI_EXPORT void* alloy_torch_malloc(size_t size, int device, cudaStream_t stream);
+#ifdef __cplusplus
+/* As alloy_torch_malloc, but out of memory throws a C++ exception derived from std::bad_alloc
+ * whose what() is alloy_last_oom's explanation, instead of returning NULL. This is the entry point
+ * to give torch.cuda.memory.CUDAPluggableAllocator: PyTorch does not check the pointer its
+ * allocation function returns, and turns the exception into a Python RuntimeError. Call it only
+ * from C++ frames that let exceptions through (never through ctypes or a C caller). */
+ALLOY_CAPI_EXPORT void* alloy_torch_malloc_or_throw(size_t size, int device, cudaStream_t stream);
+#endif
 ALLOY_CAPI_EXPORT void alloy_torch_free(void* ptr, size_t size, int device, cudaStream_t stream);
 ALLOY_CAPI_EXPORT void alloy_torch_init(int device_count);
 ALLOY_CAPI_EXPORT void alloy_torch_empty_cache(void);

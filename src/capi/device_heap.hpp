@@ -30,6 +30,7 @@ struct trace_event {
   std::size_t size = 0;
   std::uintptr_t stream = 0;
   std::int64_t time_us = 0;
+  std::size_t device_free = 0;  ///< oom events: device memory free at the failure
 };
 
 /// The last `keep` events of one device (none when `keep` is 0).
@@ -37,13 +38,14 @@ class history {
  public:
   explicit history(std::size_t keep) : keep_(keep) {}
   bool on() const noexcept { return keep_ != 0; }
-  void add(const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream) noexcept {
+  void add(const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
+           std::size_t device_free = 0) noexcept {
     if (keep_ == 0) return;
     try {
       if (events_.size() == keep_) events_.pop_front();
       const auto now = std::chrono::system_clock::now().time_since_epoch();
-      events_.push_back(
-          {action, addr, size, stream, std::chrono::duration_cast<std::chrono::microseconds>(now).count()});
+      events_.push_back({action, addr, size, stream, std::chrono::duration_cast<std::chrono::microseconds>(now).count(),
+                         device_free});
     } catch (...) {
       // History is best effort: a host allocation failure drops the event, never the request.
     }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <deque>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -64,6 +65,7 @@ class snapshot_writer {
       entry.add("size", e.size);
       entry.add("stream", e.stream);
       entry.add("time_us", e.time_us);
+      if (std::string_view(e.action) == "oom") entry.add("device_free", e.device_free);
       entry.add_raw("frames", "[]");
       trace += entry.str();
     }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -169,6 +170,18 @@ device_heap* heap_of_slot(device_slot& slot, int device) {
 
 std::uintptr_t key(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
+// Device memory free now: the driver's answer on CUDA, the device's memory less what the heap
+// took on the host backend.
+std::size_t device_free_bytes(const device_slot& slot, const device_state& state, int device) {
+  if (the_library.conf.backend == backend_kind::cuda) {
+    std::size_t free_bytes = 0;
+    std::size_t total = 0;
+    std::string why;
+    return cuda_memory_info(device, free_bytes, total, why) ? free_bytes : 0;
+  }
+  return slot.total_bytes > state.taken ? slot.total_bytes - state.taken : 0;
+}
+
 void* allocate(int device, std::size_t size, void* stream) {
   device_slot* slot = slot_of(device);
   if (slot == nullptr) return nullptr;
@@ -179,6 +192,12 @@ void* allocate(int device, std::size_t size, void* stream) {
   device_state& state = heap->state();
   state.stream = key(stream);
   block b = heap->allocate(size, stream);
+  if (!b && size <= state.limit) {
+    // As PyTorch does before it reports out of memory: give every cached byte back and retry
+    // once (the composition's own retry may have released one part's cache, not another's).
+    heap->release();
+    b = heap->allocate(size, stream);
+  }
   if (b) {
     try {
       slot->live.emplace(b.ptr, live_block{size, stream});
@@ -197,7 +216,7 @@ void* allocate(int device, std::size_t size, void* stream) {
       why = "alloy: out of memory on device " + std::to_string(device);
     }
     std::snprintf(slot->last_oom, sizeof slot->last_oom, "%s", why.c_str());
-    state.events.add("oom", 0, size, key(stream));
+    state.events.add("oom", 0, size, key(stream), device_free_bytes(*slot, state, device));
     set_error(ALLOY_OK, "");
     return nullptr;
   }
@@ -317,16 +336,8 @@ std::string statistics_json(device_slot& slot, device_heap& heap, int device) {
   out.add("num_device_alloc", s.num_device_alloc);
   out.add("num_device_free", s.num_device_free);
   out.add("num_bad_frees", slot.bad_frees);
-  std::size_t free_bytes = 0;
-  std::size_t total = slot.total_bytes;
-  if (the_library.conf.backend == backend_kind::cuda) {
-    std::string why;
-    if (!cuda_memory_info(device, free_bytes, total, why)) free_bytes = 0;
-  } else {
-    free_bytes = total > heap.state().taken ? total - heap.state().taken : 0;
-  }
-  out.add("device_total_bytes", total);
-  out.add("device_free_bytes", free_bytes);
+  out.add("device_total_bytes", slot.total_bytes);
+  out.add("device_free_bytes", device_free_bytes(slot, heap.state(), device));
   return out.str();
 }
 
@@ -368,6 +379,30 @@ int alloy_last_error_code(void) { return t_error_code; }
 int alloy_device_count(void) { return start() ? the_library.device_count : -1; }
 
 void* alloy_torch_malloc(size_t size, int device, cudaStream_t stream) { return allocate(device, size, stream); }
+
+namespace {
+/// What alloy_torch_malloc_or_throw throws: std::bad_alloc with alloy's explanation.
+class capi_out_of_memory : public std::bad_alloc {
+ public:
+  explicit capi_out_of_memory(std::string why) : why_(std::move(why)) {}
+  const char* what() const noexcept override { return why_.c_str(); }
+
+ private:
+  std::string why_;
+};
+}  // namespace
+
+void* alloy_torch_malloc_or_throw(size_t size, int device, cudaStream_t stream) {
+  void* p = allocate(device, size, stream);
+  if (p == nullptr) {
+    const device_slot* slot = device >= 0 && device < the_library.device_count
+                                  ? &the_library.devices[static_cast<std::size_t>(device)]
+                                  : nullptr;
+    throw capi_out_of_memory(slot != nullptr && slot->last_oom[0] != '\0' ? std::string(slot->last_oom)
+                                                                          : std::string(alloy_last_error()));
+  }
+  return p;
+}
 
 void alloy_torch_free(void* ptr, size_t size, int device, cudaStream_t stream) {
   free_block(ptr, size, true, device, stream);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -268,6 +269,19 @@ BOOST_AUTO_TEST_CASE(out_of_memory_is_null_and_explained) {
   BOOST_TEST(why.find("device 2") != std::string::npos);
   BOOST_TEST(stat(2, "num_ooms") == ooms + 1);
   BOOST_TEST(std::string(alloy_last_oom(1)).find("device 2") == std::string::npos);
+  // The entry point for PyTorch, which does not check for NULL: the same failure as an exception.
+  const torch_malloc_fn or_throw = &alloy_torch_malloc_or_throw;
+  try {
+    or_throw(capacity + 1, 2, stream_key(0));
+    BOOST_ERROR("no exception");
+  } catch (const std::bad_alloc& e) {
+    BOOST_TEST(std::string(e.what()).find("out of memory") != std::string::npos);
+    BOOST_TEST(std::string(e.what()).find("device 2") != std::string::npos);
+  }
+  void* thrown_not = or_throw(4096, 2, stream_key(0));
+  BOOST_TEST(thrown_not != nullptr);
+  torch_free(thrown_not, 4096, 2, stream_key(0));
+  BOOST_TEST(stat(2, "num_ooms") == ooms + 2);
   // A smaller memory fraction takes effect at once; a larger one gives the room back.
   torch_set_fraction(0.0, 2);
   BOOST_TEST(torch_malloc(std::size_t{64} << 20, 2, stream_key(0)) == nullptr);
