@@ -40,12 +40,12 @@ typedef struct CUstream_st* cudaStream_t;
 /* Result codes of alloy_configure (and alloy_last_error_code). */
 enum alloy_status {
   ALLOY_OK = 0,
-  ALLOY_ERROR_UNKNOWN_KEY = 1,         /* a configuration key alloy does not know */
-  ALLOY_ERROR_BAD_VALUE = 2,           /* a value that cannot be read, or out of range */
-  ALLOY_ERROR_ALREADY_CONFIGURED = 3,  /* the allocators exist already: configure before any use */
-  ALLOY_ERROR_BAD_DEVICE = 4,          /* a device index out of range */
-  ALLOY_ERROR_BAD_POINTER = 5,         /* a free of a pointer not live in this library, or with the wrong device */
-  ALLOY_ERROR_UNAVAILABLE = 6          /* the backend cannot start (no CUDA driver or device) */
+  ALLOY_ERROR_UNKNOWN_KEY = 1,        /* a configuration key alloy does not know */
+  ALLOY_ERROR_BAD_VALUE = 2,          /* a value that cannot be read, or out of range */
+  ALLOY_ERROR_ALREADY_CONFIGURED = 3, /* the allocators exist already: configure before any use */
+  ALLOY_ERROR_BAD_DEVICE = 4,         /* a device index out of range */
+  ALLOY_ERROR_BAD_POINTER = 5,        /* a free of a pointer not live in this library, or with the wrong device */
+  ALLOY_ERROR_UNAVAILABLE = 6         /* the backend cannot start (no CUDA driver or device) */
 };
 
 /* ---- configuration and errors ---------------------------------------------------------------- */

@@ -314,6 +314,13 @@ class virtual_allocator {
     if (!b) ++ooms_;
     return b;
   }
+  /// As `allocate`, but nothing cached is given back to serve it (no free granule unmapped, no
+  /// empty slab released): the request fails instead, not counted as an OOM. This makes the
+  /// composition `stream_ordered`'s `Inner`. Tagged requests (`current_tag()` not 0) fail here.
+  block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
+    if (current_tag_.value != 0 || arena_->state(current_tag_) != tag_state::resident) return {};
+    return heap_.allocate_keeping_cache(bytes, alignment);
+  }
   /// Planned growth (`growth_planning_allocator`, over a `thread_safe_vmm`): requests above
   /// `threshold` plan their creates and maps as the arena does (`virtual_arena::allocate_or_plan`),
   /// so that `synchronized` and `sharded` make them without their lock; small requests are served
