@@ -36,8 +36,9 @@ def configure(conf=None):
     """Configures alloy before its first use, as PYTORCH_CUDA_ALLOC_CONF does PyTorch's allocator.
 
     ``conf`` is a string ("composition:virtual,capacity:8GiB,history:10000") or a dict of the
-    same keys; None means the defaults. ValueError names an unknown key or a bad value;
-    RuntimeError when alloy is already configured or in use (configuration is once per process).
+    same keys; None means the defaults. Until alloy serves its first call, a later configure()
+    replaces an earlier one; after it, RuntimeError (configuration is once per process).
+    ValueError names an unknown key or a bad value.
     """
     if isinstance(conf, dict):
         conf = ",".join(f"{key}:{value}" for key, value in conf.items())

@@ -50,12 +50,11 @@ class Configure(unittest.TestCase):
             self.assertIsNotNone(value, f"{conf} accepted")
             self.assertIn(named, value, conf)
 
-    def test_configure_twice(self):
-        value = self.run_ok(
-            "alloy.configure('backend:host')\n"
-            "try:\n    alloy.configure('backend:host')\n    print(json.dumps(None))\n"
-            "except RuntimeError as e:\n    print(json.dumps(str(e)))")
-        self.assertTrue(value)
+    def test_configure_twice_before_use_the_last_wins(self):
+        value = self.run_ok("alloy.configure('backend:host,devices:3')\n"
+                            "alloy.configure('backend:host,devices:2')\n"
+                            "print(json.dumps(alloy.device_count()))")
+        self.assertEqual(value, 2)
 
     def test_configure_after_use(self):
         value = self.run_ok(
