@@ -295,6 +295,61 @@ class Snapshot(unittest.TestCase):
             snapshot_check.check_structure(dict(state, segments=[shrunk]), DEVICES)
 
 
+class TorchHooks(unittest.TestCase):
+    """The hooks alloy.torch.install() gives PyTorch, called as PyTorch calls them."""
+
+    def test_init_with_the_device_count(self):
+        lib().alloy_torch_init(DEVICES)
+        self.assertEqual(lib().alloy_last_error_code(), _lib.OK)
+        lib().alloy_torch_init(DEVICES + 1)
+        self.assertEqual(lib().alloy_last_error_code(), _lib.BAD_DEVICE)
+        self.assertIn(str(DEVICES + 1), _lib.last_error())
+
+    def test_memory_fraction_limits_the_device(self):
+        set_fraction = lib().alloy_torch_set_memory_fraction
+        set_fraction(0.5, 1)  # backend:host's device memory is its capacity
+        self.assertEqual(lib().alloy_last_error_code(), _lib.OK)
+        try:
+            self.assertFalse(torch_malloc(40 << 20, 1))
+            self.assertIn("limit 32.00 MiB", alloy.last_oom(1))
+            pointer = torch_malloc(20 << 20, 1)
+            self.assertTrue(pointer)
+            torch_free(pointer, 20 << 20, 1)
+            for fraction, device, code in ((1.5, 1, _lib.BAD_VALUE), (-0.1, 1, _lib.BAD_VALUE),
+                                           (0.5, DEVICES, _lib.BAD_DEVICE)):
+                set_fraction(fraction, device)
+                self.assertEqual(lib().alloy_last_error_code(), code, (fraction, device))
+            self.assertFalse(torch_malloc(40 << 20, 1), "a refused fraction changed the limit")
+        finally:
+            set_fraction(1.0, 1)
+        pointer = torch_malloc(40 << 20, 1)
+        self.assertTrue(pointer, alloy.last_oom(1))
+        torch_free(pointer, 40 << 20, 1)
+
+    def test_empty_cache_gives_back_what_nothing_uses(self):
+        pointers = [torch_malloc(size) for size in (3 << 20, 5000, 9 << 20)]
+        for pointer, size in zip(pointers, (3 << 20, 5000, 9 << 20)):
+            torch_free(pointer, size)
+        before = alloy.memory_stats(0)
+        self.assertEqual(before["allocation.all.current"], 0)
+        lib().alloy_torch_empty_cache()
+        after = alloy.memory_stats(0)
+        self.assertEqual(after["reserved_bytes.all.current"], 0)
+        self.assertEqual(after["segment.all.current"], 0)
+        if before["reserved_bytes.all.current"]:
+            self.assertGreater(after["num_device_free"], before["num_device_free"])
+        self.assertEqual(alloy.get_bytes_reserved(0), 0)
+
+    def test_record_stream(self):
+        pointer = torch_malloc(4096, 0, 0x51)
+        lib().alloy_torch_record_stream(pointer, ctypes.c_void_p(0x52))
+        self.assertEqual(lib().alloy_last_error_code(), _lib.OK)
+        torch_free(pointer, 4096, 0, 0x51)
+        self.assertEqual(alloy.memory_stats(0)["allocation.all.current"], 0)
+        lib().alloy_torch_record_stream(pointer, ctypes.c_void_p(0x52))
+        self.assertEqual(lib().alloy_last_error_code(), _lib.BAD_POINTER)
+
+
 class Summary(unittest.TestCase):
     def test_summary_reads_like_pytorchs(self):
         pointer = torch_malloc(5 << 20)
