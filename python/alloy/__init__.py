@@ -69,9 +69,9 @@ def device_count():
 
 def _device_index(device):
     if device is None:
-        torch = sys.modules.get("torch")
-        initialised = torch is not None and torch.cuda.is_initialized()
-        device = torch.cuda.current_device() if initialised else 0
+        framework = sys.modules.get("torch")
+        initialised = framework is not None and framework.cuda.is_initialized()
+        device = framework.cuda.current_device() if initialised else 0
     elif isinstance(device, str):  # "cuda:1", as torch accepts
         kind, _, index = device.partition(":")
         if kind != "cuda" or (index and not index.isdigit()):
