@@ -90,9 +90,21 @@ def _reader(key):
     return lambda device: alloy.memory_stats(device)[key]
 
 
+def _nested_stats(device):
+    nested = {}
+    for key, value in alloy.memory_stats(device).items():
+        *path, leaf = key.split(".")
+        place = nested
+        for part in path:
+            place = place.setdefault(part, {})
+        place[leaf] = value
+    return nested
+
+
 def _replacements():
     return {
         "memory_stats": _by_device(alloy.memory_stats),
+        "memory_stats_as_nested_dict": _by_device(_nested_stats),
         "memory_summary": _by_device(alloy.memory_summary),
         "memory_allocated": _by_device(_reader("allocated_bytes.all.current")),
         "max_memory_allocated": _by_device(_reader("allocated_bytes.all.peak")),
