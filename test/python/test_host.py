@@ -350,6 +350,36 @@ class TorchHooks(unittest.TestCase):
         self.assertEqual(lib().alloy_last_error_code(), _lib.BAD_POINTER)
 
 
+class PatchedTorchApi(unittest.TestCase):
+    """What alloy.torch.patch_memory_api() puts in torch.cuda's place (torch itself not needed)."""
+
+    def test_replacements_answer_from_alloy(self):
+        replacements = alloy.torch._replacements()
+        pointer = torch_malloc(5000, 1)
+        try:
+            stats = alloy.memory_stats(1)
+            self.assertEqual(replacements["memory_stats"](1), stats)
+            self.assertEqual(replacements["memory_stats"](device_index=1), stats)
+            self.assertEqual(alloy._flat(replacements["memory_stats_as_nested_dict"](1)), dict(stats))
+            for name, key in (("memory_allocated", "allocated_bytes.all.current"),
+                              ("max_memory_allocated", "allocated_bytes.all.peak"),
+                              ("memory_reserved", "reserved_bytes.all.current"),
+                              ("max_memory_reserved", "reserved_bytes.all.peak")):
+                self.assertEqual(replacements[name]("cuda:1"), stats[key], name)
+            self.assertEqual(replacements["memory_summary"](1, abbreviated=True),
+                             alloy.memory_summary(1))
+            state = alloy.snapshot()
+            self.assertEqual(replacements["_snapshot"](), state)
+            self.assertEqual(replacements["memory_snapshot"](), state["segments"])
+        finally:
+            torch_free(pointer, 5000, 1)
+        replacements["reset_peak_memory_stats"](1)
+        stats = alloy.memory_stats(1)
+        self.assertEqual(stats["requested_bytes.all.peak"], stats["requested_bytes.all.current"])
+        with self.assertRaises(ValueError):
+            replacements["memory_allocated"](DEVICES)
+
+
 class Summary(unittest.TestCase):
     def test_summary_reads_like_pytorchs(self):
         pointer = torch_malloc(5 << 20)
