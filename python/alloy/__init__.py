@@ -32,6 +32,12 @@ __all__ = [
 ]
 
 
+def _fail(what, code):
+    """Raises the library's last error: ValueError for a bad key or value, else RuntimeError."""
+    message = f"{what}: {_lib.last_error()}"
+    raise (ValueError if code in (_lib.UNKNOWN_KEY, _lib.BAD_VALUE) else RuntimeError)(message)
+
+
 def configure(conf=None):
     """Configures alloy before its first use, as PYTORCH_CUDA_ALLOC_CONF does PyTorch's allocator.
 
@@ -43,27 +49,23 @@ def configure(conf=None):
     if isinstance(conf, dict):
         conf = ",".join(f"{key}:{value}" for key, value in conf.items())
     code = _lib.lib().alloy_configure(None if conf is None else conf.encode())
-    if code == _lib.OK:
-        return
-    message = f"alloy.configure({conf!r}): {_lib.last_error()}"
-    if code in (_lib.UNKNOWN_KEY, _lib.BAD_VALUE):
-        raise ValueError(message)
-    raise RuntimeError(message)
+    if code != _lib.OK:
+        _fail(f"alloy.configure({conf!r})", code)
 
 
 def configuration():
     """The configuration in force, normalized ("backend:cuda,composition:virtual,...")."""
     value = _lib.lib().alloy_configuration()
     if value is None:
-        raise RuntimeError(f"alloy: {_lib.last_error()}")
+        _fail("alloy.configuration()", _lib.lib().alloy_last_error_code())
     return value.decode()
 
 
 def device_count():
     """Devices alloy serves (CUDA's, or backend:host's simulated ones)."""
     count = _lib.lib().alloy_device_count()
-    if count < 0:
-        raise RuntimeError(f"alloy: the backend cannot start: {_lib.last_error()}")
+    if count < 0:  # a bad ALLOY_CONF, or no CUDA
+        _fail("alloy cannot start", _lib.lib().alloy_last_error_code())
     return count
 
 
