@@ -25,9 +25,11 @@ def _project():
 
 def _metadata():
     project = _project()
-    return (f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
-            f"Summary: {project['description']}\nRequires-Python: {project['requires-python']}\n"
-            f"License: {project['license']}\n")
+    return (
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+        f"Summary: {project['description']}\nRequires-Python: {project['requires-python']}\n"
+        f"License: {project['license']}\n"
+    )
 
 
 def _wheel(directory, files):
@@ -35,8 +37,10 @@ def _wheel(directory, files):
     dist_info = f"{project['name']}-{project['version']}.dist-info"
     files = dict(files)
     files[f"{dist_info}/METADATA"] = _metadata().encode()
-    files[f"{dist_info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: _alloy_build\n"
-                                   b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    files[f"{dist_info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: _alloy_build\n"
+        b"Root-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     record = []
     for name, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -51,7 +55,9 @@ def _wheel(directory, files):
 
 
 def _sources():
-    return {f"alloy/{path.name}": path.read_bytes() for path in sorted((_ROOT / "alloy").glob("*.py"))}
+    return {
+        f"alloy/{path.name}": path.read_bytes() for path in sorted((_ROOT / "alloy").glob("*.py"))
+    }
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
@@ -65,8 +71,11 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
 def build_sdist(sdist_directory, config_settings=None):
     project = _project()
     base = f"{project['name']}-{project['version']}"
-    files = {"pyproject.toml": (_ROOT / "pyproject.toml").read_bytes(),
-             "_alloy_build.py": Path(__file__).read_bytes(), "PKG-INFO": _metadata().encode()}
+    files = {
+        "pyproject.toml": (_ROOT / "pyproject.toml").read_bytes(),
+        "_alloy_build.py": Path(__file__).read_bytes(),
+        "PKG-INFO": _metadata().encode(),
+    }
     files.update(_sources())
     with tarfile.open(Path(sdist_directory) / f"{base}.tar.gz", "w:gz") as sdist:
         for path, data in files.items():

@@ -91,7 +91,8 @@ def load():
                     tried.append("ctypes.util.find_library('alloy'): nothing")
                 raise OSError(
                     "alloy: liballoy.so not found; build it (cmake --build <build> --target "
-                    "alloy_capi) or set ALLOY_LIBRARY to its path. Tried: " + "; ".join(tried))
+                    "alloy_capi) or set ALLOY_LIBRARY to its path. Tried: " + "; ".join(tried)
+                )
         return _loaded
 
 

@@ -22,7 +22,8 @@ def install(conf=None):
     alloy.device_count()
     library = _lib.lib()
     functions = cupy.cuda.memory.CFunctionAllocator(
-        0, _lib.address("alloy_cupy_malloc"), _lib.address("alloy_cupy_free"), library)
+        0, _lib.address("alloy_cupy_malloc"), _lib.address("alloy_cupy_free"), library
+    )
 
     def malloc(size):
         pointer = functions.malloc(size)
@@ -30,7 +31,8 @@ def install(conf=None):
             device = cupy.cuda.runtime.getDevice()
             stats = alloy.statistics(device)
             error = cupy.cuda.memory.OutOfMemoryError(
-                size, stats["bytes_in_use"], stats["bytes_limit"])
+                size, stats["bytes_in_use"], stats["bytes_limit"]
+            )
             error.args = (f"{error.args[0]} alloy: {alloy.last_oom(device)}",)
             raise error
         return pointer

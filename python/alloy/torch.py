@@ -22,7 +22,8 @@ def _pluggable():
     import torch
 
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        _lib.path(), "alloy_torch_malloc", "alloy_torch_free")
+        _lib.path(), "alloy_torch_malloc", "alloy_torch_free"
+    )
     hooks = allocator.allocator()
     hooks.set_init_fn(_lib.address("alloy_torch_init"))
     hooks.set_reset_fn(_lib.address("alloy_torch_empty_cache"))
@@ -46,7 +47,8 @@ def install(conf=None):
     if torch.cuda.is_initialized():
         raise RuntimeError(
             "alloy.torch.install: PyTorch has initialised CUDA and its own allocator already; "
-            "install alloy before the first CUDA tensor or call (right after import torch)")
+            "install alloy before the first CUDA tensor or call (right after import torch)"
+        )
     if conf is not None:
         alloy.configure(conf)
     alloy.device_count()  # starts the library: a bad ALLOY_CONF or no CUDA is reported here
@@ -58,7 +60,8 @@ def install(conf=None):
             raise
         raise RuntimeError(
             "alloy.torch.install: PyTorch's current allocator is initialised already (another "
-            f"allocator was installed, or CUDA was used): {error}") from error
+            f"allocator was installed, or CUDA was used): {error}"
+        ) from error
     _installed = allocator
     return allocator
 
@@ -101,6 +104,10 @@ def _nested_stats(device):
     return nested
 
 
+def _dump_snapshot(filename="dump_snapshot.pickle", *args, **kwargs):
+    alloy.dump_snapshot(filename)
+
+
 def _replacements():
     return {
         "memory_stats": _by_device(alloy.memory_stats),
@@ -114,8 +121,7 @@ def _replacements():
         "reset_accumulated_memory_stats": _by_device(alloy.reset_accumulated_memory_stats),
         "memory_snapshot": lambda *args, **kwargs: alloy.snapshot()["segments"],
         "_snapshot": lambda *args, **kwargs: alloy.snapshot(),
-        "_dump_snapshot": lambda filename="dump_snapshot.pickle", *args, **kwargs:
-            alloy.dump_snapshot(filename),
+        "_dump_snapshot": _dump_snapshot,
     }
 
 
@@ -142,4 +148,3 @@ def unpatch_memory_api():
     while _patched:
         (module, name), function = _patched.popitem()
         setattr(module, name, function)
-

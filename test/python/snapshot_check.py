@@ -10,8 +10,17 @@ of a block that is not live, a `segment_alloc` under a live block ...). With the
 kept, undoing all of it must leave nothing mapped and nothing live.
 """
 
-ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-           "segment_map", "segment_unmap", "oom", "snapshot"}
+ACTIONS = {
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "snapshot",
+}
 BLOCK_STATES = {"active_allocated", "active_pending_free", "inactive"}
 
 
@@ -27,44 +36,66 @@ def _require(condition, message):
 def check_structure(snapshot, device_count):
     _require(isinstance(snapshot.get("segments"), list), "no list of segments")
     traces = snapshot.get("device_traces")
-    _require(isinstance(traces, list) and len(traces) == device_count,
-             f"device_traces must list {device_count} devices")
+    _require(
+        isinstance(traces, list) and len(traces) == device_count,
+        f"device_traces must list {device_count} devices",
+    )
     by_device = {}
     for segment in snapshot["segments"]:
         where = f"segment at {segment.get('address')}"
-        for key in ("device", "address", "total_size", "stream", "segment_type",
-                    "allocated_size", "active_size", "blocks"):
+        for key in (
+            "device",
+            "address",
+            "total_size",
+            "stream",
+            "segment_type",
+            "allocated_size",
+            "active_size",
+            "blocks",
+        ):
             _require(key in segment, f"{where}: no {key}")
         _require(0 <= segment["device"] < device_count, f"{where}: device out of range")
         _require(segment["segment_type"] in ("small", "large"), f"{where}: bad segment_type")
         _require(segment["blocks"], f"{where}: no blocks")
         address, allocated, active = segment["address"], 0, 0
         for block in segment["blocks"]:
-            _require(block["address"] == address,
-                     f"{where}: block at {block['address']}, expected {address} (gap or overlap)")
+            _require(
+                block["address"] == address,
+                f"{where}: block at {block['address']}, expected {address} (gap or overlap)",
+            )
             _require(block["size"] > 0, f"{where}: empty block at {address}")
             _require(block["state"] in BLOCK_STATES, f"{where}: bad state {block['state']!r}")
             if block["state"] != "inactive":
-                _require(0 < block["requested_size"] <= block["size"],
-                         f"{where}: block at {address} asked {block['requested_size']}, "
-                         f"holds {block['size']}")
+                _require(
+                    0 < block["requested_size"] <= block["size"],
+                    f"{where}: block at {address} asked {block['requested_size']}, "
+                    f"holds {block['size']}",
+                )
                 active += block["size"]
                 if block["state"] == "active_allocated":
                     allocated += block["size"]
             address += block["size"]
-        _require(address == segment["address"] + segment["total_size"],
-                 f"{where}: blocks sum to {address - segment['address']}, "
-                 f"total_size is {segment['total_size']}")
-        _require(segment["allocated_size"] == allocated,
-                 f"{where}: allocated_size {segment['allocated_size']}, blocks say {allocated}")
-        _require(segment["active_size"] == active,
-                 f"{where}: active_size {segment['active_size']}, blocks say {active}")
+        _require(
+            address == segment["address"] + segment["total_size"],
+            f"{where}: blocks sum to {address - segment['address']}, "
+            f"total_size is {segment['total_size']}",
+        )
+        _require(
+            segment["allocated_size"] == allocated,
+            f"{where}: allocated_size {segment['allocated_size']}, blocks say {allocated}",
+        )
+        _require(
+            segment["active_size"] == active,
+            f"{where}: active_size {segment['active_size']}, blocks say {active}",
+        )
         by_device.setdefault(segment["device"], []).append(segment)
     for segments in by_device.values():
         segments.sort(key=lambda s: s["address"])
         for before, after in zip(segments, segments[1:]):
-            _require(before["address"] + before["total_size"] <= after["address"],
-                     f"segments at {before['address']} and {after['address']} overlap")
+            _require(
+                before["address"] + before["total_size"] <= after["address"],
+                f"segments at {before['address']} and {after['address']} overlap",
+            )
 
 
 class _Memory:
@@ -78,8 +109,10 @@ class _Memory:
         return any(s <= start and end <= e for s, e in self.mapped)
 
     def map(self, start, end, event):
-        _require(all(end <= s or e <= start for s, e in self.mapped),
-                 f"{event}: [{start}, {end}) overlaps mapped memory")
+        _require(
+            all(end <= s or e <= start for s, e in self.mapped),
+            f"{event}: [{start}, {end}) overlaps mapped memory",
+        )
         self.mapped.append((start, end))
 
     def unmap(self, start, end, event):
@@ -102,8 +135,10 @@ def check_history(snapshot, device, complete):
             memory.map(segment["address"], segment["address"] + segment["total_size"], "snapshot")
             for block in segment["blocks"]:
                 if block["state"] != "inactive":
-                    memory.live[block["address"]] = [block["requested_size"],
-                                                     block["state"] == "active_pending_free"]
+                    memory.live[block["address"]] = [
+                        block["requested_size"],
+                        block["state"] == "active_pending_free",
+                    ]
     trace = snapshot["device_traces"][device]
     for index in range(len(trace) - 1, -1, -1):
         event = trace[index]
@@ -129,7 +164,9 @@ def check_history(snapshot, device, complete):
         elif action == "free_completed":
             _require(block is None, f"{name}: block {address} live at once")
             _require(memory.covered(address, address + size), f"{name}: block outside segments")
-            overlap = [a for a, (s, _) in memory.live.items() if a < address + size and address < a + s]
+            overlap = [
+                a for a, (s, _) in memory.live.items() if a < address + size and address < a + s
+            ]
             _require(not overlap, f"{name}: block overlaps live blocks at {overlap}")
             memory.live[address] = [size, True]
         elif action in ("segment_free", "segment_unmap"):
@@ -137,7 +174,10 @@ def check_history(snapshot, device, complete):
         else:  # segment_alloc, segment_map
             memory.unmap(address, address + size, name)
     if complete:
-        _require(not memory.live, f"device {device}: blocks {sorted(memory.live)} live before history began")
+        _require(
+            not memory.live,
+            f"device {device}: blocks {sorted(memory.live)} live before history began",
+        )
         _require(not memory.mapped, f"device {device}: memory mapped before history began")
     return memory
 

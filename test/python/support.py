@@ -17,21 +17,54 @@ from alloy import _lib  # noqa: E402
 # torch.cuda.memory_stats()'s keys, as torch/csrc/cuda/Module.cpp (THCPModule_memoryStats) builds
 # them: nine statistics by pool and metric, two oversize ones by metric, six counters.
 TORCH_MEMORY_STATS_KEYS = frozenset(
-    [f"{stat}.{pool}.{metric}"
-     for stat in ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
-                  "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
-     for pool in ("all", "small_pool", "large_pool")
-     for metric in ("current", "peak", "allocated", "freed")]
-    + [f"{stat}.{metric}" for stat in ("oversize_allocations", "oversize_segments")
-       for metric in ("current", "peak", "allocated", "freed")]
-    + ["num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-       "num_device_free", "max_split_size"])
+    [
+        f"{stat}.{pool}.{metric}"
+        for stat in (
+            "allocation",
+            "segment",
+            "active",
+            "inactive_split",
+            "allocated_bytes",
+            "reserved_bytes",
+            "active_bytes",
+            "inactive_split_bytes",
+            "requested_bytes",
+        )
+        for pool in ("all", "small_pool", "large_pool")
+        for metric in ("current", "peak", "allocated", "freed")
+    ]
+    + [
+        f"{stat}.{metric}"
+        for stat in ("oversize_allocations", "oversize_segments")
+        for metric in ("current", "peak", "allocated", "freed")
+    ]
+    + [
+        "num_alloc_retries",
+        "num_ooms",
+        "num_sync_all_streams",
+        "num_device_alloc",
+        "num_device_free",
+        "max_split_size",
+    ]
+)
 
 # The statistics by device of TensorFlow Large Model Support, as alloy.get_<name>(gpu_id).
-TF_NAMES = ("num_allocs", "bytes_in_use", "peak_bytes_in_use", "largest_alloc_size",
-            "bytes_limit", "bytes_reserved", "peak_bytes_reserved", "bytes_reservable_limit",
-            "bytes_inactive", "bytes_active", "peak_bytes_active", "bytes_reclaimed",
-            "num_single_reclaims", "num_full_reclaims")
+TF_NAMES = (
+    "num_allocs",
+    "bytes_in_use",
+    "peak_bytes_in_use",
+    "largest_alloc_size",
+    "bytes_limit",
+    "bytes_reserved",
+    "peak_bytes_reserved",
+    "bytes_reservable_limit",
+    "bytes_inactive",
+    "bytes_active",
+    "peak_bytes_active",
+    "bytes_reclaimed",
+    "num_single_reclaims",
+    "num_full_reclaims",
+)
 
 
 def lib():
@@ -63,15 +96,17 @@ def run_python(code, conf=None, env=None, path=None, unset=()):
     """Runs `code` in a fresh interpreter (alloy is configured once per process) that imports
     alloy from `path` (the clone's python/ by default); its last stdout line is JSON. Returns
     (that value, the whole result)."""
-    environment = dict(os.environ, PYTHONPATH=str(path or CLONE / "python"),
-                       PYTHONDONTWRITEBYTECODE="1")
+    environment = dict(
+        os.environ, PYTHONPATH=str(path or CLONE / "python"), PYTHONDONTWRITEBYTECODE="1"
+    )
     for name in ("ALLOY_CONF",) + tuple(unset):
         environment.pop(name, None)
     if conf is not None:
         environment["ALLOY_CONF"] = conf
     environment.update(env or {})
-    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=120
+    )
     lines = result.stdout.strip().splitlines()
     value = json.loads(lines[-1]) if result.returncode == 0 and lines else None
     return value, result

@@ -13,20 +13,40 @@ import random
 import tempfile
 import unittest
 
-from support import (TF_NAMES, TORCH_MEMORY_STATS_KEYS, _lib, alloy, cupy_free, cupy_malloc, lib,
-                     torch_free, torch_malloc)
+from support import (
+    TF_NAMES,
+    TORCH_MEMORY_STATS_KEYS,
+    _lib,
+    alloy,
+    cupy_free,
+    cupy_malloc,
+    lib,
+    torch_free,
+    torch_malloc,
+)
 import snapshot_check
 
 COMPOSITION = os.environ.get("ALLOY_TEST_COMPOSITION", "virtual")
 CAPACITY = 64 << 20
 DEVICES = 2
-ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
-          "active_bytes", "inactive_split_bytes", "requested_bytes")
+ARRAYS = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
 
 
 def setUpModule():
-    alloy.configure(f"backend:host,devices:{DEVICES},composition:{COMPOSITION},"
-                    f"capacity:{CAPACITY},history:1000000")
+    alloy.configure(
+        f"backend:host,devices:{DEVICES},composition:{COMPOSITION},"
+        f"capacity:{CAPACITY},history:1000000"
+    )
     alloy.device_count()  # starts the library: later configure() calls are refused
 
 
@@ -45,8 +65,11 @@ def intact(pointer, size, byte):
 class Statistics(unittest.TestCase):
     def tearDown(self):
         for device in range(DEVICES):
-            self.assertEqual(alloy.memory_stats(device)["allocation.all.current"], 0,
-                             "a test left allocations live")
+            self.assertEqual(
+                alloy.memory_stats(device)["allocation.all.current"],
+                0,
+                "a test left allocations live",
+            )
 
     def test_configuration_is_the_one_given(self):
         conf = alloy.configuration()
@@ -66,8 +89,10 @@ class Statistics(unittest.TestCase):
             statistics = alloy.statistics(device)
             for name in TF_NAMES + ("device_total_bytes", "device_free_bytes", "num_bad_frees"):
                 self.assertIn(name, statistics)
-                self.assertEqual(getattr(alloy, f"get_{name}", lambda d: statistics[name])(device),
-                                 statistics[name])
+                self.assertEqual(
+                    getattr(alloy, f"get_{name}", lambda d: statistics[name])(device),
+                    statistics[name],
+                )
 
     def test_known_allocations_exactly(self):
         sizes = [1, 512, 4096, 1_000_000, 3 << 20, (3 << 20) + 7]
@@ -90,14 +115,20 @@ class Statistics(unittest.TestCase):
         self.assertEqual(change["requested_bytes.all.current"], sum(sizes))
         self.assertEqual(change["requested_bytes.all.allocated"], sum(sizes))
         self.assertGreaterEqual(change["allocated_bytes.all.current"], sum(sizes))
-        self.assertEqual(held["allocation.all.peak"],
-                         max(before["allocation.all.peak"], before["allocation.all.current"] + len(sizes)))
+        self.assertEqual(
+            held["allocation.all.peak"],
+            max(before["allocation.all.peak"], before["allocation.all.current"] + len(sizes)),
+        )
         self.assertEqual(alloy.memory_stats(1), other_before, "device 1 moved")
 
         # The snapshot tells the same: every pointer a block of its requested size, and the
         # device's totals those of its segments and blocks.
-        blocks = {block["address"]: block for segment in alloy.snapshot()["segments"]
-                  if segment["device"] == 0 for block in segment["blocks"]}
+        blocks = {
+            block["address"]: block
+            for segment in alloy.snapshot()["segments"]
+            if segment["device"] == 0
+            for block in segment["blocks"]
+        }
         for pointer, size in zip(pointers, sizes):
             self.assertEqual(blocks[pointer]["state"], "active_allocated")
             self.assertEqual(blocks[pointer]["requested_size"], size)
@@ -124,11 +155,17 @@ class Statistics(unittest.TestCase):
         pointers = [torch_malloc(size) for size in sizes]
         try:
             change = delta(before, alloy.memory_stats(0))
-            blocks = {block["address"]: block for segment in alloy.snapshot()["segments"]
-                      if segment["device"] == 0 for block in segment["blocks"]}
+            blocks = {
+                block["address"]: block
+                for segment in alloy.snapshot()["segments"]
+                if segment["device"] == 0
+                for block in segment["blocks"]
+            }
             self.assertEqual(change["requested_bytes.all.current"], sum(sizes))
-            self.assertEqual(change["allocated_bytes.all.current"],
-                             sum(blocks[pointer]["size"] for pointer in pointers))
+            self.assertEqual(
+                change["allocated_bytes.all.current"],
+                sum(blocks[pointer]["size"] for pointer in pointers),
+            )
         finally:
             for pointer, size in zip(pointers, sizes):
                 torch_free(pointer, size)
@@ -156,24 +193,33 @@ class Statistics(unittest.TestCase):
             stats, state = alloy.memory_stats(1), alloy.snapshot()
             segments = [s for s in state["segments"] if s["device"] == 1]
             blocks = [b for s in segments for b in s["blocks"]]
-            self.assertEqual(stats["reserved_bytes.all.current"],
-                             sum(s["total_size"] for s in segments))
+            self.assertEqual(
+                stats["reserved_bytes.all.current"], sum(s["total_size"] for s in segments)
+            )
             if not any(s.get("is_expandable") for s in segments):  # else counted by mapping
                 self.assertEqual(stats["segment.all.current"], len(segments))
-            self.assertEqual(stats["allocated_bytes.all.current"],
-                             sum(b["size"] for b in blocks if b["state"] == "active_allocated"))
-            self.assertEqual(stats["allocation.all.current"],
-                             sum(b["state"] == "active_allocated" for b in blocks))
+            self.assertEqual(
+                stats["allocated_bytes.all.current"],
+                sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+            )
+            self.assertEqual(
+                stats["allocation.all.current"],
+                sum(b["state"] == "active_allocated" for b in blocks),
+            )
             for stat in ARRAYS:
                 for metric in ("current", "allocated", "freed"):
-                    self.assertEqual(stats[f"{stat}.small_pool.{metric}"]
-                                     + stats[f"{stat}.large_pool.{metric}"],
-                                     stats[f"{stat}.all.{metric}"], f"{stat}.{metric}")
+                    self.assertEqual(
+                        stats[f"{stat}.small_pool.{metric}"] + stats[f"{stat}.large_pool.{metric}"],
+                        stats[f"{stat}.all.{metric}"],
+                        f"{stat}.{metric}",
+                    )
                 for pool in ("all", "small_pool", "large_pool"):
-                    self.assertGreaterEqual(stats[f"{stat}.{pool}.peak"],
-                                            stats[f"{stat}.{pool}.current"])
-            self.assertGreaterEqual(stats["reserved_bytes.all.current"],
-                                    stats["allocated_bytes.all.current"])
+                    self.assertGreaterEqual(
+                        stats[f"{stat}.{pool}.peak"], stats[f"{stat}.{pool}.current"]
+                    )
+            self.assertGreaterEqual(
+                stats["reserved_bytes.all.current"], stats["allocated_bytes.all.current"]
+            )
         finally:
             for pointer, size in zip(held, (100, 5000, 2 << 20, 700_000)):
                 torch_free(pointer, size, 1)
@@ -209,8 +255,13 @@ class Statistics(unittest.TestCase):
                 torch_free(pointer, size, device, stream_key)
                 counts[device][1] += 1
             else:
-                size = rng.choice([rng.randrange(1, 4096), rng.randrange(4096, 1 << 20),
-                                   rng.randrange(1 << 20, 5 << 20)])
+                size = rng.choice(
+                    [
+                        rng.randrange(1, 4096),
+                        rng.randrange(4096, 1 << 20),
+                        rng.randrange(1 << 20, 5 << 20),
+                    ]
+                )
                 stream_key = rng.choice([0x51, 0x52, 0x53])
                 pointer = torch_malloc(size, device, stream_key)
                 self.assertTrue(pointer, f"step {step}: {alloy.last_oom(device)}")
@@ -230,12 +281,15 @@ class Statistics(unittest.TestCase):
             self.assertGreaterEqual(stats["allocation.all.peak"], counts[device][2])
             self.assertGreaterEqual(stats["requested_bytes.all.peak"], counts[device][3])
             self.assertGreaterEqual(change["allocated_bytes.all.current"], requested)
-            self.assertGreaterEqual(stats["reserved_bytes.all.current"],
-                                    stats["allocated_bytes.all.current"])
+            self.assertGreaterEqual(
+                stats["reserved_bytes.all.current"], stats["allocated_bytes.all.current"]
+            )
             for stat in ARRAYS:
-                self.assertEqual(change[f"{stat}.all.current"],
-                                 change[f"{stat}.all.allocated"] - change[f"{stat}.all.freed"],
-                                 f"step {step}: {stat}")
+                self.assertEqual(
+                    change[f"{stat}.all.current"],
+                    change[f"{stat}.all.allocated"] - change[f"{stat}.all.freed"],
+                    f"step {step}: {stat}",
+                )
             if step % 50 == 0:
                 snapshot_check.check_structure(alloy.snapshot(), DEVICES)
         for device, mine in live.items():
@@ -246,8 +300,10 @@ class Statistics(unittest.TestCase):
 
 class Snapshot(unittest.TestCase):
     def test_structure_and_history_replay(self):
-        held = [(torch_malloc(size, device), size, device)
-                for device, size in ((0, 10), (1, 3 << 20), (0, 1 << 20), (1, 64))]
+        held = [
+            (torch_malloc(size, device), size, device)
+            for device, size in ((0, 10), (1, 3 << 20), (0, 1 << 20), (1, 64))
+        ]
         pointer, size, device = held.pop(1)
         torch_free(pointer, size, device)
         torch_malloc(1 << 40, 0)  # an oom in the history
@@ -285,8 +341,12 @@ class Snapshot(unittest.TestCase):
         finally:
             torch_free(pointer, 777)
         trace = state["device_traces"][0]
-        index = max(i for i, e in enumerate(trace) if e["action"] == "alloc" and e["addr"] == pointer)
-        forgotten = dict(state, device_traces=[trace[:index] + trace[index + 1:]] + state["device_traces"][1:])
+        index = max(
+            i for i, e in enumerate(trace) if e["action"] == "alloc" and e["addr"] == pointer
+        )
+        forgotten = dict(
+            state, device_traces=[trace[:index] + trace[index + 1 :]] + state["device_traces"][1:]
+        )
         with self.assertRaises(snapshot_check.SnapshotError):
             snapshot_check.check(forgotten, DEVICES)
         segment = next(s for s in state["segments"] if s["device"] == 0)
@@ -315,8 +375,11 @@ class TorchHooks(unittest.TestCase):
             pointer = torch_malloc(20 << 20, 1)
             self.assertTrue(pointer)
             torch_free(pointer, 20 << 20, 1)
-            for fraction, device, code in ((1.5, 1, _lib.BAD_VALUE), (-0.1, 1, _lib.BAD_VALUE),
-                                           (0.5, DEVICES, _lib.BAD_DEVICE)):
+            for fraction, device, code in (
+                (1.5, 1, _lib.BAD_VALUE),
+                (-0.1, 1, _lib.BAD_VALUE),
+                (0.5, DEVICES, _lib.BAD_DEVICE),
+            ):
                 set_fraction(fraction, device)
                 self.assertEqual(lib().alloy_last_error_code(), code, (fraction, device))
             self.assertFalse(torch_malloc(40 << 20, 1), "a refused fraction changed the limit")
@@ -360,14 +423,19 @@ class PatchedTorchApi(unittest.TestCase):
             stats = alloy.memory_stats(1)
             self.assertEqual(replacements["memory_stats"](1), stats)
             self.assertEqual(replacements["memory_stats"](device_index=1), stats)
-            self.assertEqual(alloy._flat(replacements["memory_stats_as_nested_dict"](1)), dict(stats))
-            for name, key in (("memory_allocated", "allocated_bytes.all.current"),
-                              ("max_memory_allocated", "allocated_bytes.all.peak"),
-                              ("memory_reserved", "reserved_bytes.all.current"),
-                              ("max_memory_reserved", "reserved_bytes.all.peak")):
+            self.assertEqual(
+                alloy._flat(replacements["memory_stats_as_nested_dict"](1)), dict(stats)
+            )
+            for name, key in (
+                ("memory_allocated", "allocated_bytes.all.current"),
+                ("max_memory_allocated", "allocated_bytes.all.peak"),
+                ("memory_reserved", "reserved_bytes.all.current"),
+                ("max_memory_reserved", "reserved_bytes.all.peak"),
+            ):
                 self.assertEqual(replacements[name]("cuda:1"), stats[key], name)
-            self.assertEqual(replacements["memory_summary"](1, abbreviated=True),
-                             alloy.memory_summary(1))
+            self.assertEqual(
+                replacements["memory_summary"](1, abbreviated=True), alloy.memory_summary(1)
+            )
             state = alloy.snapshot()
             self.assertEqual(replacements["_snapshot"](), state)
             self.assertEqual(replacements["memory_snapshot"](), state["segments"])
@@ -407,23 +475,38 @@ class BadInput(unittest.TestCase):
         return [alloy.statistics(d)["num_bad_frees"] - b for d, b in enumerate(bad)]
 
     def test_device_out_of_range(self):
-        for call in (alloy.memory_stats, alloy.memory_summary, alloy.statistics, alloy.last_oom,
-                     alloy.reset_peak_memory_stats, alloy.reset_accumulated_memory_stats,
-                     alloy.gpu_mem_get, alloy.get_bytes_in_use, alloy.get_num_allocs):
+        for call in (
+            alloy.memory_stats,
+            alloy.memory_summary,
+            alloy.statistics,
+            alloy.last_oom,
+            alloy.reset_peak_memory_stats,
+            alloy.reset_accumulated_memory_stats,
+            alloy.gpu_mem_get,
+            alloy.get_bytes_in_use,
+            alloy.get_num_allocs,
+        ):
             for device in (DEVICES, -1, 99, "cuda:7", "cpu"):
                 with self.assertRaises(ValueError, msg=f"{call.__name__}({device!r})"):
                     call(device)
         with self.assertRaises(TypeError):
             alloy.memory_stats(True)
-        for function in (lib().alloy_memory_stats_json, lib().alloy_statistics_json,
-                         lib().alloy_memory_summary):
+        for function in (
+            lib().alloy_memory_stats_json,
+            lib().alloy_statistics_json,
+            lib().alloy_memory_summary,
+        ):
             self.assertEqual(function(DEVICES, None, 0), 0)
             self.assertEqual(lib().alloy_last_error_code(), _lib.BAD_DEVICE)
             self.assertTrue(_lib.last_error())
         for device in (DEVICES, -1):
-            refused = self.refused(lambda: self.assertFalse(torch_malloc(64, device)), _lib.BAD_DEVICE)
+            refused = self.refused(
+                lambda: self.assertFalse(torch_malloc(64, device)), _lib.BAD_DEVICE
+            )
             self.assertEqual(refused, [0, 0])
-            refused = self.refused(lambda: self.assertFalse(cupy_malloc(64, device)), _lib.BAD_DEVICE)
+            refused = self.refused(
+                lambda: self.assertFalse(cupy_malloc(64, device)), _lib.BAD_DEVICE
+            )
             self.assertEqual(refused, [0, 0])
 
     def test_free_of_a_pointer_never_given(self):
@@ -444,7 +527,9 @@ class BadInput(unittest.TestCase):
     def test_free_with_the_wrong_device(self):
         pointer = torch_malloc(3000, 0)
         fill(pointer, 3000, 0xAB)
-        self.assertEqual(self.refused(lambda: torch_free(pointer, 3000, 1), _lib.BAD_POINTER), [0, 1])
+        self.assertEqual(
+            self.refused(lambda: torch_free(pointer, 3000, 1), _lib.BAD_POINTER), [0, 1]
+        )
         self.assertTrue(intact(pointer, 3000, 0xAB), "a refused free touched the block")
         torch_free(pointer, 3000, 0)
         pointer = cupy_malloc(10, 0)
@@ -456,8 +541,16 @@ class BadInput(unittest.TestCase):
         self.assertEqual(alloy.last_oom(1), "")
         self.assertFalse(torch_malloc(CAPACITY + 1, 0))
         why = alloy.last_oom(0)
-        for part in ("out of memory", "64.00 MiB", "limit", "in use", "reserved", "largest free",
-                     "fragmentation", "device 0"):
+        for part in (
+            "out of memory",
+            "64.00 MiB",
+            "limit",
+            "in use",
+            "reserved",
+            "largest free",
+            "fragmentation",
+            "device 0",
+        ):
             self.assertIn(part, why)
         self.assertEqual(alloy.last_oom(1), "")
         after = alloy.memory_stats(0)

@@ -16,23 +16,40 @@ from pathlib import Path
 from support import CLONE, _lib, run_python
 
 LIBRARY = Path(_lib.path()).resolve()
-FIND_AND_REPORT = ("import alloy, json\nfrom alloy import _lib\n"
-                   "print(json.dumps([alloy.__file__, _lib.path(), alloy.device_count()]))")
+FIND_AND_REPORT = (
+    "import alloy, json\nfrom alloy import _lib\n"
+    "print(json.dumps([alloy.__file__, _lib.path(), alloy.device_count()]))"
+)
 HAS_PIP = importlib.util.find_spec("pip") is not None
 
 
 def pip_install(*where):
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps",
-                    "--no-warn-script-location", "--quiet", *where, str(CLONE / "python")],
-                   check=True, capture_output=True, timeout=300,
-                   env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--no-warn-script-location",
+            "--quiet",
+            *where,
+            str(CLONE / "python"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+    )
 
 
 class Package(unittest.TestCase):
     def test_imports_without_torch_or_cupy(self):
         value, result = run_python(
             "import sys, json, alloy, alloy.torch, alloy.cupy\n"
-            "print(json.dumps(sorted({'torch', 'cupy'} & set(sys.modules))))")
+            "print(json.dumps(sorted({'torch', 'cupy'} & set(sys.modules))))"
+        )
         self.assertEqual(value, [], result.stderr)
 
     @unittest.skipIf(importlib.util.find_spec("torch"), "torch is installed here")
@@ -47,8 +64,9 @@ class Package(unittest.TestCase):
         self.assertIn("No module named 'cupy'", result.stderr)
 
     def test_alloy_library_names_the_file(self):
-        _, result = run_python("import alloy\nalloy.device_count()",
-                               env={"ALLOY_LIBRARY": "/nowhere/liballoy.so"})
+        _, result = run_python(
+            "import alloy\nalloy.device_count()", env={"ALLOY_LIBRARY": "/nowhere/liballoy.so"}
+        )
         self.assertIn("OSError", result.stderr)
         self.assertIn("/nowhere/liballoy.so", result.stderr)
 
@@ -56,8 +74,9 @@ class Package(unittest.TestCase):
     def test_no_library_anywhere_lists_what_was_tried(self):
         with tempfile.TemporaryDirectory() as folder:
             shutil.copytree(CLONE / "python" / "alloy", Path(folder) / "alloy")
-            _, result = run_python("import alloy\nalloy.device_count()", path=folder,
-                                   unset=("ALLOY_LIBRARY",))
+            _, result = run_python(
+                "import alloy\nalloy.device_count()", path=folder, unset=("ALLOY_LIBRARY",)
+            )
         self.assertIn("liballoy.so not found", result.stderr)
         self.assertIn(str(Path(folder).resolve() / "alloy" / "liballoy.so"), result.stderr)
         self.assertIn("find_library", result.stderr)
@@ -74,8 +93,12 @@ class Package(unittest.TestCase):
         with tempfile.TemporaryDirectory() as folder:
             pip_install("--target", folder)
             (Path(folder) / "alloy" / "liballoy.so").symlink_to(LIBRARY)
-            value, result = run_python(FIND_AND_REPORT, conf="backend:host,devices:2",
-                                       path=folder, unset=("ALLOY_LIBRARY",))
+            value, result = run_python(
+                FIND_AND_REPORT,
+                conf="backend:host,devices:2",
+                path=folder,
+                unset=("ALLOY_LIBRARY",),
+            )
             self.assertIsNotNone(value, result.stderr)
             self.assertEqual(Path(value[0]).parent, Path(folder) / "alloy")
             self.assertEqual(value[1], str(Path(folder).resolve() / "alloy" / "liballoy.so"))
@@ -88,8 +111,9 @@ class Package(unittest.TestCase):
             purelib = sysconfig.get_path("purelib", vars={"base": prefix, "platbase": prefix})
             lib = Path(purelib).parents[1]  # prefix/lib (above python3.X/site-packages)
             (lib / "liballoy.so").symlink_to(LIBRARY)
-            value, result = run_python(FIND_AND_REPORT, conf="backend:host", path=purelib,
-                                       unset=("ALLOY_LIBRARY",))
+            value, result = run_python(
+                FIND_AND_REPORT, conf="backend:host", path=purelib, unset=("ALLOY_LIBRARY",)
+            )
             self.assertIsNotNone(value, result.stderr)
             self.assertEqual(Path(value[0]).parent, Path(purelib) / "alloy")
             self.assertEqual(Path(value[1]), lib.resolve() / "liballoy.so")
