@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// README: "CCCL's cuda::mr over an alloy composition".
+// CCCL's cuda::mr over an alloy composition (README "Adaptors").
 #include <alloy/adaptor/cuda_mr.hpp>
 #include <alloy/alloy.hpp>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// README: "std::pmr containers over an alloy composition".
+// std::pmr containers over an alloy composition (README "Adaptors").
 #include <alloy/adaptor/pmr.hpp>
 #include <alloy/alloy.hpp>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// README: "Thrust algorithms and containers over an alloy composition". Built here on Thrust's
+// Thrust algorithms and containers over an alloy composition (README "Adaptors"). Built on Thrust's
 // host backend; the same code under nvcc runs on the GPU (see composition.cu). The keys are
 // positive: Thrust 3.0's host radix sort orders negative ints wrongly (NVIDIA/cccl#4919).
 #include <alloy/adaptor/thrust.hpp>

@@ -79,11 +79,19 @@ std::unique_ptr<device_heap> make_cuda_heap(const config& c, int device, std::si
   };
   switch (c.composition) {
     case composition_kind::virtual_memory: {
+      {
+        const cuda_vmm probe{cuda_vmm::options{.device = device}};
+        if (!probe.valid()) {
+          const auto& e = probe.last_error();
+          why = std::string("CUDA virtual memory unavailable: ") + (e.call != nullptr ? e.call : "?") + " failed (" +
+                (e.name != nullptr ? e.name : "?") + ")";
+          return nullptr;
+        }
+      }
       using heap_t = virtual_allocator<capped_vmm<cuda_vmm>>;
       auto heap = std::make_unique<heap_of<heap_t, cudaStream_t, current_device_backend>>(
           c.history, limit, true,
           [](device_state* s, current_device_backend* b) { return heap_t{capped_vmm<cuda_vmm>{b, s}}; });
-      (void)device;
       return heap;
     }
     case composition_kind::default_heap: {

@@ -339,17 +339,17 @@ extern "C" {
 
 int alloy_configure(const char* conf) {
   library& lib = the_library;
-  std::lock_guard guard(lib.start_lock);
-  if (lib.started.load(std::memory_order_acquire)) {
-    set_error(ALLOY_ERROR_ALREADY_CONFIGURED,
-              "alloy: already configured and in use (" + lib.conf_text + "); configure before the first allocation");
-    return ALLOY_ERROR_ALREADY_CONFIGURED;
-  }
   config parsed;
   config_error error;
   if (!parse_config(conf == nullptr ? "" : conf, parsed, error)) {
     set_error(error.status, error.message);
     return error.status;
+  }
+  std::lock_guard guard(lib.start_lock);
+  if (lib.started.load(std::memory_order_acquire)) {
+    set_error(ALLOY_ERROR_ALREADY_CONFIGURED,
+              "alloy: already configured and in use (" + lib.conf_text + "); configure before the first allocation");
+    return ALLOY_ERROR_ALREADY_CONFIGURED;
   }
   lib.conf = parsed;
   lib.configured = true;

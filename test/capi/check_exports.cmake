@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: Apache-2.0
+# liballoy exports its C interface and nothing else: the dynamic symbols `nm -D --defined-only`
+# lists are exactly the functions alloy/capi.h declares with ALLOY_CAPI_EXPORT.
+#   cmake -DLIBRARY=<liballoy.so> -DHEADER=<alloy/capi.h> -P check_exports.cmake
+find_program(NM nm REQUIRED)
+execute_process(COMMAND ${NM} -D --defined-only ${LIBRARY} OUTPUT_VARIABLE listing RESULT_VARIABLE failed)
+if(failed)
+  message(FATAL_ERROR "nm -D failed on ${LIBRARY}")
+endif()
+string(REGEX MATCHALL "[0-9a-f]+ [A-Za-z] [^\n]+" lines "${listing}")
+set(exported)
+foreach(line IN LISTS lines)
+  string(REGEX REPLACE "^[0-9a-f]+ [A-Za-z] ([^@\n]+).*$" "\\1" name "${line}")
+  list(APPEND exported ${name})
+endforeach()
+list(SORT exported)
+
+file(READ ${HEADER} header)
+string(REGEX MATCHALL "ALLOY_CAPI_EXPORT[^(;]*[ *](alloy_[a-z_0-9]+)\\(" declarations "${header}")
+set(declared)
+foreach(d IN LISTS declarations)
+  string(REGEX REPLACE ".*[ *](alloy_[a-z_0-9]+)\\($" "\\1" name "${d}")
+  list(APPEND declared ${name})
+endforeach()
+list(SORT declared)
+
+list(LENGTH declared count)
+if(count LESS 20)
+  message(FATAL_ERROR "found only ${count} declarations in ${HEADER}: the check reads it wrongly")
+endif()
+if(NOT exported STREQUAL declared)
+  set(extra ${exported})
+  list(REMOVE_ITEM extra ${declared})
+  set(missing ${declared})
+  list(REMOVE_ITEM missing ${exported})
+  message(FATAL_ERROR "liballoy's exports differ from alloy/capi.h\n  exported, not declared: ${extra}\n  declared, not exported: ${missing}")
+endif()
+message(STATUS "liballoy exports exactly the ${count} functions of alloy/capi.h")
