@@ -12,6 +12,7 @@ per process (``configure``, or the environment variable ALLOY_CONF read at first
     alloy.dump_snapshot("snapshot.pickle")                     # open in pytorch.org/memory_viz
 
 ``device=None`` means torch.cuda.current_device() once torch has initialised CUDA, else 0.
+The contract: (docs/design.md#c-library-and-python).
 """
 
 import collections
