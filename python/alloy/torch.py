@@ -7,8 +7,14 @@ it is made current (torch/csrc/cuda/Module.cpp): set_init_fn (called with the de
 CUDA initialises), set_reset_fn (torch.cuda.empty_cache), set_memory_fraction_fn
 (torch.cuda.set_per_process_memory_fraction) and set_record_stream_fn (Tensor.record_stream).
 All four are set. Not set: set_base_alloc_fn (CUDA IPC of tensors shares the block itself) and
-the graph-pool hooks, whose std::function arguments no C function can take; a CUDA graph
-captured with alloy installed allocates from alloy, which is safe under capture.
+the graph-pool hooks, whose std::function arguments no C function can take. alloy's calls are
+not yet safe under CUDA stream capture (docs/design.md#cuda-graphs): allocate a graph's memory
+before capturing it.
+
+Out of memory: PyTorch does not check the pointer a pluggable allocator's malloc returns, so the
+global swap uses alloy_torch_malloc_or_throw, whose C++ exception PyTorch turns into a
+RuntimeError with alloy's explanation. A MemPool's segments use alloy_torch_malloc, whose NULL
+PyTorch's caching allocator checks (it then frees its cache and retries, as with cudaMalloc).
 """
 
 import alloy
@@ -18,12 +24,10 @@ _installed = None  # the CUDAPluggableAllocator made current by install()
 _patched = {}  # (module, name) -> the function patch_memory_api() replaced
 
 
-def _pluggable():
+def _pluggable(malloc="alloy_torch_malloc_or_throw"):
     import torch
 
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        _lib.path(), "alloy_torch_malloc", "alloy_torch_free"
-    )
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.path(), malloc, "alloy_torch_free")
     hooks = allocator.allocator()
     hooks.set_init_fn(_lib.address("alloy_torch_init"))
     hooks.set_reset_fn(_lib.address("alloy_torch_empty_cache"))
@@ -77,7 +81,7 @@ def mem_pool(conf=None, **options):
     if conf is not None:
         alloy.configure(conf)
     alloy.device_count()
-    return torch.cuda.MemPool(_pluggable().allocator(), **options)
+    return torch.cuda.MemPool(_pluggable("alloy_torch_malloc").allocator(), **options)
 
 
 def _by_device(function):
