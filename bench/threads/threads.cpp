@@ -34,8 +34,8 @@
 // 1-thread throughput; ratios against the best synchronized peer (synchronized, std::pmr,
 // thrust) and against malloc at the same thread count; and peak reserved ÷ peak live, where peak
 // live is the sum of the threads' own peaks (at least the true peak of all threads together, so
-// a ratio is if anything too low, the same way at every thread count). The targets (bench/README.md#threads)
-// are checked at the end.
+// a ratio is if anything too low, the same way at every thread count). The targets
+// (bench/README.md#threads) are checked at the end.
 //
 //   threads
 //   threads --quick   # one repetition (a look, not a figure)
