@@ -18,8 +18,7 @@
 //                            granules, block-sized pieces: a block's run of unmapped granules in
 //                            one piece, with frontier growth: 1/32 of the mapped granules more,
 //                            at least two while the device is at most 1/128 full, while it is
-//                            at most 1/16 full), the same without frontier growth (the default
-//                            before 2026-11-27) and with one piece per granule of 16 MiB
+//                            at most 1/16 full), the same without frontier growth and with one piece per granule of 16 MiB
 //                            (`options.arena.granularity`)
 // Figures: ns per operation (wall clock, the driver's time included) of a cold pass (a fresh
 // allocator) and of a warm one (the same workload again on the same allocator, all blocks of the
@@ -244,7 +243,7 @@ figures run_once(const workload& w, bool sample) {
 using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
 using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
 
-/// virtual_allocator with block-sized pieces but no frontier growth (the default before 2026-11-27).
+/// virtual_allocator with block-sized pieces but no frontier growth.
 struct virtual_no_frontier_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
   virtual_no_frontier_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
   static virtual_allocator<cuda_vmm>::options options() {
