@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Every C++ snippet in README.md is part of a compiled example: each ```cpp block must appear,
-// line for line (indentation aside), in one file of examples/.
+// Every C++ and Python snippet in README.md is part of an example that is built or checked: each
+// ```cpp or ```python block must appear, line for line (indentation aside), in one file of
+// examples/.
 #include <boost/test/unit_test.hpp>
 
 #include <filesystem>
@@ -51,8 +52,9 @@ BOOST_AUTO_TEST_CASE(readme_snippets_are_compiled_examples) {
     examples.push_back(normalized_lines(read(entry.path())));
 
   std::size_t snippets = 0;
-  for (std::size_t at = readme.find("```cpp\n"); at != std::string::npos; at = readme.find("```cpp\n", at)) {
-    const std::size_t begin = at + 7;
+  for (const std::string fence : {"```cpp\n", "```python\n"})
+  for (std::size_t at = readme.find(fence); at != std::string::npos; at = readme.find(fence, at)) {
+    const std::size_t begin = at + fence.size();
     const std::size_t end = readme.find("```", begin);
     BOOST_REQUIRE(end != std::string::npos);
     const std::vector<std::string> block = normalized_lines(readme.substr(begin, end - begin));
