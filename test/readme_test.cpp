@@ -53,17 +53,17 @@ BOOST_AUTO_TEST_CASE(readme_snippets_are_compiled_examples) {
 
   std::size_t snippets = 0;
   for (const std::string fence : {"```cpp\n", "```python\n"})
-  for (std::size_t at = readme.find(fence); at != std::string::npos; at = readme.find(fence, at)) {
-    const std::size_t begin = at + fence.size();
-    const std::size_t end = readme.find("```", begin);
-    BOOST_REQUIRE(end != std::string::npos);
-    const std::vector<std::string> block = normalized_lines(readme.substr(begin, end - begin));
-    bool found = false;
-    for (const auto& example : examples) found = found || contains_block(example, block);
-    BOOST_TEST(found, "README snippet " << snippets + 1 << " (starting '" << (block.empty() ? "" : block[0])
-                                        << "') is in no file of examples/");
-    ++snippets;
-    at = end + 3;
-  }
+    for (std::size_t at = readme.find(fence); at != std::string::npos; at = readme.find(fence, at)) {
+      const std::size_t begin = at + fence.size();
+      const std::size_t end = readme.find("```", begin);
+      BOOST_REQUIRE(end != std::string::npos);
+      const std::vector<std::string> block = normalized_lines(readme.substr(begin, end - begin));
+      bool found = false;
+      for (const auto& example : examples) found = found || contains_block(example, block);
+      BOOST_TEST(found, "README snippet " << snippets + 1 << " (starting '" << (block.empty() ? "" : block[0])
+                                          << "') is in no file of examples/");
+      ++snippets;
+      at = end + 3;
+    }
   BOOST_TEST(snippets >= 4u);
 }
