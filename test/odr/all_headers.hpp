@@ -40,8 +40,8 @@
 #include <alloy/policy/tracked.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/ref.hpp>
-#include <alloy/simulated_devices.hpp>
 #include <alloy/showcase.hpp>
+#include <alloy/simulated_devices.hpp>
 #include <alloy/snapshot.hpp>
 #include <alloy/statistics.hpp>
 #include <alloy/stream.hpp>

@@ -131,7 +131,9 @@ class per_device {
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return allocate_with([&](A& a) noexcept { return a.allocate(bytes, alignment); });
   }
-  void deallocate(block b) noexcept { (void)free_with(b, [](A& a, block x) noexcept { a.deallocate(x); }); }
+  void deallocate(block b) noexcept {
+    (void)free_with(b, [](A& a, block x) noexcept { a.deallocate(x); });
+  }
 
   /// As `deallocate`; false when no device owns `b` or its owner refused the free.
   bool try_deallocate(block b) noexcept
@@ -235,8 +237,7 @@ class per_device {
           try {
             const std::lock_guard lock(live_lock_);
             live_.emplace(b.ptr, s);
-          } catch (...) {
-          }
+          } catch (...) {}
         }
       }
       return accepted;
