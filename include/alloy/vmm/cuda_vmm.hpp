@@ -166,7 +166,7 @@ class cuda_vmm {
   void unreserve(address_range range) noexcept {
     if (!valid_ || !range) return;
     const on_device on{device_};
-    if (!entered(on)) return;
+    (void)entered(on);  // kept; the call is tried anyway: it names what it gives back
     if (ok(fn_.address_free(address_of(range.ptr), range.size), "cuMemAddressFree", __LINE__)) ++calls_.unreserves;
   }
 
@@ -191,7 +191,7 @@ class cuda_vmm {
   void release(physical_memory piece) noexcept {
     if (!valid_ || !piece) return;
     const on_device on{device_};
-    if (!entered(on)) return;
+    (void)entered(on);  // kept; the call is tried anyway: it names what it gives back
     if (ok(fn_.release(static_cast<CUmemGenericAllocationHandle>(piece.id)), "cuMemRelease", __LINE__)) {
       physical_ -= piece.size;
       ++calls_.releases;
@@ -217,7 +217,7 @@ class cuda_vmm {
   void unmap(void* at, std::size_t bytes) noexcept {
     if (!valid_ || at == nullptr || bytes == 0) return;
     const on_device on{device_};
-    if (!entered(on)) return;
+    (void)entered(on);  // kept; the call is tried anyway: it names what it gives back
     wait_for_device();  // on failure (a sticky error) the range goes anyway: nothing can use it
     if (ok(fn_.unmap(address_of(at), bytes), "cuMemUnmap", __LINE__)) ++calls_.unmaps;
   }
