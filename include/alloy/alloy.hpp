@@ -5,12 +5,14 @@
 #include <alloy/block.hpp>
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
+#include <alloy/device.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
 #include <alloy/host_stream.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/movable.hpp>
 #include <alloy/ref.hpp>
+#include <alloy/simulated_devices.hpp>
 #include <alloy/statistics.hpp>
 #include <alloy/stream.hpp>
 
@@ -35,6 +37,7 @@
 #include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/logged.hpp>
+#include <alloy/policy/per_device.hpp>
 #include <alloy/policy/quantizer.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/sharded.hpp>

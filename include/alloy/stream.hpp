@@ -8,6 +8,8 @@
 
 #if ALLOY_HAS_CUDA
 #  include <cuda_runtime_api.h>
+
+#  include <alloy/device.hpp>
 #endif
 
 namespace alloy {
@@ -47,7 +49,10 @@ concept stream =
 #if ALLOY_HAS_CUDA
 /// CUDA streams and events. Events are created with `cudaEventDisableTiming` (the cheap kind).
 /// A failing call is reported by its `false` result and its sticky error is cleared, so the
-/// caller's fallback (a host synchronization) starts clean.
+/// caller's fallback (a host synchronization) starts clean. Records and waits run with the
+/// stream's device current (`cudaStreamGetDevice`; no switch when it already is); an event made
+/// on another device than the stream's is made again on the stream's when a record refuses it
+/// (docs/design.md#devices).
 template <>
 struct stream_traits<cudaStream_t> {
   using event_type = cudaEvent_t;
@@ -57,8 +62,17 @@ struct stream_traits<cudaStream_t> {
     if (e != nullptr) ok(cudaEventDestroy(e));
     e = nullptr;
   }
-  static bool record(cudaEvent_t& e, cudaStream_t s) noexcept { return ok(cudaEventRecord(e, s)); }
-  static bool wait(cudaStream_t s, const cudaEvent_t& e) noexcept { return ok(cudaStreamWaitEvent(s, e, 0)); }
+  static bool record(cudaEvent_t& e, cudaStream_t s) noexcept {
+    const basic_scoped_device<cuda_devices> on{device_of(s)};
+    if (!on) return false;
+    if (e != nullptr && ok(cudaEventRecord(e, s))) return true;
+    destroy(e);  // made on another device (or lost): made again here, on the stream's
+    return create(e) && ok(cudaEventRecord(e, s));
+  }
+  static bool wait(cudaStream_t s, const cudaEvent_t& e) noexcept {
+    const basic_scoped_device<cuda_devices> on{device_of(s)};
+    return on && ok(cudaStreamWaitEvent(s, e, 0));
+  }
   static bool ready(const cudaEvent_t& e) noexcept {
     const cudaError_t status = cudaEventQuery(e);
     if (status == cudaSuccess) return true;
@@ -83,6 +97,16 @@ struct stream_traits<cudaStream_t> {
     if (status == cudaSuccess) return true;
     cudaGetLastError();
     return false;
+  }
+  /// The stream's device (-1: unknown, and then the calls run on the current one).
+  static int device_of(cudaStream_t s) noexcept {
+#  if CUDART_VERSION >= 12080
+    int device = -1;
+    return ok(cudaStreamGetDevice(s, &device)) ? device : -1;
+#  else
+    (void)s;
+    return -1;
+#  endif
   }
 };
 #endif

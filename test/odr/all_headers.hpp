@@ -10,6 +10,7 @@
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
 #include <alloy/cuda_info.hpp>
+#include <alloy/device.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
 #include <alloy/host_stream.hpp>
@@ -28,6 +29,7 @@
 #include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/logged.hpp>
+#include <alloy/policy/per_device.hpp>
 #include <alloy/policy/quantizer.hpp>
 #include <alloy/policy/segregator.hpp>
 #include <alloy/policy/sharded.hpp>
@@ -39,6 +41,7 @@
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/ref.hpp>
 #include <alloy/showcase.hpp>
+#include <alloy/simulated_devices.hpp>
 #include <alloy/snapshot.hpp>
 #include <alloy/statistics.hpp>
 #include <alloy/stream.hpp>

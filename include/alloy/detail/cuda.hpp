@@ -115,14 +115,25 @@ class cuda_error_slot {
 
 #  include <alloy/block.hpp>
 #  include <alloy/detail/align.hpp>
+#  include <alloy/device.hpp>
 
 namespace alloy::detail {
 
+/// The device a CUDA part is bound to: `device` when not negative, else the calling thread's
+/// current one (-1 when none can be had: no CUDA device; its calls then fail as they would).
+inline int resolve_device(int device) noexcept { return device >= 0 ? device : current_device<cuda_devices>(); }
+
 /// The synchronous CUDA upstreams differ only in their allocate and free calls; `Calls` names
-/// them (`allocate`, `free`, their spellings for error messages, and the memory kind).
+/// them (`allocate`, `free`, their spellings for error messages, and the memory kind). Bound to
+/// a device (`options::device`; -1: the current one at construction): every call runs with it
+/// current (`scoped_device`: no runtime call when it already is); a device that cannot be made
+/// current fails the allocation, kept in `last_error()` as the call `cudaSetDevice`.
 template <class Calls>
 class basic_cuda_upstream : public cuda_error_slot {
  public:
+  struct options {
+    int device = -1;  ///< CUDA device ordinal; -1: the current device at construction
+  };
   static constexpr bool host_accessible = Calls::host_accessible;
   static constexpr bool device_accessible = Calls::device_accessible;
   static constexpr std::size_t max_alignment = 256;  // what every CUDA allocation call guarantees
@@ -130,8 +141,16 @@ class basic_cuda_upstream : public cuda_error_slot {
   /// `last_error()` and `clear_error()` (synchronized: `cuda_error_slot`).
   static constexpr bool thread_safe = true;
 
+  basic_cuda_upstream() noexcept : basic_cuda_upstream(options{}) {}
+  explicit basic_cuda_upstream(options opts) noexcept : device_(resolve_device(opts.device)) {}
+
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (!is_power_of_two(alignment) || alignment > max_alignment) return {};
+    const basic_scoped_device<cuda_devices> on{device_};
+    if (!on) {
+      record(static_cast<cudaError_t>(on.status()), "cudaSetDevice", __FILE__, __LINE__);
+      return {};
+    }
     void* ptr = nullptr;
     const cudaError_t status = Calls::allocate(&ptr, bytes == 0 ? 1 : bytes);
     if (status != cudaSuccess) {
@@ -143,11 +162,22 @@ class basic_cuda_upstream : public cuda_error_slot {
 
   void deallocate(block b) noexcept {
     if (!b) return;
-    const cudaError_t status = Calls::free(b.ptr);
+    const basic_scoped_device<cuda_devices> on{device_};
+    if (!on) record(static_cast<cudaError_t>(on.status()), "cudaSetDevice", __FILE__, __LINE__);
+    const cudaError_t status = Calls::free(b.ptr);  // tried anyway: the runtime may still take it
     if (status != cudaSuccess) record(status, Calls::free_call, __FILE__, __LINE__);
   }
 
-  friend bool operator==(const basic_cuda_upstream&, const basic_cuda_upstream&) noexcept { return true; }
+  /// The device every call runs on (-1: none could be had at construction).
+  int device() const noexcept { return device_; }
+
+  /// Equal when bound to the same device: either frees what the other allocated.
+  friend bool operator==(const basic_cuda_upstream& l, const basic_cuda_upstream& r) noexcept {
+    return l.device_ == r.device_;
+  }
+
+ private:
+  int device_ = -1;
 };
 
 }  // namespace alloy::detail

@@ -7,6 +7,7 @@
 #include <alloy/block.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/cuda.hpp>
+#include <alloy/device.hpp>
 
 namespace alloy {
 
@@ -18,7 +19,8 @@ namespace alloy {
 ///   call is done, so the caller may free right after enqueueing its last use on that stream.
 ///   The stream-less calls use `options::stream` (the legacy default stream unless set);
 ///   `allocate` without a stream synchronizes that stream, so the memory is ready on any stream.
-/// - Alignment up to `max_alignment` (256 B); zero bytes and failures as `cuda_malloc_upstream`.
+/// - Alignment up to `max_alignment` (256 B); the device, zero bytes and failures as
+///   `cuda_malloc_upstream` (every call runs with `options::device` current).
 /// - Thread safety: as the CUDA runtime (safe); `last_error()` too (`detail::cuda_error_slot`).
 /// - Memory kind: device only.
 class cuda_async_upstream : public detail::cuda_error_slot {
@@ -32,13 +34,21 @@ class cuda_async_upstream : public detail::cuda_error_slot {
   struct options {
     cudaMemPool_t pool = nullptr;   ///< allocate from this pool; null = the device's default pool
     cudaStream_t stream = nullptr;  ///< stream for the stream-less calls
+    int device = -1;                ///< CUDA device ordinal; -1: the current device at construction
   };
 
-  cuda_async_upstream() noexcept = default;
-  explicit cuda_async_upstream(const options& opts) noexcept : options_(opts) {}
+  cuda_async_upstream() noexcept : cuda_async_upstream(options{}) {}
+  explicit cuda_async_upstream(const options& opts) noexcept : options_(opts) {
+    options_.device = detail::resolve_device(opts.device);
+  }
 
   block allocate(std::size_t bytes, std::size_t alignment, cudaStream_t stream) noexcept {
     if (!detail::is_power_of_two(alignment) || alignment > max_alignment) return {};
+    const on_device on{options_.device};
+    if (!on) {
+      record(static_cast<cudaError_t>(on.status()), "cudaSetDevice", __FILE__, __LINE__);
+      return {};
+    }
     void* ptr = nullptr;
     const std::size_t taken = bytes == 0 ? 1 : bytes;
     if (options_.pool != nullptr) {
@@ -50,12 +60,16 @@ class cuda_async_upstream : public detail::cuda_error_slot {
   }
 
   void deallocate(block b, cudaStream_t stream) noexcept {
-    if (b) ALLOY_CUDA_OR_RECORD(cudaFreeAsync(b.ptr, stream));
+    if (!b) return;
+    const on_device on{options_.device};
+    if (!on) record(static_cast<cudaError_t>(on.status()), "cudaSetDevice", __FILE__, __LINE__);
+    ALLOY_CUDA_OR_RECORD(cudaFreeAsync(b.ptr, stream));
   }
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const block b = allocate(bytes, alignment, options_.stream);
     if (b) {
+      const on_device on{options_.device};
       const cudaError_t status = cudaStreamSynchronize(options_.stream);
       if (status != cudaSuccess) {
         record(status, "cudaStreamSynchronize(options.stream)", __FILE__, __LINE__);
@@ -69,12 +83,16 @@ class cuda_async_upstream : public detail::cuda_error_slot {
   void deallocate(block b) noexcept { deallocate(b, options_.stream); }
 
   const options& get_options() const noexcept { return options_; }
+  /// The device every call runs on (-1: none could be had at construction).
+  int device() const noexcept { return options_.device; }
 
   friend bool operator==(const cuda_async_upstream& l, const cuda_async_upstream& r) noexcept {
-    return l.options_.pool == r.options_.pool;
+    return l.options_.pool == r.options_.pool && l.options_.device == r.options_.device;
   }
 
  private:
+  using on_device = basic_scoped_device<cuda_devices>;
+
   options options_{};
 };
 

@@ -17,7 +17,8 @@ struct cuda_malloc_upstream_calls {
 };
 }  // namespace detail
 
-/// Device memory from `cudaMalloc` / `cudaFree` on the current device.
+/// Device memory from `cudaMalloc` / `cudaFree` on its device (`options::device`, default the
+/// current one at construction; every call runs with it current: `detail::basic_cuda_upstream`).
 ///
 /// - Alignment: powers of two up to `max_alignment` (256 B, what `cudaMalloc` guarantees);
 ///   anything else yields an empty block.
@@ -28,6 +29,9 @@ struct cuda_malloc_upstream_calls {
 ///   `alloy::out_of_memory`.
 /// - Thread safety: as the CUDA runtime (safe); `last_error()` too (`detail::cuda_error_slot`).
 /// - Memory kind: device only.
-class cuda_malloc_upstream : public detail::basic_cuda_upstream<detail::cuda_malloc_upstream_calls> {};
+class cuda_malloc_upstream : public detail::basic_cuda_upstream<detail::cuda_malloc_upstream_calls> {
+ public:
+  using basic_cuda_upstream::basic_cuda_upstream;
+};
 
 }  // namespace alloy

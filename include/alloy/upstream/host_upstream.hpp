@@ -7,6 +7,7 @@
 
 #include <alloy/block.hpp>
 #include <alloy/detail/align.hpp>
+#include <alloy/device.hpp>
 
 namespace alloy {
 
@@ -18,7 +19,9 @@ namespace alloy {
 ///   Anything else yields an empty block.
 /// - Zero bytes: a unique minimal allocation, returned as a block of size 0.
 /// - Failure: an empty block; sizes near SIZE_MAX do not overflow.
-/// - Thread safety: safe (it has no state). Memory kind: host only.
+/// - Device label (`options::device`, tests): each call runs with that simulated device current
+///   (`basic_scoped_device<simulated_devices>`; out of range: an empty block). -1: none, no call.
+/// - Thread safety: safe (its one member never changes). Memory kind: host only.
 class host_upstream {
  public:
   static constexpr bool host_accessible = true;
@@ -26,17 +29,34 @@ class host_upstream {
   /// Safe to call from several threads at once (`thread_safe_upstream`).
   static constexpr bool thread_safe = true;
 
+  struct options {
+    int device = -1;  ///< simulated device the calls run on (tests); -1: none
+  };
+
+  host_upstream() noexcept = default;
+  explicit host_upstream(options opts) noexcept : device_(opts.device) {}
+
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!detail::is_power_of_two(alignment)) return {};
+    const basic_scoped_device<simulated_devices> on{device_};
+    if (!on || !detail::is_power_of_two(alignment)) return {};
     if (alignment < alignof(std::max_align_t)) alignment = alignof(std::max_align_t);
     const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, alignment);
     if (rounded == 0) return {};
     return {std::aligned_alloc(alignment, rounded), bytes};
   }
 
-  void deallocate(block b) noexcept { std::free(b.ptr); }
+  void deallocate(block b) noexcept {
+    const basic_scoped_device<simulated_devices> on{device_};
+    std::free(b.ptr);
+  }
 
-  friend bool operator==(const host_upstream&, const host_upstream&) noexcept { return true; }
+  /// The device label (-1: none).
+  int device() const noexcept { return device_; }
+
+  friend bool operator==(const host_upstream& l, const host_upstream& r) noexcept { return l.device_ == r.device_; }
+
+ private:
+  int device_ = -1;
 };
 
 }  // namespace alloy

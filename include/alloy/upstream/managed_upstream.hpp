@@ -22,8 +22,11 @@ struct managed_upstream_calls {
 /// Unified (managed) memory from `cudaMallocManaged(..., cudaMemAttachGlobal)` / `cudaFree`:
 /// accessible from the host and every device; pages migrate on demand.
 ///
-/// Alignment up to `max_alignment` (256 B); zero bytes, failures and thread safety as
+/// Alignment up to `max_alignment` (256 B); the device, zero bytes, failures and thread safety as
 /// `cuda_malloc_upstream`.
-class managed_upstream : public detail::basic_cuda_upstream<detail::managed_upstream_calls> {};
+class managed_upstream : public detail::basic_cuda_upstream<detail::managed_upstream_calls> {
+ public:
+  using basic_cuda_upstream::basic_cuda_upstream;
+};
 
 }  // namespace alloy

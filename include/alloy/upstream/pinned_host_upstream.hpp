@@ -21,8 +21,11 @@ struct pinned_host_upstream_calls {
 /// device-accessible on every system with unified addressing (all current 64-bit platforms).
 /// The target of host spills: copies to and from it run at full link speed.
 ///
-/// Alignment up to `max_alignment` (256 B); zero bytes, failures and thread safety as
-/// `cuda_malloc_upstream`.
-class pinned_host_upstream : public detail::basic_cuda_upstream<detail::pinned_host_upstream_calls> {};
+/// Alignment up to `max_alignment` (256 B); the device (whose context the calls run in), zero
+/// bytes, failures and thread safety as `cuda_malloc_upstream`.
+class pinned_host_upstream : public detail::basic_cuda_upstream<detail::pinned_host_upstream_calls> {
+ public:
+  using basic_cuda_upstream::basic_cuda_upstream;
+};
 
 }  // namespace alloy

@@ -16,6 +16,7 @@
 #  include <cuda_runtime_api.h>
 
 #  include <alloy/detail/align.hpp>
+#  include <alloy/device.hpp>
 #  include <alloy/error.hpp>
 #  include <alloy/vmm/virtual_memory.hpp>
 
@@ -45,7 +46,8 @@ struct cuda_driver_status {
 ///   `cudaGetDriverEntryPointByVersion` (ABI of CUDA 12.0), so nothing links `libcuda`.
 /// - Physical memory: pinned device memory on the device (`options::device`, default the current
 ///   one), created in multiples of the driver's minimum granularity (2 MiB on today's GPUs);
-///   `capacity` limits the bytes created at once (default: the device's total memory).
+///   `capacity` limits the bytes created at once (default: the device's total memory). Every
+///   driver and runtime call runs with that device current (`scoped_device`).
 /// - `reserve` is `cuMemAddressReserve` aligned to the granularity, `map` is `cuMemMap` followed
 ///   by `cuMemSetAccess` (read and write for the device; undone if that fails), `unmap` is
 ///   `cudaDeviceSynchronize` on the device, then `cuMemUnmap`; `release` is `cuMemRelease`.
@@ -107,6 +109,8 @@ class cuda_vmm {
         return;
       }
     }
+    const on_device on{device_};
+    if (!entered(on)) return;
     if (!load_entry_points()) return;
     CUdevice dev = 0;
     if (!ok(fn_.device_get(&dev, device_), "cuDeviceGet", __LINE__)) return;
@@ -149,6 +153,8 @@ class cuda_vmm {
 
   address_range reserve(std::size_t bytes) noexcept {
     if (!valid_) return {};
+    const on_device on{device_};
+    if (!entered(on)) return {};
     const std::size_t size = detail::round_up(bytes, granularity_);
     if (size == 0) return {};
     CUdeviceptr ptr = 0;
@@ -159,11 +165,15 @@ class cuda_vmm {
 
   void unreserve(address_range range) noexcept {
     if (!valid_ || !range) return;
+    const on_device on{device_};
+    (void)entered(on);  // kept; the call is tried anyway: it names what it gives back
     if (ok(fn_.address_free(address_of(range.ptr), range.size), "cuMemAddressFree", __LINE__)) ++calls_.unreserves;
   }
 
   physical_memory create(std::size_t bytes) noexcept {
     if (!valid_) return {};
+    const on_device on{device_};
+    if (!entered(on)) return {};
     const std::size_t size = detail::round_up(bytes, granularity_);
     if (size == 0 || size > capacity_ - physical_) return {};
     CUmemGenericAllocationHandle handle = 0;
@@ -180,6 +190,8 @@ class cuda_vmm {
 
   void release(physical_memory piece) noexcept {
     if (!valid_ || !piece) return;
+    const on_device on{device_};
+    (void)entered(on);  // kept; the call is tried anyway: it names what it gives back
     if (ok(fn_.release(static_cast<CUmemGenericAllocationHandle>(piece.id)), "cuMemRelease", __LINE__)) {
       physical_ -= piece.size;
       ++calls_.releases;
@@ -188,6 +200,8 @@ class cuda_vmm {
 
   bool map(void* at, physical_memory piece) noexcept {
     if (!valid_ || !piece || at == nullptr) return false;
+    const on_device on{device_};
+    if (!entered(on)) return false;
     const CUdeviceptr where = address_of(at);
     if (!ok(fn_.map(where, piece.size, 0, static_cast<CUmemGenericAllocationHandle>(piece.id), 0), "cuMemMap",
             __LINE__))
@@ -202,6 +216,8 @@ class cuda_vmm {
 
   void unmap(void* at, std::size_t bytes) noexcept {
     if (!valid_ || at == nullptr || bytes == 0) return;
+    const on_device on{device_};
+    (void)entered(on);  // kept; the call is tried anyway: it names what it gives back
     wait_for_device();  // on failure (a sticky error) the range goes anyway: nothing can use it
     if (ok(fn_.unmap(address_of(at), bytes), "cuMemUnmap", __LINE__)) ++calls_.unmaps;
   }
@@ -259,14 +275,21 @@ class cuda_vmm {
            load("cuMemUnmap", fn_.unmap) && load("cuMemSetAccess", fn_.set_access);
   }
 
-  /// Waits until the device has finished all work queued so far (on its current context, as
-  /// `cudaFree` does). Failure is kept in `last_error()`.
+  using on_device = basic_scoped_device<cuda_devices>;
+
+  /// True when the guard made the device current; otherwise keeps why.
+  bool entered(const on_device& on) noexcept {
+    if (on) [[likely]]
+      return true;
+    last_error_ = {CUDA_ERROR_INVALID_DEVICE, cudaGetErrorName(static_cast<cudaError_t>(on.status())), "cudaSetDevice",
+                   __FILE__, __LINE__};
+    return false;
+  }
+
+  /// Waits until the device (current: the caller's guard) has finished all work queued so far,
+  /// as `cudaFree` does. Failure is kept in `last_error()`.
   void wait_for_device() noexcept {
-    int current = -1;
-    const bool other = cudaGetDevice(&current) != cudaSuccess || current != device_;
-    if (other) cudaSetDevice(device_);
     const cudaError_t status = cudaDeviceSynchronize();
-    if (other && current >= 0) cudaSetDevice(current);
     if (status != cudaSuccess) {
       cudaGetLastError();
       last_error_ = {CUDA_ERROR_UNKNOWN, cudaGetErrorName(status), "cudaDeviceSynchronize", __FILE__, __LINE__};

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <alloy/detail/align.hpp>
+#include <alloy/device.hpp>
 #include <alloy/vmm/virtual_memory.hpp>
 
 namespace alloy {
@@ -39,7 +40,8 @@ namespace alloy {
 ///   mapped, unmapped and mapped again elsewhere keeps its content (it lives in the file).
 /// - `options`: `capacity` (physical bytes at most; default unlimited), `granularity` (a power of
 ///   two at least the page size, others are rounded up to one; default 2 MiB as CUDA's; tests
-///   use 64 KiB).
+///   use 64 KiB), `device` (a simulated device label: each call runs with it current,
+///   `basic_scoped_device<simulated_devices>`, and fails when it cannot be; -1, the default: none).
 /// - Failure: every call is noexcept; a failed system call (or host memory for the offset table
 ///   running out) is an empty result or `false`, with nothing leaked. A failed `mmap(MAP_FIXED)`
 ///   may leave the addresses it covered unreserved (the kernel's rule); they are not reused.
@@ -56,6 +58,7 @@ class host_vmm {
   struct options {
     std::size_t capacity = std::numeric_limits<std::size_t>::max();  ///< physical bytes at most
     std::size_t granularity = std::size_t{2} << 20;                  ///< power of two >= page size
+    int device = -1;  ///< simulated device the calls run on (tests); -1: none
   };
 
   /// What the backend was asked, for tests and statistics.
@@ -119,6 +122,8 @@ class host_vmm {
   std::size_t physical_bytes() const noexcept { return physical_; }
 
   address_range reserve(std::size_t bytes) noexcept {
+    const on_device on{opts_.device};
+    if (!on) return fail<address_range>();
     const std::size_t size = detail::round_up(bytes, opts_.granularity);
     const std::size_t slack = opts_.granularity - page_size();
     if (size == 0 || size > std::numeric_limits<std::size_t>::max() - slack) return fail<address_range>();
@@ -134,12 +139,15 @@ class host_vmm {
   }
 
   void unreserve(address_range range) noexcept {
+    const on_device on{opts_.device};
     if (!range) return;
     ::munmap(range.ptr, range.size);
     ++calls_.unreserves;
   }
 
   physical_memory create(std::size_t bytes) noexcept {
+    const on_device on{opts_.device};
+    if (!on) return fail<physical_memory>();
     const std::size_t size = detail::round_up(bytes, opts_.granularity);
     if (fd_ < 0 || size == 0 || size > opts_.capacity - physical_) return fail<physical_memory>();
     std::size_t offset = 0;
@@ -155,6 +163,7 @@ class host_vmm {
   }
 
   void release(physical_memory piece) noexcept {
+    const on_device on{opts_.device};
     if (!piece || fd_ < 0) return;
     const std::size_t offset = static_cast<std::size_t>(piece.id - 1);
     // The pages go back to the host now, whatever becomes of the offsets.
@@ -170,7 +179,8 @@ class host_vmm {
   }
 
   bool map(void* at, physical_memory piece) noexcept {
-    if (!piece || fd_ < 0 || at == nullptr) return fail<bool>();
+    const on_device on{opts_.device};
+    if (!on || !piece || fd_ < 0 || at == nullptr) return fail<bool>();
     void* got =
         ::mmap(at, piece.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, static_cast<off_t>(piece.id - 1));
     if (got == MAP_FAILED) return fail<bool>();
@@ -179,6 +189,7 @@ class host_vmm {
   }
 
   void unmap(void* at, std::size_t bytes) noexcept {
+    const on_device on{opts_.device};
     if (at == nullptr || bytes == 0) return;
     ::mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     ++calls_.unmaps;
@@ -192,10 +203,13 @@ class host_vmm {
   int file_descriptor() const noexcept { return fd_; }
   /// Whether construction succeeded (a memfd could be made); when not, every create fails.
   bool valid() const noexcept { return fd_ >= 0; }
+  /// The device label (-1: none).
+  int device() const noexcept { return opts_.device; }
 
  private:
   static constexpr std::size_t max_initial_file = std::size_t{1} << 40;  // 1 TiB, sparse
   static constexpr std::size_t no_offset = std::numeric_limits<std::size_t>::max();
+  using on_device = basic_scoped_device<simulated_devices>;
 
   static std::size_t page_size() noexcept {
     const long p = ::sysconf(_SC_PAGESIZE);
