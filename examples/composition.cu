@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// README: "A composition" (DESIGN §3), compiled by nvcc. Runs on a GPU; without one it says so.
+// README: "A composition" (docs/design.md#building-blocks), compiled by nvcc. Runs on a GPU;
+// without one it says so.
 #include <alloy/adaptor/thrust.hpp>
 #include <alloy/alloy.hpp>
 #include <alloy/memory_stats.hpp>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Compositions on real traces (issue 4): every trace in ../shared/traces replayed through the
+// Compositions on real traces: every trace in ../shared/traces replayed through the
 // ready-made compositions and the candidates for `default_allocator`, plus workload W1 (1,000
 // live, sizes log-uniform 256 B .. 4 MiB, a million free+allocate pairs, alignment 256) through
 // `default_allocator` against the thrust disjoint pool.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Workload W1 (issue 3): a live set of N blocks (N = 1,000 for W1), sizes log-uniform from 256 B to
+// Workload W1: a live set of N blocks (N = 1,000 for W1), sizes log-uniform from 256 B to
 // 4 MiB, alignment 256; then a million pairs, each freeing a random live block and allocating a
 // new one of a fresh random size in its place. The memory is never touched by the workload.
 //

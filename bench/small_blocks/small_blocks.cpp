@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Workload W2 (issue 4): small blocks. A live set of 1,000 blocks, sizes log-uniform from 256 B to
+// Workload W2: small blocks. A live set of 1,000 blocks, sizes log-uniform from 256 B to
 // 64 KiB, alignment 256; then a million pairs, each freeing a random live block and allocating a
 // new one of a fresh random size in its place. The memory is never touched by the workload.
 //

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// stats_overhead: what stats<> adds to the time per allocate+deallocate pair (issue 5: at most 10%
-// on W1 over default_allocator), measured in the same run, the two runs interleaved so that drift
-// on a shared machine hits both alike.
+// stats_overhead: what stats<> adds to the time per allocate+deallocate pair (the target: at most
+// 10% on W1 over default_allocator), measured in the same run, the two runs interleaved so that
+// drift on a shared machine hits both alike.
 //
-// W1 (issue 3): 1,000 live blocks, sizes log-uniform from 256 B to 4 MiB, alignment 256, then a
+// W1: 1,000 live blocks, sizes log-uniform from 256 B to 4 MiB, alignment 256, then a
 // million pairs, each freeing a random live block and allocating a fresh size in its place. The
 // memory comes from anonymous mmap (MAP_NORESERVE) and is never touched. Time: thread CPU time
 // of the million pairs. Compositions: default_allocator and best_fit_arena, each bare and under

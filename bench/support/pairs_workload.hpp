@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// bench/support/pairs_workload.hpp: the free+allocate pairs of workloads W1 (issue 3) and W2
-// (issue 4), and the loop that times them.
+// bench/support/pairs_workload.hpp: the free+allocate pairs of workloads W1 and W2,
+// and the loop that times them.
 //
 // A live set of blocks with sizes log-uniform between two powers of two, then pairs, each freeing
 // a random live block and allocating a fresh random size in its place. The memory is never

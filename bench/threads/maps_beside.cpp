@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Maps beside (issue 20): how much a thread that maps and unmaps physical memory holds up another
+// Maps beside: how much a thread that maps and unmaps physical memory holds up another
 // thread that only reuses memory, through one `synchronized<virtual_allocator<V>>`, when the
 // backend calls run without the lock (a `thread_safe_vmm`: planned growth for the creates and
 // maps, a detached release for the unmaps and releases) and when they run under it (the same

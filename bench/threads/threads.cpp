@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Threads (issue 20): free+allocate pairs on 1, 2, 4 and 8 threads at once, through allocators
+// Threads: free+allocate pairs on 1, 2, 4 and 8 threads at once, through allocators
 // shared by every thread, against the limit of one unshared allocator per thread.
 //
 // Workloads, each thread with its own requests (its own seed):
@@ -34,7 +34,7 @@
 // 1-thread throughput; ratios against the best synchronized peer (synchronized, std::pmr,
 // thrust) and against malloc at the same thread count; and peak reserved ÷ peak live, where peak
 // live is the sum of the threads' own peaks (at least the true peak of all threads together, so
-// a ratio is if anything too low, the same way at every thread count). The issue's targets are
+// a ratio is if anything too low, the same way at every thread count). The targets are
 // checked at the end.
 //
 //   threads
@@ -419,7 +419,7 @@ void print_table(const scenario& sc, const table& tab, const std::vector<contend
 
 void print_targets(const std::vector<scenario>& scs, const std::map<std::string, table>& all,
                    const std::vector<contender>& cs) {
-  std::printf("\nIssue 20's targets, from this run (sharded = sharded<default_allocator>, default options):\n");
+  std::printf("\nThe targets, from this run (sharded = sharded<default_allocator>, default options):\n");
   auto verdict = [](bool met) { return met ? "met" : "NOT met"; };
   for (const scenario& sc : scs) {
     const table& tab = all.at(sc.name);

@@ -2,7 +2,7 @@
 // bench/virtual_memory/offline_plan.hpp: a placement that knows every block's lifetime, for
 // `virtual_memory placements`.
 //
-// Issue 17 asks, where a peak-mapped target is out of reach at 2 MiB granules, for the bound: what
+// Where a peak-mapped target is out of reach at 2 MiB granules, this gives the bound: what
 // the best placement must waste in partial granules. The granule bound (peak live rounded up to a
 // granule) is a lower bound no placement beats; an online placement (virtual_arena, the models of
 // placement_model.hpp) is an upper bound. This plan is a second upper bound, from a placement

@@ -2,8 +2,8 @@
 // bench/virtual_memory/placement_model.hpp: a model heap that places blocks by one of several
 // online policies and counts the granules live blocks touch, for `virtual_memory placements`.
 //
-// Issue 17 asks for peak mapped ÷ peak live of at most 1.05 on the PyTorch traces and 1.10 on W1
-// at CUDA's 2 MiB granules. virtual_arena unmaps every granule no live chunk touches, so what it
+// The targets: peak mapped ÷ peak live of at most 1.05 on the PyTorch traces and 1.10 on W1 at
+// CUDA's 2 MiB granules. virtual_arena unmaps every granule no live chunk touches, so what it
 // maps at the peak is set by where it put the blocks. This model answers whether another online
 // placement (one that does not know when a block will be freed) would touch fewer granules: the
 // same requests, rounded as the arena rounds them, placed in one address range by best fit, by

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Virtual memory (issue 17): how virtual_allocator was chosen, and W1 on it.
+// Virtual memory: how virtual_allocator was chosen, and W1 on it.
 //
 //   virtual_memory candidates [TRACE...]   # default: every trace in ../shared/traces
 //   virtual_memory pieces [TRACE...]       # virtual_allocator's physical pieces: device and calls

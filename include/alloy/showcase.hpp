@@ -171,9 +171,9 @@ template <class Vmm>
 using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>, ref<virtual_arena<Vmm>>>;
 }  // namespace detail
 
-/// `virtual_allocator<Vmm>`: the composition we recommend on virtual memory (DESIGN §12), for
-/// programs that must fit a device: small requests from a size-class pool whose slabs come from
-/// the same virtual arena, the rest from the arena.
+/// `virtual_allocator<Vmm>`: the composition we recommend on virtual memory
+/// (docs/design.md#virtual-memory), for programs that must fit a device: small requests from a
+/// size-class pool whose slabs come from the same virtual arena, the rest from the arena.
 ///
 ///   virtual_arena<Vmm> (owned, one) <- ref <- segregator<128 KiB,
 ///                                               size_class_pool<ref, power2_classes<4, 256, 256 KiB>>
@@ -189,8 +189,8 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   arena's chunks that are not slabs; `for_each_block` = the arena's picture with each slab
 ///   shown as the pool's blocks in it. `small()` and `arena()` give the parts; there is no `parts()`, so that no
 ///   statistics walker adds the arena to the slabs it holds.
-/// - Bad frees (DESIGN §7) are refused by the part that holds the address, counted in its
-///   `misuses()`: a free above 128 KiB of an address in a pool slab, of a size a slab has had,
+/// - Bad frees (docs/design.md#errors) are refused by the part that holds the address, counted in
+///   its `misuses()`: a free above 128 KiB of an address in a pool slab, of a size a slab has had,
 ///   goes to the pool (the slab is an arena chunk, and the arena alone would take a free of the
 ///   slab's exact bytes back from under the pool's blocks); of any other size the arena refuses
 ///   it (a wrong size or interior pointer of the slab's chunk). The look-up is made only for the

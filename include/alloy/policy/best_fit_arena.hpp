@@ -34,7 +34,8 @@ using arena_misuse_handler = misuse_handler;
 /// Counts of the misuses a `best_fit_arena` detected.
 using arena_misuse_counts = misuse_counts;
 
-/// `best_fit_arena<Upstream>`: a coalescing best-fit arena (the large-block engine, DESIGN §3).
+/// `best_fit_arena<Upstream>`: a coalescing best-fit arena (the large-block engine,
+/// docs/design.md#building-blocks).
 ///
 /// - Strategy: takes *segments* from `Upstream` and splits them into *chunks*. A request is
 ///   rounded up to a multiple of `rounding` (default 256 B; a power of two) and served by the
@@ -82,8 +83,8 @@ using arena_misuse_counts = misuse_counts;
 ///   Alignments that are not a power of two and sizes whose rounding overflows give an empty
 ///   block without touching the upstream (not counted as OOMs, as nothing was tried). If host
 ///   metadata cannot grow (std::bad_alloc), the request fails the same way.
-/// - Misuse (DESIGN §7), detected in every build since the address lookup a free needs anyway
-///   finds it: a double free, a pointer that is not the start of a live block (foreign or
+/// - Misuse (docs/design.md#errors), detected in every build since the address lookup a free needs
+///   anyway finds it: a double free, a pointer that is not the start of a live block (foreign or
 ///   interior), and a size that is not the one allocated are ignored (the arena is left as it
 ///   was; a wrong-size free leaves the block allocated), counted in `misuses()`, and passed to
 ///   `options::on_misuse` when set; with no handler, `ALLOY_CHECKED` builds print one line to

@@ -19,12 +19,12 @@
 namespace alloy {
 
 /// An arena the defragmenter can place blocks in: introspection (segments and pieces in address
-/// order, DESIGN §2) plus `allocate_at(where, bytes)`, which carves a block of `bytes` starting
-/// exactly at `where` and succeeds (non-empty block) only when the whole footprint of the block
-/// lies inside one free piece. Optionally `chunk_size(bytes)`: the footprint a block of `bytes`
-/// takes (the arena's rounding); without it the defragmenter assumes `bytes` rounded up to 256.
-/// The arena must keep its bookkeeping outside the blocks (a freed block's bytes stay as they
-/// were until the place is handed out again), and free neighbours must be coalesced.
+/// order, docs/design.md#concepts) plus `allocate_at(where, bytes)`, which carves a block of
+/// `bytes` starting exactly at `where` and succeeds (non-empty block) only when the whole footprint
+/// of the block lies inside one free piece. Optionally `chunk_size(bytes)`: the footprint a block
+/// of `bytes` takes (the arena's rounding); without it the defragmenter assumes `bytes` rounded up
+/// to 256. The arena must keep its bookkeeping outside the blocks (a freed block's bytes stay as
+/// they were until the place is handed out again), and free neighbours must be coalesced.
 template <class A>
 concept placement_arena = introspectable_allocator<A> && requires(A& a, void* where, std::size_t bytes) {
   { a.allocate_at(where, bytes) } noexcept -> std::same_as<block>;

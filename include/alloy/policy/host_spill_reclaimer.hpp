@@ -41,7 +41,7 @@ namespace alloy {
 ///   than everything the device side holds (`reserved_bytes()`) when the upstream below it
 ///   cannot give the difference now: spilling gives back at most what the device holds, so it
 ///   could not help (one probe of that upstream, allocate and give back, on this failure path
-///   only; issue 18).
+///   only).
 /// - Raw `allocate`/`deallocate` go to `Device`; a raw block never moves. When `Device` fails a raw
 ///   request, movable blocks are reclaimed for it the same way (`options::reclaim_for_raw`).
 /// - When `Device` is itself movable (a `compacting_defragmenter`), the reclaimer keeps its resident

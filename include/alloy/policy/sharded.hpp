@@ -51,16 +51,17 @@ struct alignas(64) thread_slot {
 }  // namespace detail
 
 /// `sharded<Inner, Mutex>` keeps several independent `Inner`s (shards), each behind its own lock,
-/// so that threads allocating at the same time do not wait for one another (DESIGN §13).
+/// so that threads allocating at the same time do not wait for one another
+/// (docs/design.md#threads).
 ///
 /// - Strategy: each thread gets a shard, round-robin in the order threads first call, through a
 ///   table in the object (64 entries keyed by `std::this_thread::get_id()`; no thread-local or
-///   global state, DESIGN §11). A thread allocates from its shard, and from the others in turn
-///   when that fails. A free goes to the shard that owns the block, from any thread: the freeing
-///   thread's shard takes it without asking when its table of recent blocks (4,096 addresses by
-///   hash, per shard) holds it, else each shard in turn is asked `Inner::owns`. With more than 64
-///   threads over the object's life, the later ones pick a shard by a hash of their id and have
-///   no cache.
+///   global state, docs/design.md#style). A thread allocates from its shard, and from the others in
+///   turn when that fails. A free goes to the shard that owns the block, from any thread: the
+///   freeing thread's shard takes it without asking when its table of recent blocks (4,096
+///   addresses by hash, per shard) holds it, else each shard in turn is asked `Inner::owns`. With
+///   more than 64 threads over the object's life, the later ones pick a shard by a hash of their id
+///   and have no cache.
 /// - Thread cache (`options::thread_cache`, bytes per size class and thread; on by default unless
 ///   `Inner` keeps statistics, which would count cached blocks as in use): requests of at most
 ///   64 KiB are rounded to a class (multiples of 256 B, four per octave, `power2_classes<4, 256,
@@ -276,7 +277,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
   }
 
-  // ---- movable handles (DESIGN §4), each naming its shard ----------------------------------------
+  // ---- movable handles (docs/design.md#movable-memory), each naming its shard ----------------------------------------
   // A handle is made by the thread's shard (or the others in turn) and carries the shard's index
   // in its id (`id = inner id * shards + shard`; the same id with one shard), so that any thread's
   // lock, unlock or free reaches the shard that owns it, under that shard's lock, without a
@@ -349,7 +350,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
   }
 
-  // ---- tags and offload (DESIGN §12), over every shard -------------------------------------------
+  // ---- tags and offload (docs/design.md#offload), over every shard -------------------------------------------
   // A tag is one thing to the caller: its blocks are in every shard, so each call below reaches
   // every shard (under its lock), combined as `detail::offload_parts` says: offload and discard
   // all or nothing (the shards done are restored when one fails), restore shard by shard (the

@@ -257,9 +257,9 @@ struct size_class_usage {
 ///   empty block (`num_ooms`). A request the pool refuses by contract (too large, bad alignment)
 ///   is not counted as an OOM. Host metadata that cannot grow (std::bad_alloc) also fails the
 ///   request, leaving the pool unchanged.
-/// - Misuse (DESIGN §7), detected in every build: a pointer in no slab (foreign), a pointer
-///   inside a slab that is not where a block starts (interior: not at a class-size boundary of
-///   its slab, or not the aligned start of an over-aligned block), a double free (the block is
+/// - Misuse (docs/design.md#errors), detected in every build: a pointer in no slab (foreign), a
+///   pointer inside a slab that is not where a block starts (interior: not at a class-size boundary
+///   of its slab, or not the aligned start of an over-aligned block), a double free (the block is
 ///   not allocated) and a wrong size (not the size it was allocated with). The free already
 ///   writes the block's entry in the slab's table, so comparing it first costs a dozen
 ///   instructions and branches that are never taken (on W2, time per pair unchanged; the

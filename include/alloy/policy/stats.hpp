@@ -203,18 +203,19 @@ struct stats_reading {
 
 }  // namespace detail
 
-/// `stats<Inner>` counts everything DESIGN §5 names, exactly, and keeps scoped traces.
+/// `stats<Inner>` counts everything docs/design.md#statistics names, exactly, and keeps scoped
+/// traces.
 ///
 /// - Strategy: every call is forwarded to `Inner`; on the way back `stats<>` updates a handful of
 ///   counters (live blocks and bytes, in total and per pool, their peaks, the largest request) and
 ///   reads `Inner`'s reserved bytes (one O(1) call) to keep the reserved peak exact. When the
 ///   reserved bytes changed, which happens only when a segment is taken or given back, it also
 ///   reads the segment counts. No map, no heap allocation, no lock on the hot path.
-/// - Sizes: a block's size is the size its caller asked for (DESIGN §2), so `bytes_in_use`,
-///   `requested_bytes`, and PyTorch's `allocated_bytes`, `requested_bytes` and `active_bytes` all
-///   count requested sizes and are equal. Rounded sizes and free space come from introspection,
-///   at query time only: `largest_free_block`, `fragmentation`, PyTorch's `inactive_split*`, and
-///   the snapshot.
+/// - Sizes: a block's size is the size its caller asked for (docs/design.md#concepts), so
+///   `bytes_in_use`, `requested_bytes`, and PyTorch's `allocated_bytes`, `requested_bytes` and
+///   `active_bytes` all count requested sizes and are equal. Rounded sizes and free space come from
+///   introspection, at query time only: `largest_free_block`, `fragmentation`, PyTorch's
+///   `inactive_split*`, and the snapshot.
 /// - Where each field comes from (zero when the composition cannot tell). `stats<>` asks only
 ///   `Inner`: its typed figures (`detail::figures_of`: each figure from the first part on each
 ///   path that reports it, added up over the paths by the composites), taken through the guard of
@@ -255,11 +256,11 @@ struct stats_reading {
 /// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
 ///   calls and checked frees counted like the others; movable ones, counted when `Inner` can say
 ///   a handle's size; the queries passed on), plus `bytes_in_use` and `oom_report_for`.
-/// - Tags and offload (DESIGN §12), when `Inner` has them: `allocate(bytes, alignment, tag)` is
-///   counted as a plain allocation (refused for an offloaded tag: an OOM here, a refusal in the
-///   arena's `offload_stats()`); `offload`, `discard`, `restore`, `offload_all` are followed by a
-///   look at the reserved bytes, so `bytes_reserved` and its peak stay exact as memory is unmapped
-///   and mapped again. A block of an offloaded tag is still the caller's: it stays in
+/// - Tags and offload (docs/design.md#offload), when `Inner` has them: `allocate(bytes, alignment,
+///   tag)` is counted as a plain allocation (refused for an offloaded tag: an OOM here, a refusal
+///   in the arena's `offload_stats()`); `offload`, `discard`, `restore`, `offload_all` are followed
+///   by a look at the reserved bytes, so `bytes_reserved` and its peak stay exact as memory is
+///   unmapped and mapped again. A block of an offloaded tag is still the caller's: it stays in
 ///   `bytes_in_use` (and PyTorch's allocated bytes) until freed; the snapshot, `memory_summary`
 ///   and `virtual_memory_of` show it as offloaded.
 /// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
@@ -372,8 +373,8 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   /// Bytes of live blocks (the sizes callers asked for).
   std::size_t bytes_in_use() const noexcept { return static_cast<std::size_t>(core_.in_use()); }
 
-  /// Every field of DESIGN §5. O(1), plus one walk over the blocks when `Inner` is introspectable
-  /// and `options::introspect` is on.
+  /// Every field of docs/design.md#statistics. O(1), plus one walk over the blocks when `Inner` is
+  /// introspectable and `options::introspect` is on.
   alloy::statistics statistics() const { return statistics_from(refresh()); }
 
   /// Everything `memory_stats` and `memory_summary` print, from one refresh. Internal; use those.

@@ -30,7 +30,7 @@ struct stream_order_counters {
 };
 
 /// `stream_ordered<Inner, Stream>` gives `Inner` (a `best_fit_arena`, a `size_class_pool`, or a
-/// composite of them) the stream-ordered calls of DESIGN §2, safe by construction.
+/// composite of them) the stream-ordered calls of docs/design.md#concepts, safe by construction.
 ///
 /// - Stream contract (as RMM's): memory returned by `allocate(bytes, alignment, s)` is ready for
 ///   use on `s`: work enqueued on `s` after the call may use it. `deallocate(block, s)` may be
@@ -45,8 +45,8 @@ struct stream_order_counters {
 ///   the stream-less `deallocate` means no work still uses the block.
 /// - Strategy: a freed block goes straight back to `Inner`, where it coalesces with its free
 ///   neighbours at once, whatever stream freed it: free memory is never split by stream, so two
-///   or four streams need no more memory than one (RMM's per-stream free lists fragment, its
-///   issue #2039). What stays behind is a map of *pending ranges*, address ranges freed on a
+///   or four streams need no more memory than one (RMM's per-stream free lists fragment,
+///   rmm#2039). What stays behind is a map of *pending ranges*, address ranges freed on a
 ///   stream together with the events recorded at the free. When `Inner` hands out memory that
 ///   overlaps pending ranges of other streams, the allocating stream waits on their events (those
 ///   already complete are dropped without a wait); ranges of its own stream need nothing. Best

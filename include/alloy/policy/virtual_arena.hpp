@@ -28,7 +28,7 @@
 namespace alloy {
 
 /// `virtual_arena<Vmm>`: a coalescing best-fit heap on virtual memory that gives fragmented
-/// memory back (DESIGN §12).
+/// memory back (docs/design.md#virtual-memory).
 ///
 /// - Strategy: one long range of addresses is reserved from the backend (`address_space`) and
 ///   split into *chunks* as `best_fit_arena` splits a segment: a request is rounded up to a
@@ -132,10 +132,11 @@ namespace alloy {
 /// - Alignment: any power of two (larger than `rounding` by splitting off the padding in front,
 ///   which stays free and unmapped unless a neighbour needs its granule). Zero bytes: a unique
 ///   chunk of `rounding` bytes, returned with size 0.
-/// - Misuse (DESIGN §7), as `best_fit_arena`: double, foreign and interior frees and a wrong size
-///   are ignored, counted in `misuses()` and passed to `options::on_misuse` (ALLOY_CHECKED builds
-///   print a line when there is no handler; alloy/misuse.hpp). `try_deallocate` says whether a
-///   free was accepted, so that decorators count only accepted frees.
+/// - Misuse (docs/design.md#errors), as `best_fit_arena`: double, foreign and interior frees and a
+///   wrong size are ignored, counted in `misuses()` and passed to `options::on_misuse`
+///   (ALLOY_CHECKED builds print a line when there is no handler; alloy/misuse.hpp).
+///   `try_deallocate` says whether a free was accepted, so that decorators count only accepted
+///   frees.
 /// - Capabilities: `owns` (the address lies in the reserved range), `release`, `reserved_bytes`
 ///   (= mapped bytes), `counters` (`num_device_alloc`/`num_device_free` = physical pieces created
 ///   and released, `num_maps`, `num_unmaps`, `num_ooms`, `num_alloc_retries`), `for_each_block`
@@ -152,8 +153,8 @@ namespace alloy {
 ///   to a limit) and `set_free_keep_limit` (a hook an allocation that maps granules asks first
 ///   how much free memory the arena may keep). Not (yet)
 ///   `allocate_at` / `chunk_size` for a compacting defragmenter.
-/// - Tags and offload (DESIGN §12, issue 21): every chunk carries a `tag` (per call, or the
-///   current tag that `scoped_tag` sets). A granule's record holds the tag of the chunks that
+/// - Tags and offload (docs/design.md#offload, issue 21): every chunk carries a `tag` (per call, or
+///   the current tag that `scoped_tag` sets). A granule's record holds the tag of the chunks that
 ///   touch it; chunks of different tags never share a granule: when best fit's chunk would put
 ///   the block in a granule a live chunk of another tag touches, the request is served instead
 ///   from the free chunk right after the tag's last block when it fits there, else from a free

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // alloy/vmm/cuda_vmm.hpp: the `virtual_memory` backend of a CUDA device, on the driver's virtual
-// memory management (DESIGN §12).
+// memory management (docs/design.md#virtual-memory).
 #pragma once
 
 #include <alloy/config.hpp>
