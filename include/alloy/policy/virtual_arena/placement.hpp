@@ -274,8 +274,7 @@ inline auto virtual_arena<Vmm>::cost_at(std::uintptr_t start, std::size_t rounde
   // Granules spanned count for blocks of whole granules and for blocks of 3/4 of a granule up to
   // one: such a block leaves a quarter of a granule or less beside it, so packing it end to end
   // gains little, while one straddling a boundary holds two granules once its neighbours go.
-  // Smaller blocks packed end to end fill granules better than moved to a boundary (measured on
-  // the traces, rescaled traces and synthetic ones; bench/README.md).
+  // Smaller blocks packed end to end fill granules better than moved to a boundary.
   const bool span_counts = (rounded & (opts_.granularity - 1)) == 0 ||
                            (rounded < opts_.granularity && rounded >= opts_.granularity - opts_.granularity / 4);
   placement_cost cost{0, span_counts ? last - first + 1 : 0, not_counted};
@@ -302,7 +301,7 @@ inline std::uintptr_t virtual_arena<Vmm>::placement_in(std::uint32_t c, std::uin
     return front;  // within granules live chunks touch: nothing to gain
   // A block over a granule has one other candidate, the front moved to a granule boundary: when
   // that is the front itself or does not fit the chunk, the comparison has nothing to compare
-  // (the same answer without it; traces about 2 % faster, tools/ab-time).
+  // (the same answer without it, sooner).
   if (rounded > opts_.granularity) {
     const std::uintptr_t moved = up_to_granule(front, alignment);
     if (moved == front || moved + rounded > pool_[c].addr + pool_[c].size()) return front;
@@ -330,8 +329,7 @@ std::uintptr_t virtual_arena<Vmm>::placement_among(std::uint32_t c, std::uintptr
   const std::uintptr_t on_granule = std::max(alignment, opts_.granularity) - 1;
   std::uintptr_t best = front;
   placement_cost best_cost = at_front;
-  // Inlined: called out of line it was about 25 instructions of call a candidate, 4 % of silmont
-  // fp32's replay (callgrind).
+  // Inlined: a call per candidate costs more than the comparison itself.
   const auto consider = [&](std::uintptr_t start) __attribute__((always_inline)) {
     if (start < pool_[c].addr || start > chunk_end - rounded || start == best) return;
     placement_cost cost = cost_at(start, rounded);
