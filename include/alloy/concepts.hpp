@@ -222,7 +222,7 @@ enum class growth_mode : unsigned char { keeping_cache, releasing, cache_only };
 /// `allocate_or_plan(bytes, alignment, plan)` returns a block when it can serve the request
 /// without its upstream; otherwise it changes nothing and returns an empty block, with `plan`
 /// filled when one upstream call would let it serve the request (else `plan` stays empty and the
-/// caller calls `allocate`, which does everything today's way: last resorts, release and retry,
+/// caller calls `allocate`, which does everything as without a plan: last resorts, release and retry,
 /// OOM). Without the lock: `plan.fetch(under_lock)`: the call and, when it fails, the policy's
 /// answer (a smaller segment; its free segments detached under the lock and given back without
 /// it; the call again). Under the lock again: `allocate_planned(plan, bytes, alignment)` adopts

@@ -46,7 +46,7 @@ struct caching_options {
 
 namespace detail {
 
-/// Kept for code written before `quantizer` was public: the same class.
+/// Another name of `quantizer`, kept so that existing code compiles.
 template <allocator Inner, std::size_t Rounding>
 using round_up_requests = quantizer<Inner, Rounding>;
 
