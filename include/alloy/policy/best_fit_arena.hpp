@@ -99,9 +99,9 @@ class best_fit_arena {
   explicit best_fit_arena(Upstream upstream, options opts = {})
       : upstream_(std::move(upstream)),
         opts_(normalised(opts)),
-        shift_(log2(opts_.rounding)),
-        index_(shift_),
-        map_(shift_) {
+        rounding_shift_(log2(opts_.rounding)),
+        index_(rounding_shift_),
+        map_(rounding_shift_) {
     next_growth_ = opts_.growth_size;
     if (opts_.initial_size != 0) {
       try {
@@ -120,7 +120,7 @@ class best_fit_arena {
   best_fit_arena(best_fit_arena&& other) noexcept
       : upstream_(std::move(other.upstream_)),
         opts_(other.opts_),
-        shift_(other.shift_),
+        rounding_shift_(other.rounding_shift_),
         index_(std::move(other.index_)),
         pool_(std::move(other.pool_)),
         map_(std::move(other.map_)),
@@ -138,7 +138,7 @@ class best_fit_arena {
       return_all_segments();
       upstream_ = std::move(other.upstream_);
       opts_ = other.opts_;
-      shift_ = other.shift_;
+      rounding_shift_ = other.rounding_shift_;
       index_ = std::move(other.index_);
       pool_ = std::move(other.pool_);
       map_ = std::move(other.map_);
@@ -748,7 +748,7 @@ class best_fit_arena {
 
   Upstream upstream_{};
   options opts_{};
-  unsigned shift_ = 8;
+  unsigned rounding_shift_ = 8;  ///< log2 of `rounding`
   detail::best_fit_free_index index_;
   detail::best_fit_chunk_pool pool_;
   detail::best_fit_address_map map_;

@@ -114,11 +114,11 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires std::is_invocable_r_v<Inner, Make&, std::size_t>
   explicit sharded(Make make, options opts = {}) {
     if constexpr (offloading_allocator<Inner>) tags_apart_.reset(new std::atomic<std::uint64_t>[tag_words] {});
-    count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
-    shards_ = static_cast<shard*>(::operator new(sizeof(shard) * count_, std::align_val_t{alignof(shard)}));
+    shard_count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+    shards_ = static_cast<shard*>(::operator new(sizeof(shard) * shard_count_, std::align_val_t{alignof(shard)}));
     std::size_t built = 0;
     try {
-      for (; built < count_; ++built) new (shards_ + built) shard(make, built);
+      for (; built < shard_count_; ++built) new (shards_ + built) shard(make, built);
     } catch (...) {
       destroy_shards(built);
       throw;
@@ -133,7 +133,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// only be destroyed. Neither object may be in use by another thread meanwhile.
   sharded(sharded&& other) noexcept
       : shards_(std::exchange(other.shards_, nullptr)),
-        count_(std::exchange(other.count_, 0)),
+        shard_count_(std::exchange(other.shard_count_, 0)),
         caching_(other.caching_),
         next_shard_(other.next_shard_.load(std::memory_order_relaxed)),
         refused_(other.refused_.load(std::memory_order_relaxed)),
@@ -155,7 +155,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     if (shards_ == nullptr) return;
     flush_thread_caches();
     for (auto& s : slots_) delete s.cache;
-    destroy_shards(count_);
+    destroy_shards(shard_count_);
   }
 
   [[gnu::always_inline]] block allocate(std::size_t bytes, std::size_t alignment) noexcept {
@@ -228,16 +228,16 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   {
     const slot* me = my_slot();
     const std::size_t first = shard_of(me), caller = index_of(me);
-    for (std::size_t n = 0; n < count_; ++n) {
+    for (std::size_t n = 0; n < shard_count_; ++n) {
       const std::size_t i = shard_after(first, n);
       shard_lock lock(shards_[i], caller);
       const handle h = shards_[i].inner.allocate_movable(bytes);
       if (!h) continue;
-      if (h.id > (std::numeric_limits<std::uint64_t>::max() - i) / count_) [[unlikely]] {
+      if (h.id > (std::numeric_limits<std::uint64_t>::max() - i) / shard_count_) [[unlikely]] {
         shards_[i].inner.deallocate(h);  // its id cannot carry the shard: never in practice
         continue;
       }
-      return handle{h.id * count_ + i};
+      return handle{h.id * shard_count_ + i};
     }
     return {};
   }
@@ -273,7 +273,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     using result = decltype(std::declval<const Inner&>().movable_statistics());
     result sum{};
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       sum += shards_[i].inner.movable_statistics();
     }
@@ -283,7 +283,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires detail::has_reset_movable_peak<Inner>
   {
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       shards_[i].inner.reset_movable_peak();
     }
@@ -335,33 +335,33 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   offload_status offload(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    const offload_status s = detail::offload_parts(count_, each_shard(), t, true);
+    const offload_status s = detail::offload_parts(shard_count_, each_shard(), t, true);
     note_agreement(t);
     return s;
   }
   offload_status discard(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    const offload_status s = detail::offload_parts(count_, each_shard(), t, false);
+    const offload_status s = detail::offload_parts(shard_count_, each_shard(), t, false);
     note_agreement(t);
     return s;
   }
   offload_status restore(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    const offload_status s = detail::restore_parts(count_, each_shard(), t);
+    const offload_status s = detail::restore_parts(shard_count_, each_shard(), t);
     note_agreement(t);
     return s;
   }
   tag_state state(tag t) const noexcept
     requires offloading_allocator<Inner>
   {
-    return detail::tag_state_of_parts(count_, each_shard(), t);
+    return detail::tag_state_of_parts(shard_count_, each_shard(), t);
   }
   offload_status offload_all() noexcept
     requires detail::has_offload_all<Inner>
   {
-    const offload_status s = detail::offload_all_parts(count_, each_shard());
+    const offload_status s = detail::offload_all_parts(shard_count_, each_shard());
     if constexpr (offloading_allocator<Inner>) note_agreement_of_every_tag();
     return s;
   }
@@ -394,7 +394,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       // The free segments leave each shard's books under its lock, up to 32 at a time, and go
       // back to the upstream without it.
       const std::size_t caller = caller_index();
-      for (std::size_t i = 0; i < count_; ++i) {
+      for (std::size_t i = 0; i < shard_count_; ++i) {
         detached_segments::give_back_all([&](detached_segments& out) {
           shard_lock lock(shards_[i], caller);
           return shards_[i].inner.release_detached(out);
@@ -412,7 +412,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   {
     flush_thread_cache();
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       if (!shards_[i].inner.release_detached(out)) return false;
     }
@@ -424,7 +424,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void record_use(block b, Stream stream) {
     const block inner = inner_block(b);
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       if (shards_[i].inner.owns(inner)) return shards_[i].inner.record_use(inner, stream);
     }
@@ -437,7 +437,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     using result = decltype(std::declval<const Inner&>().statistics());
     result sum{};
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       result s;
       {
         shard_lock lock(shards_[i], caller);
@@ -495,7 +495,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
   }
 
-  std::size_t shard_count() const noexcept { return count_; }
+  std::size_t shard_count() const noexcept { return shard_count_; }
   /// Runs `f(shard)` with shard `i`'s lock held and returns what it returns.
   template <class F>
   decltype(auto) with_shard(std::size_t i, F&& f) {
@@ -589,8 +589,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// answers a handle it did not make as the part's rules say (the empty handle goes to shard 0).
   template <class Self, class F>
   static decltype(auto) on_owner_of(Self& self, handle h, F& f) {
-    const std::size_t i = h ? static_cast<std::size_t>(h.id % self.count_) : 0;
-    const handle inner{h.id / self.count_};
+    const std::size_t i = h ? static_cast<std::size_t>(h.id % self.shard_count_) : 0;
+    const handle inner{h.id / self.shard_count_};
     shard_lock lock(self.shards_[i], self.caller_index());
     return f(self.shards_[i].inner, inner);
   }
@@ -627,10 +627,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       if (seen == std::thread::id{} && !claim) return nullptr;
       if (seen == std::thread::id{} && s.thread.compare_exchange_strong(seen, me, std::memory_order_acq_rel)) {
         const std::size_t ticket = next_shard_.fetch_add(1, std::memory_order_relaxed);
-        s.shard = ticket % count_;
+        s.shard = ticket % shard_count_;
         s.flush_hint = s.shard;
         // The first thread given a shard owns it (`shard_lock`); only it stores `owner`.
-        if (ticket < count_) shards_[s.shard].owner.store(index_of(&s), std::memory_order_relaxed);
+        if (ticket < shard_count_) shards_[s.shard].owner.store(index_of(&s), std::memory_order_relaxed);
         if (caching_ && s.cache == nullptr) s.cache = new (std::nothrow) cache;
         return &s;
       }
@@ -653,14 +653,14 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
     return no_slot;
   }
-  /// Shard `first + n`, wrapped (both below `count_`), without a division.
+  /// Shard `first + n`, wrapped (both below `shard_count_`), without a division.
   std::size_t shard_after(std::size_t first, std::size_t n) const noexcept {
     const std::size_t i = first + n;
-    return i < count_ ? i : i - count_;
+    return i < shard_count_ ? i : i - shard_count_;
   }
   std::size_t shard_of(const slot* s) const noexcept {
     if (s != nullptr) return s->shard;
-    return (mix(std::this_thread::get_id()) >> 32) % count_;
+    return (mix(std::this_thread::get_id()) >> 32) % shard_count_;
   }
   /// A thread id, mixed: its bits when it is a word (libstdc++, libc++: the pthread_t), whose
   /// multiply-shift is cheaper than `std::hash`'s out-of-line byte hash; else `std::hash`.
@@ -691,19 +691,19 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     using result = decltype(f(self.shards_[0].inner));
     const std::size_t caller = self.caller_index();
     if constexpr (std::is_void_v<result>) {
-      for (std::size_t i = 0; i < self.count_; ++i) {
+      for (std::size_t i = 0; i < self.shard_count_; ++i) {
         shard_lock lock(self.shards_[i], caller);
         f(self.shards_[i].inner);
       }
     } else if constexpr (std::same_as<result, bool>) {
-      for (std::size_t i = 0; i < self.count_; ++i) {
+      for (std::size_t i = 0; i < self.shard_count_; ++i) {
         shard_lock lock(self.shards_[i], caller);
         if (f(self.shards_[i].inner)) return true;
       }
       return false;
     } else {
       result sum{};
-      for (std::size_t i = 0; i < self.count_; ++i) {
+      for (std::size_t i = 0; i < self.shard_count_; ++i) {
         shard_lock lock(self.shards_[i], caller);
         sum += f(self.shards_[i].inner);
       }
@@ -736,7 +736,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <class Call>
   block refused_by_a_shard(tag t, std::size_t bytes, std::size_t alignment, Call call) noexcept {
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       if (shards_[i].inner.state(t) != tag_state::resident) return call(shards_[i].inner, bytes, alignment);
     }
@@ -767,7 +767,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void note_agreement(tag t) noexcept {
     bool some_resident = false, some_not = false;
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       (shards_[i].inner.state(t) == tag_state::resident ? some_resident : some_not) = true;
     }
@@ -777,7 +777,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void note_agreement_of_every_tag() noexcept {
     std::uint64_t resident[tag_words] = {}, not_resident[tag_words] = {};
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       for (std::size_t v = 0; v < tag_words * 64; ++v) {
         const bool here = shards_[i].inner.state(tag{static_cast<std::uint16_t>(v)}) == tag_state::resident;
@@ -809,7 +809,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
                         Call call) noexcept;
   /// `b` handed out by shard `s` (its lock held), remembered for its free; as the caller sees it.
   block remembered(shard& s, block b, std::size_t bytes) noexcept {
-    if (count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
+    if (shard_count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
     return block{b.ptr, bytes};
   }
   /// The rest of a growth planned under `s`'s lock (not held now): the upstream call, then the
@@ -861,7 +861,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   static_assert(owning_allocator<Inner>, "sharded routes frees by Inner::owns");
 
   shard* shards_ = nullptr;
-  std::size_t count_ = 0;
+  std::size_t shard_count_ = 0;
   bool caching_ = false;
   std::uint32_t capacity_[classes::count] = {};
   alignas(64) std::atomic<std::size_t> next_shard_{0};

@@ -121,17 +121,20 @@ class virtual_arena {
   explicit virtual_arena(Vmm vmm, options opts = {})
       : vmm_(std::move(vmm)),
         opts_(normalised(opts, vmm_)),
-        shift_(log2(opts_.rounding)),
-        gshift_(log2(opts_.granularity)),
-        index_(shift_),
-        map_(shift_) {
+        rounding_shift_(log2(opts_.rounding)),
+        granule_shift_(log2(opts_.granularity)),
+        index_(rounding_shift_),
+        map_(rounding_shift_) {
     reserve_initial();
   }
 
   virtual_arena(const virtual_arena&) = delete;
   virtual_arena& operator=(const virtual_arena&) = delete;
   virtual_arena(virtual_arena&& other) noexcept
-      : vmm_(std::move(other.vmm_)), opts_(other.opts_), shift_(other.shift_), gshift_(other.gshift_) {
+      : vmm_(std::move(other.vmm_)),
+        opts_(other.opts_),
+        rounding_shift_(other.rounding_shift_),
+        granule_shift_(other.granule_shift_) {
     take_state(other);
   }
   virtual_arena& operator=(virtual_arena&& other) noexcept {
@@ -139,8 +142,8 @@ class virtual_arena {
       give_everything_back();
       vmm_ = std::move(other.vmm_);
       opts_ = other.opts_;
-      shift_ = other.shift_;
-      gshift_ = other.gshift_;
+      rounding_shift_ = other.rounding_shift_;
+      granule_shift_ = other.granule_shift_;
       take_state(other);
     }
     return *this;
@@ -281,13 +284,13 @@ class virtual_arena {
   void set_free_keep_limit(free_keep_limit limit) noexcept { keep_limit_ = limit; }
 
   /// Mapped bytes (granules with physical memory behind them).
-  std::size_t reserved_bytes() const noexcept { return mapped_ << gshift_; }
-  std::size_t mapped_bytes() const noexcept { return mapped_ << gshift_; }
+  std::size_t reserved_bytes() const noexcept { return mapped_ << granule_shift_; }
+  std::size_t mapped_bytes() const noexcept { return mapped_ << granule_shift_; }
   /// Bytes of granules mapped with no allocated chunk touching them (what `release()` frees).
-  std::size_t free_mapped_bytes() const noexcept { return free_mapped_ << gshift_; }
+  std::size_t free_mapped_bytes() const noexcept { return free_mapped_ << granule_shift_; }
   /// Bytes of the mapped granules that allocated chunks touch (`mapped_bytes() -
   /// free_mapped_bytes()`).
-  std::size_t touched_bytes() const noexcept { return touched_granules() << gshift_; }
+  std::size_t touched_bytes() const noexcept { return touched_granules() << granule_shift_; }
   /// Free mapped bytes in block-sized pieces a live chunk still touches elsewhere: neither
   /// `release()` nor capacity pressure can give them back until that chunk goes (0 without
   /// `block_sized_pieces`). O(granules).
@@ -322,7 +325,7 @@ class virtual_arena {
   /// Bytes of the reserved range up to the end of the highest granule ever mapped (what
   /// `for_each_block` reports).
   std::size_t used_address_space() const noexcept {
-    return std::min<std::size_t>(granules_.size() << gshift_, end_ - base_);
+    return std::min<std::size_t>(granules_.size() << granule_shift_, end_ - base_);
   }
   std::size_t granularity() const noexcept { return opts_.granularity; }
   std::size_t free_chunk_count() const noexcept { return index_.size(); }
@@ -463,7 +466,7 @@ class virtual_arena {
   }
 
   // ---- the granule books (virtual_arena/granules.hpp) ------------------------------------------
-  std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> gshift_; }
+  std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> granule_shift_; }
   /// Whether an allocated chunk touches granule `g` (in the table).
   bool touched(std::size_t g) const noexcept { return touched_bits_.test(g); }
   /// Records granules [first, first + n) as mapped to the piece `id` (`fresh`: by the allocation
@@ -484,8 +487,8 @@ class virtual_arena {
   /// What the backend could give at most if every free mapped granule went back.
   std::size_t headroom() const noexcept;
   /// `headroom()` in whole granules.
-  std::size_t headroom_granules() const noexcept { return headroom() >> gshift_; }
-  void* granule_address(std::size_t g) const noexcept { return reinterpret_cast<void*>(base_ + (g << gshift_)); }
+  std::size_t headroom_granules() const noexcept { return headroom() >> granule_shift_; }
+  void* granule_address(std::size_t g) const noexcept { return reinterpret_cast<void*>(base_ + (g << granule_shift_)); }
   /// Room for what one allocation adds: three nodes (front padding, the rest, a growth), one
   /// address-map entry. False when host memory ran out.
   bool reserve_metadata() noexcept;
@@ -501,9 +504,9 @@ class virtual_arena {
   /// Counts the new chunk among the users of granules [first, last] (free mapped ones are in use
   /// again); returns how many have no physical piece (`map_new_granules` maps them, or a plan;
   /// `drop_user` undoes this). The block lies in a free chunk, so a chunk touching its
-  /// first or last granule ends there (`ends_` counts them), and no chunk touches the granules
+  /// first or last granule ends there (`chunk_ends_` counts them), and no chunk touches the granules
   /// strictly inside it: those are counted and marked a word of the bit tables per 64 granules.
-  /// The last granule is counted even when it is the first (`ends_` 2 for a chunk on one
+  /// The last granule is counted even when it is the first (`chunk_ends_` 2 for a chunk on one
   /// granule): whether a block crosses a granule boundary is as random as its size, and a branch
   /// on it mispredicts.
   [[gnu::always_inline]] std::size_t add_user(std::size_t first, std::size_t last, std::uint16_t t) noexcept;
@@ -575,7 +578,7 @@ class virtual_arena {
   template <std::size_t Share>
   std::size_t granules_within_share() const noexcept {
     const std::size_t bound = vmm_.capacity() / Share, held = vmm_.physical_bytes();
-    return held < bound ? (bound - held) >> gshift_ : 0;
+    return held < bound ? (bound - held) >> granule_shift_ : 0;
   }
   /// Small enough that the pieces made while the heap was small do not pin free granules where
   /// memory runs short (the smallest device needed stays as without them).
@@ -766,8 +769,8 @@ class virtual_arena {
   Vmm vmm_;
   options opts_{};
   free_keep_limit keep_limit_{};  ///< the object's, not moved with its contents
-  unsigned shift_ = 8;
-  unsigned gshift_ = 21;
+  unsigned rounding_shift_ = 8;   ///< log2 of `rounding`
+  unsigned granule_shift_ = 21;   ///< log2 of `granularity`
   detail::best_fit_free_index index_;
   detail::best_fit_chunk_pool pool_;
   detail::best_fit_address_map map_;
@@ -776,7 +779,7 @@ class virtual_arena {
   /// By granule: allocated chunks whose first granule it is plus those whose last granule it is
   /// (`add_user`). Apart from the records, so that an allocate and a free touch 4 bytes a granule
   /// and the bit tables, not 32-byte records.
-  std::vector<std::uint32_t> ends_;
+  std::vector<std::uint32_t> chunk_ends_;
   detail::bit_table mapped_bits_;   ///< by granule: a physical piece is mapped (piece != 0)
   detail::bit_table touched_bits_;  ///< by granule: an allocated chunk touches it
   std::uintptr_t base_ = 0;

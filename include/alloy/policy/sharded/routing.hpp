@@ -19,7 +19,7 @@ inline block sharded<Inner, Mutex>::allocate_direct(std::size_t first, std::size
     inner_bytes = classes::size(classes::index(bytes));
     inner_alignment = std::max(alignment, cache_alignment);
   }
-  for (std::size_t n = 0; n < count_; ++n) {
+  for (std::size_t n = 0; n < shard_count_; ++n) {
     shard& s = shards_[shard_after(first, n)];
     block b;
     if constexpr (Plain && growth_planning_allocator<Inner>) {
@@ -56,7 +56,7 @@ block sharded<Inner, Mutex>::grow_unlocked(shard& s, std::size_t caller, growth_
   {
     shard_lock lock(s, caller);
     b = s.inner.allocate_planned(plan, bytes, alignment);
-    if (b && count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
+    if (b && shard_count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
   }
   plan.give_back_unused();
   return b;
@@ -87,7 +87,7 @@ inline bool sharded<Inner, Mutex>::free_to_owner(block b, Free free, slot* me) n
   if (b.ptr == nullptr) return b.size == 0;
   const block inner = inner_block(b);
   const std::size_t first = shard_of(me);
-  if (count_ > 1) {
+  if (shard_count_ > 1) {
     shard& s = shards_[first];
     shard_lock lock(s, index_of(me));
     void*& entry = s.recent[recent_index(inner.ptr)];
@@ -120,7 +120,7 @@ inline std::size_t sharded<Inner, Mutex>::give_back(std::size_t first, std::size
                                                     void** ptrs, std::size_t n, std::size_t* taker,
                                                     Free free) noexcept {
   std::size_t lost = 0;
-  if (count_ == 1 && !ALLOY_CHECKED) {
+  if (shard_count_ == 1 && !ALLOY_CHECKED) {
     shard_lock lock(shards_[0], caller);
     for (std::size_t i = 0; i < n; ++i) {
       if (free(shards_[0].inner, block{ptrs[i], bytes}) == detail::free_outcome::refused) {
@@ -130,7 +130,7 @@ inline std::size_t sharded<Inner, Mutex>::give_back(std::size_t first, std::size
     }
     return lost;
   }
-  for (std::size_t k = 0; k < count_ && n != 0; ++k) {
+  for (std::size_t k = 0; k < shard_count_ && n != 0; ++k) {
     shard& s = shards_[shard_after(first, k)];
     shard_lock lock(s, caller);
     for (std::size_t i = n; i-- > 0;) {
@@ -181,7 +181,7 @@ inline void sharded<Inner, Mutex>::refill(std::size_t first, std::size_t caller,
       k.blocks[c][k.count[c]++] = b.ptr;
     }
   }
-  if (k.count[c] == 0 && count_ > 1) {
+  if (k.count[c] == 0 && shard_count_ > 1) {
     const block b = allocate_direct<true>(shard_after(first, 1), caller, size, cache_alignment,
                                           [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
     if (b) k.blocks[c][k.count[c]++] = b.ptr;
@@ -219,7 +219,7 @@ inline bool sharded<Inner, Mutex>::check_small_free(const cache& k, std::size_t 
 
 template <allocator Inner, class Mutex>
 inline bool sharded<Inner, Mutex>::owned_by_any(block b, std::size_t caller) const noexcept {
-  for (std::size_t i = 0; i < count_; ++i) {
+  for (std::size_t i = 0; i < shard_count_; ++i) {
     shard_lock lock(shards_[i], caller);
     if (shards_[i].inner.owns(b)) return true;
   }

@@ -15,7 +15,7 @@ inline std::size_t virtual_arena<Vmm>::release_free_beyond(std::size_t keep_byte
   finish_release_batch();
   const std::size_t before = free_mapped_;
   trim(std::min(keep_bytes, kept_free_bytes()));
-  return (before - free_mapped_) << gshift_;
+  return (before - free_mapped_) << granule_shift_;
 }
 
 template <virtual_memory Vmm>
@@ -26,7 +26,7 @@ inline std::size_t virtual_arena<Vmm>::stranded_free_bytes() const noexcept {
     if (r.piece == 0 || touched(g) || r.piece_granules < 2) continue;
     n += piece_in_use(g);
   }
-  return n << gshift_;
+  return n << granule_shift_;
 }
 
 template <virtual_memory Vmm>
@@ -66,7 +66,7 @@ inline void virtual_arena<Vmm>::unlist_free_piece(std::size_t g) noexcept {
 
 template <virtual_memory Vmm>
 inline std::size_t virtual_arena<Vmm>::headroom() const noexcept {
-  const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << gshift_);
+  const std::size_t committed = vmm_.physical_bytes() - std::min(vmm_.physical_bytes(), free_mapped_ << granule_shift_);
   return vmm_.capacity() > committed ? vmm_.capacity() - committed : 0;
 }
 
@@ -92,7 +92,7 @@ template <virtual_memory Vmm>
 inline void virtual_arena<Vmm>::reserve_granule_table(std::size_t n) noexcept {
   try {
     granules_.reserve(n);
-    ends_.reserve(n);
+    chunk_ends_.reserve(n);
     mapped_bits_.reserve(n);
     touched_bits_.reserve(n);
   } catch (const std::bad_alloc&) {}
@@ -109,13 +109,13 @@ template <virtual_memory Vmm>
 bool virtual_arena<Vmm>::grow_granule_table(std::size_t n) noexcept {
   try {
     detail::reserve_room(granules_, n);
-    detail::reserve_room(ends_, n);
+    detail::reserve_room(chunk_ends_, n);
     mapped_bits_.reserve(n);
     touched_bits_.reserve(n);
     mapped_bits_.resize(n);  // nothing throws from here
     touched_bits_.resize(n);
     granules_.resize(n);
-    ends_.resize(n);
+    chunk_ends_.resize(n);
     return true;
   } catch (const std::bad_alloc&) {
     return false;
@@ -148,7 +148,7 @@ inline void virtual_arena<Vmm>::add_end_user(std::size_t g, std::uint16_t t, std
                                              bool distinct) noexcept {
   const bool mapped = mapped_bits_.test(g);
   to_map += static_cast<std::size_t>(distinct & !mapped);
-  if (ends_[g]++ != 0) return;
+  if (chunk_ends_[g]++ != 0) return;
   if (tags_in_use_) [[unlikely]]  // else every tag is 0 already
     granules_[g].tag = t;
   touched_bits_.set(g);
@@ -170,14 +170,14 @@ inline std::size_t virtual_arena<Vmm>::drop_user(std::size_t first, std::size_t 
     touched_bits_.reset(from, last);
     freed += mapped;
   }
-  freed += drop_end_user(last);  // the first again for a chunk on one granule (`ends_` 2)
+  freed += drop_end_user(last);  // the first again for a chunk on one granule (`chunk_ends_` 2)
   free_mapped_ += freed;
   return freed;
 }
 
 template <virtual_memory Vmm>
 inline std::size_t virtual_arena<Vmm>::drop_end_user(std::size_t g) noexcept {
-  if (--ends_[g] != 0) return 0;
+  if (--chunk_ends_[g] != 0) return 0;
   touched_bits_.reset(g);
   if (!mapped_bits_.test(g)) return 0;
   if (lists_free_granules()) link_newest(g);
@@ -240,8 +240,9 @@ inline std::size_t virtual_arena<Vmm>::take_free(std::size_t n, F&& take) noexce
 template <virtual_memory Vmm>
 inline std::size_t virtual_arena<Vmm>::kept_free_bytes(std::size_t about_to_map) const noexcept {
   const std::size_t touched = touched_granules() + about_to_map;
-  const std::size_t touched_bytes = touched << gshift_;
-  const std::size_t below_peak = opts_.keep_up_to_peak ? (std::max(peak_touched_, touched) - touched) << gshift_ : 0;
+  const std::size_t touched_bytes = touched << granule_shift_;
+  const std::size_t below_peak =
+      opts_.keep_up_to_peak ? (std::max(peak_touched_, touched) - touched) << granule_shift_ : 0;
   if (opts_.release_threshold_divisor == 0) return std::max(opts_.release_threshold, below_peak);
   return std::max({opts_.release_threshold, touched_bytes / opts_.release_threshold_divisor, below_peak});
 }
@@ -251,12 +252,12 @@ inline std::size_t virtual_arena<Vmm>::kept_free_bytes_before_map(std::size_t to
   const std::size_t own = kept_free_bytes(to_map);
   if (keep_limit_.bytes == nullptr) [[likely]]
     return own;
-  return std::min(own, keep_limit_.bytes(keep_limit_.context, this, to_map << gshift_));
+  return std::min(own, keep_limit_.bytes(keep_limit_.context, this, to_map << granule_shift_));
 }
 
 template <virtual_memory Vmm>
 inline void virtual_arena<Vmm>::trim(std::size_t keep_bytes) noexcept {
-  const std::size_t keep = keep_bytes >> gshift_;
+  const std::size_t keep = keep_bytes >> granule_shift_;
   if (free_mapped_ > keep) trim_count(free_mapped_ - keep);
   trim_due_ = false;
 }

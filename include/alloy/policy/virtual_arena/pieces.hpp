@@ -168,7 +168,7 @@ inline std::pair<std::size_t, std::size_t> virtual_arena<Vmm>::whole_run_span(st
 
 template <virtual_memory Vmm>
 inline auto virtual_arena<Vmm>::map_whole_run(std::size_t g, std::size_t n) noexcept -> map_result {
-  const physical_memory piece = vmm_.create(n << gshift_);
+  const physical_memory piece = vmm_.create(n << granule_shift_);
   if (!piece) return map_result::no_memory;
   ++counters_.num_device_alloc;
   if (!vmm_.map(granule_address(g), piece)) {
@@ -184,8 +184,8 @@ inline auto virtual_arena<Vmm>::map_whole_run(std::size_t g, std::size_t n) noex
 template <virtual_memory Vmm>
 inline std::size_t virtual_arena<Vmm>::unmap_piece(std::size_t g) noexcept {
   const std::size_t first = granules_[g].piece_first, n = granules_[g].piece_granules;
-  vmm_.unmap(granule_address(first), n << gshift_);
-  vmm_.release(physical_memory{granules_[first].piece, n << gshift_});
+  vmm_.unmap(granule_address(first), n << granule_shift_);
+  vmm_.release(physical_memory{granules_[first].piece, n << granule_shift_});
   clear_piece_run(first, n);
   ++counters_.num_unmaps;
   ++counters_.num_device_free;

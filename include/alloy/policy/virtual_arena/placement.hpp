@@ -14,7 +14,7 @@ template <virtual_memory Vmm>
 inline std::size_t virtual_arena<Vmm>::granules_added(std::size_t bytes, std::size_t alignment) const noexcept {
   const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
   if (rounded == 0 || !detail::is_power_of_two(alignment)) return 0;  // allocate refuses it
-  const std::size_t all = (rounded >> gshift_) + ((rounded & (opts_.granularity - 1)) != 0);
+  const std::size_t all = (rounded >> granule_shift_) + ((rounded & (opts_.granularity - 1)) != 0);
   if (ranges_.empty() || (alignment > opts_.rounding && rounded > std::numeric_limits<std::size_t>::max() - alignment))
     return all;
   const std::size_t need = alignment > opts_.rounding ? rounded + alignment - opts_.rounding : rounded;
@@ -130,7 +130,7 @@ inline void virtual_arena<Vmm>::reserve_initial() noexcept {
   reserved_end_ = raw + r.size;
   const std::size_t usable = (reserved_end_ - base_) & ~(opts_.granularity - 1);
   end_ = base_ + usable;
-  reserve_granule_table(std::min(usable >> gshift_, initial_granule_table));
+  reserve_granule_table(std::min(usable >> granule_shift_, initial_granule_table));
   const std::uint32_t c = pool_.take();
   detail::best_fit_chunk& node = pool_[c];
   node.addr = base_;

@@ -137,9 +137,9 @@ block virtual_arena<Vmm>::plan_mapping(growth_plan& plan, std::uint32_t c, std::
     // Frontier growth, as `map_with_granules_ahead`: one run, the block's granules and those ahead.
     const std::size_t from = last + 1 - to_map;
     for (std::size_t g = from; g <= last + ahead; ++g) granules_[g].pending = true;
-    m->runs[runs++] = {base_ + (from << gshift_), to_map + ahead, 0};
-    m->ahead_at = base_ + ((last + 1) << gshift_);
-    m->ahead_bytes = ahead << gshift_;
+    m->runs[runs++] = {base_ + (from << granule_shift_), to_map + ahead, 0};
+    m->ahead_at = base_ + ((last + 1) << granule_shift_);
+    m->ahead_bytes = ahead << granule_shift_;
     to_map += ahead;
   } else {
     const auto [run_from, run_to] = whole_run_span(first, last, start, rounded);
@@ -149,7 +149,7 @@ block virtual_arena<Vmm>::plan_mapping(growth_plan& plan, std::uint32_t c, std::
       if (g >= run_from && g < run_to)
         while (end < run_to && granules_[end].piece == 0) ++end;
       for (std::size_t i = g; i < end; ++i) granules_[i].pending = true;
-      m->runs[runs++] = {base_ + (g << gshift_), end - g, 0};
+      m->runs[runs++] = {base_ + (g << granule_shift_), end - g, 0};
       g = end - 1;
     }
   }
@@ -162,7 +162,7 @@ block virtual_arena<Vmm>::plan_mapping(growth_plan& plan, std::uint32_t c, std::
   m->active = true;
   ++pending_plans_;
   plan = growth_plan{};
-  plan.bytes = to_map << gshift_;
+  plan.bytes = to_map << granule_shift_;
   plan.alignment = opts_.granularity;
   plan.upstream = m;
   plan.take = &planned_mapping::map_all;
@@ -176,8 +176,8 @@ inline std::size_t virtual_arena<Vmm>::plan_granules_ahead(std::size_t first, st
   const std::size_t ahead = granules_ahead(first, last, to_map);
   if (ahead == 0 || !reserve_metadata()) return 0;
   // Nothing past the block is touched (no granule there is mapped or pending), so it is free.
-  const std::uintptr_t at = base_ + ((last + 1) << gshift_);
-  const std::size_t bytes = ahead << gshift_;
+  const std::uintptr_t at = base_ + ((last + 1) << granule_shift_);
+  const std::size_t bytes = ahead << granule_shift_;
   if (!pool_[tail_].free() || pool_[tail_].addr > at || at + bytes > end_) return 0;
   (void)carve(tail_, at, bytes, bytes);
   in_use_ -= bytes;

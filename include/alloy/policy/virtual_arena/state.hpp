@@ -97,7 +97,8 @@ inline bool virtual_arena<Vmm>::check_invariants() const noexcept {
   for (std::size_t g = 0; g < granules_.size(); ++g) {
     const granule& r = granules_[g];
     const bool live = users[g] != 0;
-    if (ends_[g] != ends[g] || touched(g) != live || mapped_bits_.test(g) != (r.piece != 0) || r.fresh) return false;
+    if (chunk_ends_[g] != ends[g] || touched(g) != live || mapped_bits_.test(g) != (r.piece != 0) || r.fresh)
+      return false;
     if (r.piece != 0) {
       ++mapped;
       const std::size_t first = r.piece_first, n = r.piece_granules;
@@ -159,9 +160,9 @@ inline void virtual_arena<Vmm>::for_each_piece(F&& visit) const {
         break;
       }
       const bool mapped = granules_[g].piece != 0;
-      while (g < granules_.size() && (granules_[g].piece != 0) == mapped && base_ + (g << gshift_) < end) ++g;
+      while (g < granules_.size() && (granules_[g].piece != 0) == mapped && base_ + (g << granule_shift_) < end) ++g;
       const std::uintptr_t run_end =
-          g >= granules_.size() && !mapped ? end : std::min<std::uintptr_t>(end, base_ + (g << gshift_));
+          g >= granules_.size() && !mapped ? end : std::min<std::uintptr_t>(end, base_ + (g << granule_shift_));
       visit(at, run_end - at, 0, mapped ? block_state::free : block_state::unmapped);
       at = run_end;
     }
@@ -181,7 +182,7 @@ template <virtual_memory Vmm>
 inline void virtual_arena<Vmm>::forget() noexcept {
   ranges_.clear();
   granules_.clear();
-  ends_.clear();
+  chunk_ends_.clear();
   mapped_bits_.clear();
   touched_bits_.clear();
   pool_.clear();
@@ -206,7 +207,7 @@ inline void virtual_arena<Vmm>::take_state(virtual_arena& other) noexcept {
   map_ = std::move(other.map_);
   ranges_ = std::move(other.ranges_);
   granules_ = std::move(other.granules_);
-  ends_ = std::move(other.ends_);
+  chunk_ends_ = std::move(other.chunk_ends_);
   mapped_bits_ = std::move(other.mapped_bits_);
   touched_bits_ = std::move(other.touched_bits_);
   base_ = other.base_;

@@ -18,7 +18,7 @@ inline std::size_t virtual_arena<Vmm>::mapped_bytes(tag t) const noexcept {
     n += r.piece_granules;
     g = r.piece_first + r.piece_granules - 1;
   }
-  return n << gshift_;
+  return n << granule_shift_;
 }
 
 template <virtual_memory Vmm>
@@ -189,7 +189,7 @@ inline offload_status virtual_arena<Vmm>::offload_impl(std::uint16_t t, bool cop
   rec.in_use = rounded;
   offloaded_in_use_ += rounded;
   offload_stats_.bytes_on_host += total;
-  offload_stats_.bytes_reclaimed += unmapped << gshift_;
+  offload_stats_.bytes_reclaimed += unmapped << granule_shift_;
   ++(copy ? offload_stats_.num_offloads : offload_stats_.num_discards);
   if (single) ++offload_stats_.num_single_reclaims;
   return offload_status::done;
