@@ -367,6 +367,7 @@ class virtual_arena {
     std::size_t offset = 0;
     bool live = true;  ///< false once freed while offloaded: not copied back
   };
+  /// A tag's state and, while offloaded, its host copy and the live chunks saved in it.
   struct tag_record {
     tag_state state = tag_state::resident;
     std::byte* host = nullptr;
@@ -438,10 +439,15 @@ class virtual_arena {
     const std::uintptr_t mask = std::max(alignment, opts_.granularity) - 1;
     return (at + mask) & ~mask;
   }
+  /// `placement_in`'s comparison: the front, the front on a granule boundary and, for a block of at
+  /// most a granule, the back and the back on a boundary, by `placement_cost`.
   [[gnu::noinline]] std::uintptr_t placement_among(std::uint32_t c, std::uintptr_t front, std::size_t rounded,
                                                    std::size_t alignment) const noexcept;
+  /// Best fit's free chunk for `rounded` bytes at `alignment` (one of `need` bytes, the padding
+  /// included, when the smallest cannot be aligned); npos when none holds it.
   [[gnu::always_inline]] std::uint32_t find_fit(std::size_t rounded, std::size_t need,
                                                 std::size_t alignment) const noexcept;
+  /// Whether free chunk `c` holds `rounded` bytes from its first address aligned to `alignment`.
   bool fits_aligned(std::uint32_t c, std::size_t rounded, std::size_t alignment) const noexcept;
   /// Nothing fits: reserve more addresses, kept only when they extend the range in place.
   [[gnu::noinline]] std::uint32_t grow_for(std::size_t rounded, std::size_t need, std::size_t alignment) noexcept;
@@ -453,6 +459,7 @@ class virtual_arena {
     pool_[first].set_next(second, second_free);
     pool_[second].set_prev(first, first_free);
   }
+  /// Merges the chunk after `c` into `c` (both free, the index already updated).
   void absorb_next(std::uint32_t c) noexcept;
   /// Frees allocated chunk `c` at `addr` (taken off the address map): merged with its free
   /// neighbours; its granules lose a user, those left with none are free mapped, then trimmed.
@@ -460,6 +467,8 @@ class virtual_arena {
   /// Frees chunk `c` at `addr` (taken off the address map; not counted in use) without the
   /// counts: merged with its free neighbours, its granules lose a user.
   [[gnu::always_inline]] void merge_free(std::uint32_t c, std::uintptr_t addr) noexcept;
+  /// Why a free of an address that starts no allocated chunk is refused: a double free when a free
+  /// chunk starts there, else a foreign (or interior) pointer.
   [[gnu::cold]] misuse classify_unknown(std::uintptr_t addr) const noexcept;
   [[gnu::cold]] void report(misuse kind, block b) noexcept {
     detail::report_misuse(misuses_, kind, b, opts_.on_misuse, opts_.misuse_context, "virtual_arena");
@@ -470,8 +479,7 @@ class virtual_arena {
   /// Whether an allocated chunk touches granule `g` (in the table).
   bool touched(std::size_t g) const noexcept { return touched_bits_.test(g); }
   /// Records granules [first, first + n) as mapped to the piece `id` (`fresh`: by the allocation
-  /// under way). The bit table and the count change once per piece: counted granule by granule,
-  /// in memory, they were half of the samples of mapping a run.
+  /// under way). The bit table and the count change once per piece, not granule by granule.
   void set_piece_run(std::size_t first, std::size_t n, std::uint64_t id, bool fresh) noexcept;
   /// Records the piece on granules [first, first + n) as unmapped (`set_piece_run` undone).
   void clear_piece_run(std::size_t first, std::size_t n) noexcept;

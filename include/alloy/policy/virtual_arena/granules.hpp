@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/policy/virtual_arena/granules.hpp: `virtual_arena`'s the books kept per granule: how many chunks begin or end in each, the mapped
-// and touched bit tables, the least-recently-freed list, and the release rule that decides how many
-// free mapped granules stay.
+// alloy/policy/virtual_arena/granules.hpp: the books `virtual_arena` keeps per granule: how many
+// chunks begin or end in each, the mapped and touched bit tables, the least-recently-freed list,
+// and the release rule that decides how many free mapped granules stay.
 // Member definitions only: the class, with every declaration and its contract, is in
 // alloy/policy/virtual_arena.hpp, which includes this file.
 #pragma once

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/policy/virtual_arena/pieces.hpp: `virtual_arena`'s the physical pieces behind the granules: every create, map, unmap and release
-// the arena makes, block-sized pieces, frontier growth, and making room when the device runs short.
+// alloy/policy/virtual_arena/pieces.hpp: the physical pieces behind `virtual_arena`'s granules:
+// every create, map, unmap and release it makes, block-sized pieces, frontier growth, and making
+// room when the device runs short.
 // Member definitions only: the class, with every declaration and its contract, is in
 // alloy/policy/virtual_arena.hpp, which includes this file.
 #pragma once

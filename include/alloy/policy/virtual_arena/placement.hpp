@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/policy/virtual_arena/placement.hpp: `virtual_arena`'s the chunks and where a block goes: best fit over the free chunks, the place
-// inside the chosen chunk that adds the fewest granules, growth of the address range, carving and
-// merging chunks, and the checked free.
+// alloy/policy/virtual_arena/placement.hpp: `virtual_arena`'s chunks and where a block goes: best
+// fit over the free chunks, the place inside the chosen chunk that adds the fewest granules, growth
+// of the address range, carving and merging chunks, and the checked free.
 // Member definitions only: the class, with every declaration and its contract, is in
 // alloy/policy/virtual_arena.hpp, which includes this file.
 #pragma once

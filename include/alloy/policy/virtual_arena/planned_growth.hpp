@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/policy/virtual_arena/planned_growth.hpp: `virtual_arena`'s planned growth and detached release: the work a lock holder hands to
-// `growth_plan::fetch()` and `detached_segments::give_back()`, so that creates, maps, unmaps and
-// releases run without the lock of `synchronized` or `sharded`.
+// alloy/policy/virtual_arena/planned_growth.hpp: `virtual_arena`'s planned growth and detached
+// release: the work a lock holder hands to `growth_plan::fetch()` and
+// `detached_segments::give_back()`, so that creates, maps, unmaps and releases run without the lock
+// of `synchronized` or `sharded`.
 // Member definitions only: the class, with every declaration and its contract, is in
 // alloy/policy/virtual_arena.hpp, which includes this file.
 #pragma once

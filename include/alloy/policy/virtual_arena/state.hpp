@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/policy/virtual_arena/state.hpp: `virtual_arena`'s walks over the chunks and granules (`for_each_block`, `check_invariants`) and
-// handing the whole state over (move) or back (destruction).
+// alloy/policy/virtual_arena/state.hpp: walks over `virtual_arena`'s chunks and granules
+// (`for_each_block`, `check_invariants`), and handing its whole state over (move) or back
+// (destruction).
 // Member definitions only: the class, with every declaration and its contract, is in
 // alloy/policy/virtual_arena.hpp, which includes this file.
 #pragma once

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/policy/virtual_arena/tags.hpp: `virtual_arena`'s tags and pointer-stable offload: which granules a tag may share, offload,
-// discard and restore, and the host copies.
+// alloy/policy/virtual_arena/tags.hpp: `virtual_arena`'s tags and pointer-stable offload: which
+// granules a tag may share, offload, discard and restore, and the host copies.
 // Member definitions only: the class, with every declaration and its contract, is in
 // alloy/policy/virtual_arena.hpp, which includes this file.
 #pragma once
