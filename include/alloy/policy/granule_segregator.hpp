@@ -203,7 +203,7 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
     return (small_.owns(b) ? call(small_) : call(large_)) != detail::free_outcome::refused;
   }
 
-  // ---- the shared release rule (class comment: "One release rule") ------------------------------
+  // ---- the shared release rule (the class comment's strategy) ----------------------------------
 
   void share_release_rule() noexcept {
     if constexpr (shares_release_rule) {

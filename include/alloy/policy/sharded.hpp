@@ -216,7 +216,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
   }
 
-  // ---- movable handles (docs/design.md#movable-memory), each naming its shard ----------------------------------------
+  // ---- movable handles (docs/design.md#movable-memory), each naming its shard ------------------
   // A handle is made by the thread's shard (or the others in turn) and carries the shard's index
   // in its id (`id = inner id * shards + shard`; the same id with one shard), so that any thread's
   // lock, unlock or free reaches the shard that owns it, under that shard's lock, without a
@@ -289,7 +289,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
   }
 
-  // ---- tags and offload (docs/design.md#offload), over every shard -------------------------------------------
+  // ---- tags and offload (docs/design.md#offload), over every shard -----------------------------
   // A tag is one thing to the caller: its blocks are in every shard, so each call below reaches
   // every shard (under its lock), combined as `detail::offload_parts` says: offload and discard
   // all or nothing (the shards done are restored when one fails), restore shard by shard (the
@@ -481,7 +481,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return smallest == 0 ? std::numeric_limits<std::size_t>::max() : smallest;
   }
 
-  // ---- sharded's own -----------------------------------------------------------------------------
+  // ---- sharded's own ---------------------------------------------------------------------------
 
   /// Gives the calling thread's cached blocks back to their shards.
   void flush_thread_cache() noexcept {
@@ -720,7 +720,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     };
   }
 
-  // ---- which tags the shards hold apart ("tags and offload" above) ------------------------------
+  // ---- which tags the shards hold apart ("tags and offload" above) -----------------------------
 
   static constexpr std::size_t tag_words = (std::size_t{std::numeric_limits<std::uint16_t>::max()} + 1) / 64;
   /// A plain request takes the current tag: refused while the shards hold it apart.
