@@ -142,8 +142,8 @@ struct detached_segments {
 /// made outside it (`growth_planning_allocator`). Filled by the policy; `fetch(under_lock)` and
 /// `give_back_unused()` are what the caller runs without its lock. Only `bytes` starts set (0: no
 /// plan): a policy that plans assigns the whole struct (`of`, or `growth_plan{}` and then its
-/// fields), so that the plan a caller declares on every allocation costs one store (zeroing all
-/// of it cost 3 ns of a 28 ns pooled pair through `synchronized`).
+/// fields), so that the plan a caller declares on every allocation costs one store, not the
+/// zeroing of the whole struct.
 struct growth_plan {
   std::size_t bytes = 0;  ///< bytes to ask the upstream for; 0: no plan
   std::size_t alignment;  ///< alignment to ask for
