@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The bad-input matrix (issue 18; test/support/bad_input.hpp) in a checked build
-// (ALLOY_CHECKED=1, as every test): every DESIGN §7 input through every composition and
-// decorator stack, statistics, limits and leak reports checked exactly after each.
+// The bad-input matrix (test/support/bad_input.hpp) in a checked build
+// (ALLOY_CHECKED=1, as every test): every bad input of docs/design.md#errors through every
+// composition and decorator stack, statistics, limits and leak reports checked exactly after each.
 // bad_input_unchecked_test.cpp runs the same cases with ALLOY_CHECKED=0.
 #include "support/bad_input_cases.hpp"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The capability matrix (issue 19): for every wrapper W and every optional capability C listed in
+// The capability matrix: for every wrapper W and every optional capability C listed in
 // `alloy::detail::capability`, W<A> has C exactly when A has it, over toy parts that have every
 // capability, none, and each one alone. A wrapper's own capabilities (limited's `bytes_limit`)
 // and the ones it documents it does not pass on (movable handles through the counting
@@ -388,8 +388,8 @@ static_assert([]<unsigned... I>(std::integer_sequence<unsigned, I...>) {
           (stream_ordered_mismatch<0>() | stream_ordered_mismatch<all_bits>())) == 0;
 }(std::make_integer_sequence<unsigned, capability_count>{}));
 
-// The real blocks, as users see them (the table of issue 19): no wrapper of best_fit_arena loses
-// a capability.
+// The real blocks, as users see them (the table of docs/design.md#adaptors): no wrapper of
+// best_fit_arena loses a capability.
 using arena = alloy::best_fit_arena<alloy::host_upstream>;
 constexpr unsigned arena_mask = mask_of<arena>();
 static_assert((arena_mask & bit(capability::try_deallocate)) != 0);
@@ -403,7 +403,7 @@ static_assert(mask_of<alloy::stats<arena>>() == arena_mask);
 static_assert((mask_of<alloy::fallback<arena, arena>>() | limits) == (arena_mask | limits));
 static_assert(alloy::counting_allocator<alloy::synchronized<alloy::default_allocator<alloy::host_upstream>>>);
 static_assert(alloy::cache_keeping_allocator<alloy::limited<alloy::logged<alloy::tracked<arena>>>>);
-// Tags and offload (issue 21) reach every wrapper of a virtual arena and of virtual_allocator.
+// Tags and offload reach every wrapper of a virtual arena and of virtual_allocator.
 using varena = alloy::virtual_arena<alloy::host_vmm>;
 using vallocator = alloy::virtual_allocator<alloy::host_vmm>;
 constexpr unsigned tag_group = bit(capability::current_tag) | bit(capability::tagged_allocate) |
@@ -422,7 +422,7 @@ static_assert(alloy::tagging_allocator<alloy::synchronized<alloy::stats<vallocat
 static_assert(alloy::offloading_allocator<alloy::synchronized<alloy::stats<vallocator>>>);
 // A composite of a tagging part and a part without tags has none (documented in two_parts).
 static_assert((mask_of<alloy::fallback<varena, arena>>() & tag_group) == 0);
-// Planned growth (issue 20) reaches synchronized through the showcase compositions and stats<>.
+// Planned growth reaches synchronized through the showcase compositions and stats<>.
 static_assert(alloy::growth_planning_allocator<alloy::stats<alloy::default_allocator<alloy::host_upstream>>>);
 static_assert(alloy::growth_planning_allocator<alloy::caching_allocator<alloy::host_upstream>>);
 static_assert(!alloy::growth_planning_allocator<alloy::size_class_pool<alloy::ref<arena>>>);  // not thread safe

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/alloy.hpp: the core, the upstreams and every policy; no adaptor (DESIGN §6).
+// alloy/alloy.hpp: the core, the upstreams and every policy; no adaptor (docs/design.md#adaptors).
 #pragma once
 
 #include <alloy/block.hpp>

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // alloy/concepts.hpp: the allocator concept and the optional capabilities a policy may have.
 //
-// The core contract (DESIGN §2) is two noexcept calls: `allocate(bytes, alignment)` returning a
-// `block` (empty on failure) and `deallocate(block)` taking it back exactly as handed out.
-// Everything else is an optional capability, detected here and passed on by a composite only when
-// every part it would forward to has it (Phobos's building blocks).
+// The core contract (docs/design.md#concepts) is two noexcept calls: `allocate(bytes, alignment)`
+// returning a `block` (empty on failure) and `deallocate(block)` taking it back exactly as handed
+// out. Everything else is an optional capability, detected here and passed on by a composite only
+// when every part it would forward to has it (Phobos's building blocks).
 #pragma once
 
 #include <concepts>
@@ -33,8 +33,8 @@ concept allocator = memory_kind_aware<A> && requires(A& a, block b, std::size_t 
 
 /// Checked deallocation, `try_deallocate(block) noexcept -> bool`: frees the block and returns
 /// true when it was a live block of this allocator (as handed out: same pointer, same size);
-/// returns false, and changes nothing, when the free is refused as misuse (DESIGN §7: a double
-/// free, a foreign or interior pointer, a wrong size). An empty block is accepted (there is
+/// returns false, and changes nothing, when the free is refused as misuse (docs/design.md#errors: a
+/// double free, a foreign or interior pointer, a wrong size). An empty block is accepted (there is
 /// nothing to free; `deallocate` ignores it too). `deallocate(b)` behaves as
 /// `(void)try_deallocate(b)`. Decorators that count (`stats`, `limited`, `tracked`, `logged`,
 /// `round_up_requests`) count a free only when the part below accepted it; a part that cannot
@@ -142,8 +142,8 @@ struct detached_segments {
 /// made outside it (`growth_planning_allocator`). Filled by the policy; `fetch(under_lock)` and
 /// `give_back_unused()` are what the caller runs without its lock. Only `bytes` starts set (0: no
 /// plan): a policy that plans assigns the whole struct (`of`, or `growth_plan{}` and then its
-/// fields), so that the plan a caller declares on every allocation costs one store (zeroing all
-/// of it cost 3 ns of a 28 ns pooled pair through `synchronized`).
+/// fields), so that the plan a caller declares on every allocation costs one store, not the
+/// zeroing of the whole struct.
 struct growth_plan {
   std::size_t bytes = 0;  ///< bytes to ask the upstream for; 0: no plan
   std::size_t alignment;  ///< alignment to ask for
@@ -218,11 +218,11 @@ enum class growth_mode : unsigned char { keeping_cache, releasing, cache_only };
 }  // namespace detail
 
 /// Growth in two phases, so that a lock need not be held across a slow upstream call
-/// (`cudaMalloc` of a new segment or slab; DESIGN §13). Under the caller's lock:
+/// (`cudaMalloc` of a new segment or slab; docs/design.md#threads). Under the caller's lock:
 /// `allocate_or_plan(bytes, alignment, plan)` returns a block when it can serve the request
 /// without its upstream; otherwise it changes nothing and returns an empty block, with `plan`
 /// filled when one upstream call would let it serve the request (else `plan` stays empty and the
-/// caller calls `allocate`, which does everything today's way: last resorts, release and retry,
+/// caller calls `allocate`, which does everything as without a plan: last resorts, release and retry,
 /// OOM). Without the lock: `plan.fetch(under_lock)`: the call and, when it fails, the policy's
 /// answer (a smaller segment; its free segments detached under the lock and given back without
 /// it; the call again). Under the lock again: `allocate_planned(plan, bytes, alignment)` adopts
@@ -240,10 +240,10 @@ concept growth_planning_allocator =
     };
 
 /// `release()` in two phases, so that a lock need not be held across the upstream's frees
-/// (`cudaFree`; DESIGN §13). Under the caller's lock, `release_detached(out)` takes wholly free
-/// segments off the policy's books (counters and reserved bytes as `release()` leaves them) into
-/// `out`, and returns true when none is left, false when `out` filled first; without the lock
-/// the caller runs `out.give_back()`, and repeats while the answer was false. Offered by
+/// (`cudaFree`; docs/design.md#threads). Under the caller's lock, `release_detached(out)` takes
+/// wholly free segments off the policy's books (counters and reserved bytes as `release()` leaves
+/// them) into `out`, and returns true when none is left, false when `out` filled first; without the
+/// lock the caller runs `out.give_back()`, and repeats while the answer was false. Offered by
 /// `best_fit_arena` and `size_class_pool` over a `thread_safe_upstream`, passed on by
 /// `segregator` and `fallback` (both parts) and every wrapper (`stats<>` among them: a detached
 /// segment is off the books it reads), used by `synchronized` and `sharded`.
@@ -317,7 +317,7 @@ template <class A>
 concept introspectable_allocator =
     allocator<A> && requires(const A& a, void (*visit)(const block_info&)) { a.for_each_block(visit); };
 
-/// A movable block's name (DESIGN §4). Zero is never a valid handle.
+/// A movable block's name (docs/design.md#movable-memory). Zero is never a valid handle.
 struct handle {
   std::uint64_t id = 0;
   explicit operator bool() const noexcept { return id != 0; }
@@ -333,19 +333,19 @@ concept movable_allocator = allocator<A> && requires(A& a, handle h, std::size_t
   { a.deallocate(h) };
 };
 
-/// Tags (DESIGN §12, alloy/tag.hpp): `current_tag()` / `set_current_tag(tag)` (`tag_holding`,
-/// what `scoped_tag` needs) and `allocate(bytes, alignment, tag) noexcept -> block`, an
-/// allocation with that tag (empty while the tag is offloaded or discarded). `virtual_arena`,
-/// `virtual_allocator` and every wrapper of them.
+/// Tags (docs/design.md#offload, alloy/tag.hpp): `current_tag()` / `set_current_tag(tag)`
+/// (`tag_holding`, what `scoped_tag` needs) and `allocate(bytes, alignment, tag) noexcept ->
+/// block`, an allocation with that tag (empty while the tag is offloaded or discarded).
+/// `virtual_arena`, `virtual_allocator` and every wrapper of them.
 template <class A>
 concept tagging_allocator =
     allocator<A> && tag_holding<A> && requires(A& a, std::size_t bytes, std::size_t alignment, tag t) {
       { a.allocate(bytes, alignment, t) } noexcept -> std::same_as<block>;
     };
 
-/// Pointer-stable offload (DESIGN §12): `offload(tag)`, `discard(tag)`, `restore(tag)` (each an
-/// `offload_status`; anything but `done` changed nothing), `state(tag)` and `offload_stats()`.
-/// `virtual_arena`, `virtual_allocator` and every wrapper of them.
+/// Pointer-stable offload (docs/design.md#offload): `offload(tag)`, `discard(tag)`, `restore(tag)`
+/// (each an `offload_status`; anything but `done` changed nothing), `state(tag)` and
+/// `offload_stats()`. `virtual_arena`, `virtual_allocator` and every wrapper of them.
 template <class A>
 concept offloading_allocator = allocator<A> && requires(A& a, const A& c, tag t) {
   { a.offload(t) } noexcept -> std::same_as<offload_status>;

@@ -3,7 +3,8 @@
 #pragma once
 
 // ALLOY_CHECKED turns on the checks that cost time on the hot path (double free, wrong-size free,
-// freeing a foreign pointer; DESIGN §7). On by default in debug builds; define it to 0 or 1 to force.
+// freeing a foreign pointer; docs/design.md#errors). On by default in debug builds; define it to 0
+// or 1 to force.
 #ifndef ALLOY_CHECKED
 #  ifdef NDEBUG
 #    define ALLOY_CHECKED 0

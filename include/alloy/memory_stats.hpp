@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // alloy/memory_stats.hpp: PyTorch's `memory_stats()` and `memory_summary()`, and fastai's
-// `GPUMemTrace`, over any composition that has a `stats<>` part (DESIGN §5).
+// `GPUMemTrace`, over any composition that has a `stats<>` part (docs/design.md#statistics).
 //
 //   alloy::synchronized<alloy::stats<heap>> alloc;
 //   auto stats = alloy::memory_stats(alloc);            // std::map<std::string, std::int64_t>

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/misuse.hpp: the one vocabulary every policy uses for a refused `deallocate` (DESIGN §7).
+// alloy/misuse.hpp: the one vocabulary every policy uses for a refused `deallocate`
+// (docs/design.md#errors).
 //
 // A policy that can tell a bad free (`best_fit_arena`, `size_class_pool`) ignores it, leaves
 // itself as it was, counts it in a `misuse_counts`, and passes it to the `misuse_handler` in its

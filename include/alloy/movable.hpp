@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/movable.hpp: movable memory (DESIGN §4): handles, their table, the copy engine that moves
-// and spills them, the counters of the movable policies, and the RAII `movable_buffer<A>`.
+// alloy/movable.hpp: movable memory (docs/design.md#movable-memory): handles, their table, the copy
+// engine that moves and spills them, the counters of the movable policies, and the RAII
+// `movable_buffer<A>`.
 //
 // Raw pointers never move. Memory that may be spilled to host or compacted is asked for as a
 // handle, after `GlobalAlloc(GMEM_MOVEABLE)` / `GlobalLock`:

@@ -46,7 +46,7 @@ struct caching_options {
 
 namespace detail {
 
-/// Kept for code written before `quantizer` was public: the same class.
+/// Another name of `quantizer`, kept so that existing code compiles.
 template <allocator Inner, std::size_t Rounding>
 using round_up_requests = quantizer<Inner, Rounding>;
 
@@ -124,25 +124,21 @@ using default_base_t = segregator<(std::size_t{64} << 10), default_small_t<Upstr
 ///              first, doubling to 256 KiB),
 ///              best_fit_arena<U> (its default options)>
 ///
-/// Chosen by measurement (`bench/compositions`; the table it was chosen by, and the runs, are in
-/// bench/README.md): every trace in ../shared/traces and workload W1 replayed through the arena
-/// alone, pools of several thresholds and slab sizes beside the arena, and `caching_allocator`.
-/// Today's figure: peak reserved ÷ peak live 1.619 (geometric mean over the traces) and 1.143 on
-/// W1, at 43-46 ns per W1 pair (the arena alone: 1.599, 1.141, 53 ns).
-/// The reasons:
-/// - The arena carries the bytes: best fit with coalescing holds the least memory; every
-///   composition's footprint is the arena's plus the pool's partly filled slabs.
-/// - The pool carries the count: small requests are the many, and the pool serves them in O(1)
-///   without cutting the arena's segments into slivers; up to 64 KiB it takes a fifth of the
-///   time off W1 for about 1 % of memory. Larger thresholds buy time with memory (each class in
-///   use holds whole slabs). Slabs start at 64 KiB and stop doubling at 256 KiB, which bounds
-///   the idle space of the big classes; over `cudaMalloc`, where each slab is a driver call,
-///   `options::small.slab_size = 2 MiB` trades that space for fewer calls.
-/// - Classes go to 128 KiB, above the threshold, so that requests near 64 KiB with alignments up
-///   to 64 KiB still fit the pool (see `size_class_pool`).
-/// Memory kind: the upstream's. Not synchronized; over a `thread_safe_upstream` (the CUDA
-/// runtime's, `host_upstream`) its growth is planned (`growth_planning_allocator`), so that
-/// `synchronized<default_allocator<U>>` and `sharded<...>` call `cudaMalloc` without their lock.
+/// - Strategy: the arena carries the bytes (best fit with coalescing holds the least memory); the
+///   pool carries the count (small requests are the many, served in O(1) without cutting the
+///   arena's segments into slivers). Slabs stop doubling at 256 KiB, which bounds the idle space
+///   of the big classes; over `cudaMalloc`, where each slab is a driver call,
+///   `options::small.slab_size = 2 MiB` trades that space for fewer calls. Classes go to 128 KiB,
+///   above the threshold, so that requests near 64 KiB with alignments up to 64 KiB still fit the
+///   pool (see `size_class_pool`).
+/// - Complexity: O(1) for requests up to 64 KiB, the arena's for the rest.
+/// - Failure: an empty block when the part a request goes to cannot serve it; bad frees are
+///   refused by the part that holds the address (docs/design.md#errors).
+/// - Thread safety: none (wrap in `synchronized` or `sharded`). Over a `thread_safe_upstream` (the
+///   CUDA runtime's, `host_upstream`) its growth is planned (`growth_planning_allocator`), so that
+///   those wrappers call `cudaMalloc` without their lock.
+/// - Memory kind: the upstream's. Capabilities: the segregator's.
+/// - Defaults chosen by measurement: bench/README.md#current-results
 template <allocator Upstream>
 class default_allocator : public detail::default_base_t<Upstream> {
   using base = detail::default_base_t<Upstream>;
@@ -171,102 +167,39 @@ template <class Vmm>
 using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>, ref<virtual_arena<Vmm>>>;
 }  // namespace detail
 
-/// `virtual_allocator<Vmm>`: the composition we recommend on virtual memory (DESIGN §12), for
-/// programs that must fit a device: small requests from a size-class pool whose slabs come from
-/// the same virtual arena, the rest from the arena.
+/// `virtual_allocator<Vmm>`: the composition we recommend on virtual memory
+/// (docs/design.md#virtual-memory), for programs that must fit a device: small requests from a
+/// size-class pool whose slabs come from the same virtual arena, the rest from the arena.
 ///
 ///   virtual_arena<Vmm> (owned, one) <- ref <- segregator<128 KiB,
 ///                                               size_class_pool<ref, power2_classes<4, 256, 256 KiB>>
 ///                                               (slabs of 64 KiB first, doubling to 256 KiB),
 ///                                               ref (requests above 128 KiB)>
 ///
-/// - The arena is owned through a stable pointer, so both sides refer to the same one and the
-///   allocator can move (construct); not assignable (neither is the pool).
-/// - Statistics count the arena once: `reserved_bytes()` = the arena's mapped bytes (the pool's
-///   slabs are chunks of it); `counters()` = the arena's physical calls (creates, releases, maps,
-///   unmaps, its retries under pressure) plus the pool's retries, with `num_ooms` the requests
-///   this allocator could not serve; `bytes_in_use()` = the pool's blocks (class sizes) plus the
-///   arena's chunks that are not slabs; `for_each_block` = the arena's picture with each slab
-///   shown as the pool's blocks in it. `small()` and `arena()` give the parts; there is no `parts()`, so that no
-///   statistics walker adds the arena to the slabs it holds.
-/// - Bad frees (DESIGN §7) are refused by the part that holds the address, counted in its
-///   `misuses()`: a free above 128 KiB of an address in a pool slab, of a size a slab has had,
-///   goes to the pool (the slab is an arena chunk, and the arena alone would take a free of the
-///   slab's exact bytes back from under the pool's blocks); of any other size the arena refuses
-///   it (a wrong size or interior pointer of the slab's chunk). The look-up is made only for the
-///   sizes slabs may have had (`size_class_pool::may_hold_slab_of`: the slab sizes' bits or-ed,
-///   and a 64-bit hash of them).
-/// - Capabilities: `try_deallocate` (checked frees), `owns`, `release` (wholly free slabs to the
-///   arena, then every free mapped granule to the backend), `reserved_bytes`, `mapped_bytes`,
-///   `counters`, `bytes_in_use`, `requested_bytes`, `for_each_block`; over a `thread_safe_vmm`,
-///   planned growth for requests above 128 KiB (the arena's: `synchronized` and `sharded` map
-///   their granules, and those ahead, without the lock; a small request's new slab is mapped
-///   under it) and `release_detached` (the unmaps of `release()` without the lock). Memory kind:
-///   the backend's.
-/// - Chosen by measurement (`bench/virtual_memory candidates`, tables in bench/README.md,
-///   "Virtual memory"): the arena alone and pools up to 16 KiB / 64 KiB / 256 KiB / 1 MiB with
-///   slabs of 64 KiB-256 KiB or 2 MiB, at release thresholds 0, 16, 64, 256, 1024 MiB and none,
-///   over every shipped trace (smallest device ÷ peak live, 2 MiB granules) and W1 over five
-///   seeds. The pool up to 64 KiB with slabs of 64 KiB doubling to 256 KiB needs about the smallest
-///   devices of the pooled layouts (geometric mean 1.023 in that table, the arena alone 1.019;
-///   worst PyTorch trace 1.098 both; slabs of 2 MiB: 1.074 and 1.527) and takes the many small
-///   requests off the arena's index (W1: 1.04-1.18x default_allocator's time, the arena alone
-///   about 1.4x). Up to 128 KiB rather than 64 KiB (classes to 256 KiB, the same slabs; the rows
-///   with virtual_allocator's own arena options in that table): the same smallest device, driver
-///   calls and peak mapped on every shipped trace, 0.89x the time on W1 (`tools/ab-time`, five
-///   seeds; the traces 1.01 cold / 0.99 warm, within its spread), W1's peak mapped 0-4.5 % higher;
-///   synthetic traces of eight seeds: the same geometric mean and worst smallest device. The
-///   release threshold does not change the smallest device (under pressure the
-///   arena unmaps free granules anyway) but sets the driver calls and the memory held when there
-///   is room: none (free granules stay mapped until the device runs short or `release()`) makes
-///   14-2,900 map calls per 1,000 operations, the first mapping of each granule only, where 0
-///   makes 290-51,000; it holds 1.01-1.40x peak live on the PyTorch traces without a limit (1.40
-///   on silmont fp32, 31.5 MiB: granules mapped ahead of a growing heap), default_allocator
-///   1.02-2.10x. Set `options::arena` to the arena's defaults (`{}`: threshold 0, free granules
-///   kept up to the peak of those touched: 1.020 against 1.231 geometric mean over the traces,
-///   for 5,722 map calls per 1,000 operations against 803) to
-///   give memory back to other processes sooner.
-/// - Block-sized pieces (`options.arena.block_sized_pieces`, on): a block's run of new granules is
-///   mapped as one physical piece, since a driver's create + map costs about the same for any
-///   size (36 us on an H200). Chosen on `bench/virtual_memory pieces` (bench/README.md): 35.6 map
-///   + unmap calls per 1,000 operations without a limit against 240 with a piece per 2 MiB
-///   granule (geometric mean over the traces), for the same smallest device (1.018); pieces of
-///   a fixed 16 MiB make 31 calls at 1.135. With frontier growth (`frontier_growth_divisor = 32`:
-///   a run at the top of the heap maps 1/32 of the mapped granules more, at least two while the
-///   device is at most 1/128 full, while it is at most 1/16 full, and a run takes the edge
-///   granules it covers in part while the device is at most 1/64 full): 15.5 calls (18.0 at an
-///   80 GiB capacity), the same smallest devices, peak mapped without a limit 1.245x peak live
-///   against 1.231 (synthetic traces, sixteenth session: 4.9 calls against 9.7, 1.045x against
-///   1.018; eight seeds, twenty-first session: 4.8).
-/// - Today's figures (alloy-replay --min-capacity, every trace in ../shared/traces): smallest
-///   device ÷ peak live 1.000-1.098 (geometric mean 1.018; default_allocator 1.004-1.742, 1.305;
-///   the PyTorch traces with every size x0.5-1.5, `--resize`: 1.044-1.081, worst 1.297);
-///   replaying them, 1.26-1.49x default_allocator's time on a fresh allocator and 1.16-1.41x
-///   replayed again (geometric means of host CPU time, the last seven sessions' runs); W1
-///   0.87-1.15x, median 1.05 (16 runs of the twenty-fifth session, each the median over five
-///   seeds, timed in turns and paired; the simulated driver's books cost next to nothing), mapped
-///   ÷ live 1.15-1.19 (granules ahead at the peak; 1.11-1.14 without frontier growth); synthetic
-///   transformer traces of eight seeds (scripts/synthetic-traces): smallest device 1.000-1.023.
-///   On an H200 (bench/virtual_memory/virtual_memory_gpu.cu, peers in turns, twenty-fourth
-///   session, before W1's 3-4 % of the twenty-fifth): 0.73x default_allocator's time replaying a
-///   trace on a fresh allocator (geometric mean over the 15 traces, 0.31-1.60x; without frontier
-///   growth 1.41x), 1.11x replaying it again, at 0.76x its device memory; synthetic traces of two
-///   seeds 0.72x cold, 0.90x warm; W1 1.09-1.10x cold, 1.13-1.14x warm (two sets of five seeds),
-///   at 1.03x its device memory (bench/README.md, "On a real device").
-/// - Tags (issue 21): `allocate(bytes, alignment, tag)` and `scoped_tag{alloc, t}`; tag 0 is
-///   served as above, any other tag straight by the arena (small ones too: no slab mixes tags, so
-///   `offload`, `discard`, `restore`, `offload_all` and the per-tag figures of the arena work per
-///   tag). Offloading tag 0 takes the pool's slabs with it; until it is restored, tag-0 requests
-///   are refused and counted as the arena refuses any offloaded tag's. Frees check the pool's
-///   `owns` only once a small tagged block was served, so untagged use costs one branch. Every
-///   tag's blocks get block-sized pieces, and `restore` maps them so: a sleep / wake cycle of
-///   about 1.1 GiB in two tags makes 176-180 creates + maps to restore against 1,084-1,110 with a
-///   piece per granule (`bench/virtual_memory offload`); on an H200 restoring the discarded cache
-///   of that cycle took 2.0-2.7 ms against 11.1-11.5, the offloaded weights 61-96 ms, about what
-///   their copy takes (`virtual_memory_gpu offload`, twenty-first session).
+/// - Strategy: the arena keeps free granules mapped until the device runs short or `release()`
+///   (`keep_all`), maps a block's new granules as one piece and grows a piece ahead at the top of
+///   the heap (`block_sized_pieces`, `frontier_growth_divisor = 32`): few driver calls for about
+///   the smallest device. Set `options::arena` to `{}` to give memory back to other processes
+///   sooner. Tag 0 is served as above, any other tag straight by the arena, so no slab mixes tags
+///   and `offload`, `discard`, `restore` work per tag (offloading tag 0 takes the slabs with it).
+/// - Complexity: the pool's (O(1)) for small requests, the arena's for the rest; a slab is one
+///   arena allocation.
 /// - Failure: an empty block, after the pool's wholly free slabs went back to the arena and the
-///   request was tried again (the arena has unmapped every free granule first). Thread safety:
-///   none (wrap in `synchronized`).
+///   request was tried again. Bad frees (docs/design.md#errors) are refused by the part that holds
+///   the address and counted in its `misuses()`; a free above 128 KiB inside a pool slab goes to
+///   the pool, so the arena never frees a slab from under the pool's blocks.
+/// - Thread safety: none (wrap in `synchronized` or `sharded`). Movable (the arena is owned through
+///   a stable pointer), not assignable.
+/// - Memory kind: the backend's. Statistics count the arena once: `reserved_bytes()` = the arena's
+///   mapped bytes; `counters()` = the arena's physical calls plus the pool's retries;
+///   `bytes_in_use()` = the pool's blocks plus the arena's chunks that are not slabs;
+///   `for_each_block` = the arena's picture with each slab shown as the pool's blocks. `small()`
+///   and `arena()` give the parts (no `parts()`, so no walker counts the slabs twice).
+/// - Capabilities: `try_deallocate`, `owns`, `release` (free slabs to the arena, then free
+///   granules to the backend), `reserved_bytes`, `mapped_bytes`, `counters`, `bytes_in_use`,
+///   `requested_bytes`, `for_each_block`, tags and offload; over a `thread_safe_vmm`, planned
+///   growth above 128 KiB and `release_detached` (docs/design.md#threads).
+/// - Defaults chosen by measurement: bench/README.md#virtual-memory
 template <virtual_memory Vmm>
 class virtual_allocator {
  public:
@@ -278,9 +211,8 @@ class virtual_allocator {
   static constexpr bool device_accessible = Vmm::device_accessible;
 
   struct options {
-    /// Free granules stay mapped until the device runs short (the arena then unmaps them anywhere)
-    /// or `release()`, and a block's run of new granules is one physical piece: measured, the
-    /// fewest driver calls for about the same smallest device.
+    /// Default: free granules stay mapped until the device runs short or `release()`, a block's
+    /// run of new granules is one physical piece, with granules ahead at the top of the heap.
     typename arena_type::options arena{
         .release_threshold = arena_type::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 32};
     typename small_type::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
@@ -449,9 +381,7 @@ class virtual_allocator {
   /// slab is an arena chunk of the slab's bytes, which the arena would take back from under the
   /// pool's live blocks (a large block freed twice after a slab took its place). Only a slab's
   /// size can match a slab, so large frees of sizes the pool's filter says no slab had skip the
-  /// look-up: W1 (arbitrary sizes) 2.2-2.6 % less time than a look-up for every size up to the
-  /// largest slab; the traces (sizes multiples of 512, which the filter mostly lets through) within
-  /// the measurement's noise (tools/ab-time, eighteenth session).
+  /// look-up.
   bool not_where_its_size_goes(block b) const noexcept {
     if (b.size <= threshold) return tagged_small_ && !heap_.small().owns(b);
     return heap_.small().may_hold_slab_of(b.size) && heap_.small().owns(b);

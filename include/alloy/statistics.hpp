@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/statistics.hpp: the statistics vocabulary (DESIGN §5): `statistics`, PyTorch's `stat`
-// and its pool breakdown. Kept by `stats<>` (alloy/policy/stats.hpp), which includes this.
+// alloy/statistics.hpp: the statistics vocabulary (docs/design.md#statistics): `statistics`,
+// PyTorch's `stat` and its pool breakdown. Kept by `stats<>` (alloy/policy/stats.hpp), which
+// includes this.
 #pragma once
 
 #include <array>
@@ -9,10 +10,11 @@
 
 namespace alloy {
 
-/// The statistics of a `stats<>` allocator (DESIGN §5), with the meanings of TensorFlow's and IBM
-/// Large Model Support's. Sizes in bytes. "Now" fields are current values, "peak" ones the exact
-/// maximum since construction or the last `reset_peak()`, "total" ones count since construction
-/// or the last `reset_accumulated()`. A field the composition cannot know is zero.
+/// The statistics of a `stats<>` allocator (docs/design.md#statistics), with the meanings of
+/// TensorFlow's and IBM Large Model Support's. Sizes in bytes. "Now" fields are current values,
+/// "peak" ones the exact maximum since construction or the last `reset_peak()`, "total" ones count
+/// since construction or the last `reset_accumulated()`. A field the composition cannot know is
+/// zero.
 struct statistics {
   std::size_t num_allocs = 0;              ///< total: successful allocations (raw and movable)
   std::size_t bytes_in_use = 0;            ///< now: bytes of live blocks (their sizes: what was asked)

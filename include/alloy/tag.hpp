@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/tag.hpp: tags on allocations, for pointer-stable offload (DESIGN §12, issue 21).
+// alloy/tag.hpp: tags on allocations, for pointer-stable offload (docs/design.md#offload).
 //
 // A tag names a group of allocations (model weights, a KV cache, ...) that `virtual_arena` can
 // send to host memory and bring back at the same addresses (`offload`, `discard`, `restore`).

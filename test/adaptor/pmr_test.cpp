@@ -72,7 +72,7 @@ BOOST_AUTO_TEST_CASE(failure_throws_out_of_memory_with_the_limit) {
   resource.deallocate(again, 1_MiB, 256);
 }
 
-// Issue 18 item 4: an alignment the composition can never serve is a bad argument whose message
+// An alignment the composition can never serve is a bad argument whose message
 // names the maximum, not an out-of-memory with nothing in use.
 BOOST_AUTO_TEST_CASE(an_unsupported_alignment_says_so_and_gives_the_maximum) {
   alloy::size_class_pool<alloy::host_upstream> pool;  // alignments up to its largest class, 1 MiB
@@ -111,7 +111,7 @@ BOOST_AUTO_TEST_CASE(an_unsupported_alignment_says_so_and_gives_the_maximum) {
   arena_resource.deallocate(q, 64, 1_MiB);
 }
 
-// Issue 18 item 4: the message gives the state of the composition the user holds, also when
+// The message gives the state of the composition the user holds, also when
 // the part that counts is below a decorator that does not.
 BOOST_AUTO_TEST_CASE(out_of_memory_describes_the_whole_composition) {
   using arena = alloy::best_fit_arena<alloy::host_upstream>;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The bad-input matrix (issue 18; test/support/bad_input.hpp) through the Thrust edges, on
+// The bad-input matrix (test/support/bad_input.hpp) through the Thrust edges, on
 // Thrust's host backend: thrust_resource and thrust_allocator throw for bad arguments and
 // out-of-memory without changing anything, and bad frees handed to them are refused below and
 // change no statistic, limit or leak report.

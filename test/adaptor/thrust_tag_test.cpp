@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A Thrust container tagged from outside (issue 21): a thrust::device_vector (Thrust's host
+// A Thrust container tagged from outside: a thrust::device_vector (Thrust's host
 // backend) whose alloy::thrust_allocator draws from synchronized<stats<virtual_arena>> is built
 // inside a scoped_tag on that allocator, offloaded and restored through the decorators with the
 // same data pointer and content; a sort through thrust_policy draws its scratch memory in the

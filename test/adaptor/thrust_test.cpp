@@ -164,7 +164,7 @@ BOOST_AUTO_TEST_CASE(thrust_allocator_reports_failure) {
   BOOST_TEST((rebound == a));
 }
 
-// Issue 18 item 4: over stats<limited<...>>, both failures (too much, and n * sizeof(T)
+// Over stats<limited<...>>, both failures (too much, and n * sizeof(T)
 // overflowing) describe the allocator: its limit and what is in use.
 BOOST_AUTO_TEST_CASE(thrust_allocator_out_of_memory_describes_the_allocator) {
   using alloc_t = alloy::stats<alloy::limited<checking_upstream>>;

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target (DESIGN §8): the input drives one of several compositions through allocations,
-// frees, bad frees (double, foreign, interior, wrong size: DESIGN §7), stream-ordered calls and
-// releases, checked against a model of the live blocks: sizes, alignment, no overlap, fill
-// patterns (at each block's ends) intact until freed, the statistics exact after every operation
-// (bytes asked for in use, from the outermost part that counts them; `stats<>`'s num_allocs and
-// PyTorch allocation count every 64 operations) — a bad free must change nothing — and, at the
-// end, nothing leaked, every upstream free sized right; the arena's own invariants every 64
-// operations and at the end. Any violation traps.
+// libFuzzer target (docs/design.md#testing-without-a-gpu): the input drives one of several
+// compositions through allocations, frees, bad frees (double, foreign, interior, wrong size:
+// docs/design.md#errors), stream-ordered calls and releases, checked against a model of the live
+// blocks: sizes, alignment, no overlap, fill patterns (at each block's ends) intact until freed,
+// the statistics exact after every operation (bytes asked for in use, from the outermost part that
+// counts them; `stats<>`'s num_allocs and PyTorch allocation count every 64 operations) — a bad
+// free must change nothing — and, at the end, nothing leaked, every upstream free sized right; the
+// arena's own invariants every 64 operations and at the end. Any violation traps.
 //
 // The virtual compositions (virtual_arena<host_vmm> with its default release rule; with
 // `virtual_allocator`'s block-sized pieces, alone and under stream_ordered; two under

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Issue 18 item 1: a decorator counts a free only when the part below accepted it. The issue's
-// reproductions exactly, the same through synchronized<stats<>> and stream_ordered, the decorators
+// A decorator counts a free only when the part below accepted it. The plain
+// cases exactly, the same through synchronized<stats<>> and stream_ordered, the decorators
 // over a part that cannot tell (they must never go below zero), and a randomized model of a
 // decorator stack fed valid and bad frees (double, foreign, interior, wrong size), checked exactly
 // after every step.
@@ -53,7 +53,7 @@ static_assert(alloy::checked_deallocating_allocator<alloy::stats<alloy::limited<
 
 }  // namespace
 
-// ---- the issue's reproductions ------------------------------------------------------------------
+// ---- the plain cases ---------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(limited_serves_again_after_a_double_free) {
   misuse_log log;

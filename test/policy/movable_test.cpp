@@ -472,8 +472,8 @@ BOOST_AUTO_TEST_CASE(movable_buffer_raii) {
   BOOST_TEST(a.device().bytes_in_use() == 0u);
 }
 
-// Issue 18 item 6: a refused reset() (a view is alive) used to drop the handle first, leaving
-// the block allocated and unreachable. The buffer must still own it; the same for a move
+// A refused reset() (a view is alive) must not drop the handle first, which would leave the
+// block allocated and unreachable. The buffer must still own it; the same for a move
 // assignment into a buffer with a live view.
 BOOST_AUTO_TEST_CASE(refused_operations_leave_the_buffer_owning_its_block) {
   auto a = make_reclaimer(8192);
@@ -500,7 +500,7 @@ BOOST_AUTO_TEST_CASE(refused_operations_leave_the_buffer_owning_its_block) {
   BOOST_TEST(a.device().bytes_in_use() == 0u);
 }
 
-// Issue 18 item 4: a movable_buffer's out-of-memory message describes the allocator it refers
+// A movable_buffer's out-of-memory message describes the allocator it refers
 // to, over the defragmenter and over the spill reclaimer (it used to say "limit none, in use 0 B,
 // reserved 0 B").
 BOOST_AUTO_TEST_CASE(movable_buffer_out_of_memory_describes_the_allocator) {
@@ -530,7 +530,7 @@ BOOST_AUTO_TEST_CASE(movable_buffer_out_of_memory_describes_the_allocator) {
   BOOST_TEST(r.movable_statistics().num_spills == 0u, "64 MiB can never fit 16 MiB: nothing spilled");
 }
 
-// Issue 18 item 5: over an unbounded device, a request its upstream cannot give even with
+// Over an unbounded device, a request its upstream cannot give even with
 // everything spilled (2^50 bytes) used to spill the resident block first.
 BOOST_AUTO_TEST_CASE(a_request_no_spill_can_serve_spills_nothing) {
   using arena = alloy::best_fit_arena<alloy::host_upstream>;

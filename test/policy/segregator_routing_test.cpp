@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Issue 18 item 3: a segregator serves every (size, alignment) one of its parts can. A request of
+// A segregator serves every (size, alignment) one of its parts can. A request of
 // at most the threshold whose alignment the small part cannot serve goes to the large part, and
 // its free, which carries only the pointer and the size, finds the large part again. Checked with
 // fill patterns (no overlap, content intact) and exact per-part figures against a model.
@@ -19,7 +19,7 @@ namespace {
 
 using pool = alloy::size_class_pool<alloy::host_upstream>;
 using arena = alloy::best_fit_arena<alloy::host_upstream>;
-using heap = alloy::segregator<1_MiB, pool, arena>;  // DESIGN §3's example heap
+using heap = alloy::segregator<1_MiB, pool, arena>;  // the example heap of docs/design.md#building-blocks
 
 struct live_block {
   alloy::block b;

@@ -56,7 +56,7 @@ struct pool_and_upstream {
   static alloy::testing::conformance_options options() { return {.max_size = 64_MiB, .random_max_size = 4_MiB}; }
 };
 
-// DESIGN §3's heap: the pool up to 1 MiB, the arena above.
+// The heap of docs/design.md#building-blocks: the pool up to 1 MiB, the arena above.
 struct pool_and_arena {
   template <class U>
   using type = alloy::segregator<1_MiB, alloy::size_class_pool<U>, alloy::best_fit_arena<U>>;

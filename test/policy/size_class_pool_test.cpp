@@ -407,8 +407,8 @@ BOOST_AUTO_TEST_CASE(misuse_is_refused_and_leaves_the_pool_consistent) {
   BOOST_TEST(pool.reserved_bytes() == 0u);
 }
 
-// Issue 18 item 2: an interior pointer was accepted (the check allowed any start that left room
-// for the size) and the live block was handed out again.
+// An interior pointer is refused, not taken for a block start that leaves room for the size
+// (which would hand the live block out again).
 BOOST_AUTO_TEST_CASE(an_interior_pointer_is_refused_and_the_block_stays_live) {
   std::size_t reported = 0;
   alloy::size_class_pool<checking_upstream> pool{checking_upstream{},

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Statistics flow one way (issue 19): composites add up their parts' figures
+// Statistics flow one way: composites add up their parts' figures
 // (`detail::figures_of`), and `stats<>` asks only its inner part, so over a `synchronized<>` it
 // reads nothing below the lock without holding it. Exact figures on scripted sequences.
 #include <boost/test/unit_test.hpp>

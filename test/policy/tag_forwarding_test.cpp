@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tags and offload through wrappers (issue 21's last gap; detail/forwarding.hpp): a randomized
+// Tags and offload through wrappers (detail/forwarding.hpp): a randomized
 // model-based run of allocations, frees and offload / discard / restore cycles of random tags
 // through `synchronized<stats<virtual_arena>>`, `stats<virtual_allocator>` and
 // `stats<sharded<virtual_arena>>` (shards sharing one backend through `vmm_ref`), checking after

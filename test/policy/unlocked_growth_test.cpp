@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Planned growth (issue 20, DESIGN §13): `synchronized` and `sharded` make the upstream call of a
+// Planned growth (docs/design.md#threads): `synchronized` and `sharded` make the upstream call of a
 // growth (a new slab of size_class_pool, a new segment of best_fit_arena, inside
 // default_allocator) without their lock.
 //

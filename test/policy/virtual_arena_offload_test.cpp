@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// virtual_arena tags and pointer-stable offload (issue 21) over host_vmm (real memory): tags
+// virtual_arena tags and pointer-stable offload over host_vmm (real memory): tags
 // never share a granule, scoped_tag, offload / discard / restore keeping addresses and content,
 // exact physical accounting (another tag can use all that was freed), every misuse, host
 // allocation / create / map failing at every call, a randomized model-based run of offload /

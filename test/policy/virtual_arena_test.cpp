@@ -1252,7 +1252,7 @@ BOOST_AUTO_TEST_CASE(the_range_grows_in_place_or_the_request_fails) {
   check_backend_clean(v);
 }
 
-// ---- bad input (DESIGN §7) ---------------------------------------------------------------------------
+// ---- bad input (docs/design.md#errors) ---------------------------------------------------------------------------
 
 namespace {
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Planned growth and detached release of virtual_arena and virtual_allocator (issue 20, DESIGN
-// §13): over a thread-safe backend, `synchronized` and `sharded` create and map physical memory,
-// and `release()` unmaps and releases it, without their lock.
+// Planned growth and detached release of virtual_arena and virtual_allocator
+// (docs/design.md#threads): over a thread-safe backend, `synchronized` and `sharded` create and map
+// physical memory, and `release()` unmaps and releases it, without their lock.
 //
 // - A gated backend blocks inside `map` until the test opens it: thread A's allocation needs new
 //   granules and waits there; meanwhile another thread must allocate from mapped granules, fill,

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy-replay's checks of what compositions return (issue 18, item 7), its simulated device with
+// alloy-replay's checks of what compositions return, its simulated device with
 // virtual memory, and the --min-capacity search.
 #include <boost/test/unit_test.hpp>
 

@@ -143,7 +143,7 @@ def main():
               "JSON: the halved sizes were asked (the recorded failure, 46 GiB halved, fails on 8 GiB)",
               json.dumps([(x["peak_in_use"], x["failed_requests"]) for x in halved["results"]]))
 
-        # A peer's wrong answer is a fault, not a served request (issue 18, item 7); a size that is
+        # A peer's wrong answer is a fault, not a served request; a size that is
         # no multiple of 8 above 1 MiB reaches thrust's pool as one (its descriptor stays aligned:
         # under the sanitizers this run is the regression test of a misaligned store).
         if "thrust_pool" in run("--list").stdout:

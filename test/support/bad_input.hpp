@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// test/support/bad_input.hpp: the bad-input matrix (issue 18): every DESIGN §7 input through a
-// composition, with everything the composition says about itself checked exactly after each.
+// test/support/bad_input.hpp: the bad-input matrix: every bad input of docs/design.md#errors
+// through a composition, with everything the composition says about itself checked exactly after
+// each.
 //
 // `bad_input_suite<Recipe>(name)` builds the recipe's composition over a `checking_upstream` and
 // runs, with live "witness" blocks holding fill patterns all along:
@@ -21,8 +22,8 @@
 //
 // Inputs the composition cannot tell apart from valid ones (a stale free of an address handed
 // out again with the same size) are not in the matrix; compositions whose bottom part cannot
-// check frees (a decorator straight over an upstream) are not either (DESIGN §7 asks the policy
-// that owns the memory to tell).
+// check frees (a decorator straight over an upstream) are not either (docs/design.md#errors asks
+// the policy that owns the memory to tell).
 #pragma once
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 //   best_fit_arena+defrag    the same under compacting_defragmenter; every request a movable
 //                            block, never locked (replay never touches memory), so any may move
 //   pool1M+arena             segregator<1 MiB, size_class_pool (2 MiB slabs), best_fit_arena>
-//                            (DESIGN §3's example heap)
+//                            (the example heap of docs/design.md#building-blocks)
 //   default_allocator        alloy::default_allocator (showcase.hpp)
 //   default_allocator+defrag its parts, requests above its threshold (64 KiB) movable blocks of a
 //                            best_fit_arena under compacting_defragmenter (routed here: a

@@ -67,7 +67,8 @@ pmr_resource(A&) -> pmr_resource<A>;
 /// - Failure: whatever the resource throws becomes an empty block. A resource that returns
 ///   memory less aligned than asked (libstdc++'s pool resources do, for alignments above their
 ///   block size) gets it back at once, and the request fails: a block is never misaligned.
-/// - Lives here and not in `upstream/` because it needs `<memory_resource>` (DESIGN §6).
+/// - Lives here and not in `upstream/` because it needs `<memory_resource>`
+///   (docs/design.md#adaptors).
 class pmr_upstream {
  public:
   static constexpr bool host_accessible = true;

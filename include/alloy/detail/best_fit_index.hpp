@@ -15,8 +15,7 @@
 // and branches whose outcome is as good as random (is the neighbour free? does the chunk head its
 // list?). So the structures are small (two nodes to a cache line, eight map entries to one), a
 // free decides its merges from its own node's links, the lists end in a node that absorbs writes
-// instead of a test, and the bitmap is kept without branches. On W1 that took a pair from 90 to
-// 53 ns (bench/README.md). None of them allocate on their hot paths: the pool and the table grow
+// instead of a test, and the bitmap is kept without branches. None of them allocate on their hot paths: the pool and the table grow
 // only in `reserve` calls, which the arena makes before it changes anything.
 #pragma once
 
@@ -333,8 +332,7 @@ class best_fit_free_index {
 /// (then in the next bucket with room, and every bucket passed counts it as overflow, so a search
 /// stops at the first bucket without overflow). Buckets are at most half full on average, so an
 /// entry almost always sits at home: a lookup, an insert and an erase each read one cache line and
-/// take branches the processor predicts (linear probing over single slots mispredicted about three
-/// times a pair, a fifth of the arena's time on W1).
+/// take branches the processor predicts (linear probing over single slots mispredicts often).
 class best_fit_address_map {
  public:
   best_fit_address_map() = default;

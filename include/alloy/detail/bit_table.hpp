@@ -13,8 +13,7 @@
 namespace alloy::detail {
 
 /// Set bits of `x`. x86-64 without `-mpopcnt` has no instruction for it and std::popcount calls
-/// libgcc there (a sixth of a replay's time, measured); the arithmetic below is a dozen inline
-/// operations.
+/// libgcc there, slow on a hot path; the arithmetic below is a dozen inline operations.
 constexpr unsigned popcount(std::uint64_t x) noexcept {
 #if defined(__x86_64__) && !defined(__POPCNT__)
   x -= (x >> 1) & 0x5555555555555555u;

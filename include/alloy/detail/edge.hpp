@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/detail/edge.hpp: the throwing layer the adaptors share (DESIGN §6).
+// alloy/detail/edge.hpp: the throwing layer the adaptors share (docs/design.md#adaptors).
 //
 // The core returns empty blocks; an edge turns that into `alloy::cuda_error` when some CUDA part
 // of the composition recorded a real error, else into `alloy::out_of_memory` carrying everything
@@ -171,7 +171,7 @@ concept declares_max_alignment = requires {
 
 /// The largest alignment `a` can serve: `max_alignment` (a static member or a function) where a
 /// part declares one; for a composite that does not, the largest of its drawn parts' (a
-/// composition serves an alignment one of its parts can, issue 18); unbounded otherwise.
+/// composition serves an alignment one of its parts can); unbounded otherwise.
 template <class A>
 std::size_t max_alignment_of(A& a) {
   if constexpr (reports_max_alignment<A>) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // alloy/detail/figures.hpp: what a composition says about itself for `stats<>`, as typed data
-// (issue 19: statistics flow one way).
+// (statistics flow one way).
 //
 // `figures_of(part)` answers for a part and everything below it. Each field comes from the first
 // part on each path below that reports it (its own capability: `reserved_bytes()`, `counters()`,

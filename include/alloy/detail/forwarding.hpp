@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/detail/forwarding.hpp: the one way optional capabilities are passed on (issue 19).
+// alloy/detail/forwarding.hpp: the one way optional capabilities are passed on.
 //
 // Every optional capability is listed once, in `capability` below, with its test in
 // `has_capability`. Four bases pass them on, each member existing exactly when the part has the
@@ -22,7 +22,7 @@
 //   combined (sums, both-or-either) and the allocating calls through the routing hooks
 //   `route_allocation`, `route_free` and `route_use`.
 //
-// Tags and offload (DESIGN §12) are capabilities like the others: `current_tag` /
+// Tags and offload (docs/design.md#offload) are capabilities like the others: `current_tag` /
 // `set_current_tag` and `offload` / `discard` / `restore` / `state` / `offload_stats` /
 // `offload_all` / the per-tag figures are queries (they neither allocate nor free a block), so
 // they go through the guard (`synchronized` locks, `ref` follows, `sharded` reaches every shard);
@@ -68,9 +68,9 @@ concept has_offload_all = requires(A& a) {
   { a.offload_all() } noexcept -> std::same_as<offload_status>;
 };
 
-/// Every optional capability (DESIGN §2 and the informal ones the statistics read). Adding one
-/// here means: give it a test in `has_capability`, pass it on in the bases below (and raise
-/// `forwarded_capabilities`), and the capability matrix test checks every wrapper for it.
+/// Every optional capability (docs/design.md#concepts and the informal ones the statistics read).
+/// Adding one here means: give it a test in `has_capability`, pass it on in the bases below (and
+/// raise `forwarded_capabilities`), and the capability matrix test checks every wrapper for it.
 enum class capability : unsigned {
   owns,
   release,
@@ -255,8 +255,8 @@ class forwards_queries {
     call([](auto& in) { reset_movable_peaks(in); });
   }
 
-  // Tags and offload (DESIGN §12): setting the current tag and offloading neither allocate nor
-  // free a block, so they are passed on here, through the guard, with the queries.
+  // Tags and offload (docs/design.md#offload): setting the current tag and offloading neither
+  // allocate nor free a block, so they are passed on here, through the guard, with the queries.
   tag current_tag() const noexcept
     requires tag_holding<Inner>
   {
@@ -391,7 +391,7 @@ class forwards_everything : public forwards_queries<Derived, Inner> {
     return call([&](auto& in) { return in.try_deallocate(b, stream); });
   }
 
-  // Movable blocks (DESIGN §4).
+  // Movable blocks (docs/design.md#movable-memory).
   handle allocate_movable(std::size_t bytes) noexcept(noexcept(std::declval<Inner&>().allocate_movable(bytes)))
     requires movable_allocator<Inner>
   {
@@ -621,8 +621,8 @@ offload_status offload_all_parts(std::size_t n, At at) noexcept {
 /// Limits (`bytes_limit`, `bytes_reservable_limit`) and movable handles are not combined: what
 /// the limit of two parts is depends on the composite, and neither composite routes handles.
 ///
-/// Tags (DESIGN §12) follow the same rule, each capability when both parts have it: the current
-/// tag is set in both parts (read from the first); a tagged allocation goes through
+/// Tags (docs/design.md#offload) follow the same rule, each capability when both parts have it: the
+/// current tag is set in both parts (read from the first); a tagged allocation goes through
 /// `route_allocation` like a plain one; `offload`, `discard`, `restore`, `state`, `offload_all`
 /// reach both parts as `offload_parts` and its neighbours above say; `offload_stats` and the
 /// per-tag figures are sums. A request of a tag that is not resident (`state`) fails, as in one
@@ -818,7 +818,7 @@ class two_parts {
   /// other not: after a failed undo, or a restore that stopped halfway) and the request would
   /// reach the resident one. Two reads of a small table when tags are in use, one compare each
   /// when not: each part is asked directly, cheaper than `state`'s loop over the parts on a path
-  /// every allocation takes (bench/README.md, twenty-ninth session).
+  /// every allocation takes.
   bool tag_refused(tag t) const noexcept {
     if constexpr (offloading_allocator<First> && offloading_allocator<Second>) {
       return first().state(t) != tag_state::resident || second().state(t) != tag_state::resident;
@@ -890,8 +890,8 @@ template <class Mutex, class Inner>
 /// `inner.allocate(bytes, alignment)` with `mutex` held, except for the upstream call of a growth
 /// when `Inner` can plan one (`growth_planning_allocator`): that call, and giving back a segment
 /// that was not adopted, run without the lock. `Mutex` is locked and unlocked as a
-/// `std::lock_guard` would. Inlined into the caller, the rest (`finish_growth_unlocked`) not: out
-/// of line, its frame cost 19 instructions a pair (cachegrind, W2 through synchronized).
+/// `std::lock_guard` would. Inlined into the caller, the rest (`finish_growth_unlocked`) not, so
+/// that the common path pays no call frame.
 template <class Mutex, class Inner>
 [[gnu::always_inline]] inline block allocate_growing_unlocked(Mutex& mutex, Inner& inner, std::size_t bytes,
                                                               std::size_t alignment) noexcept {

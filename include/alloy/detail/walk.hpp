@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/detail/walk.hpp: the one walk over a composition's parts (issue 19), with a rule saying
+// alloy/detail/walk.hpp: the one walk over a composition's parts, with a rule saying
 // which parts are below a part. `find` (all parts, resolved at compile time), the edges (the
 // parts requests draw on) and the statistics (`detail::figures_of`: all parts) go through it.
 #pragma once

@@ -34,86 +34,38 @@ using arena_misuse_handler = misuse_handler;
 /// Counts of the misuses a `best_fit_arena` detected.
 using arena_misuse_counts = misuse_counts;
 
-/// `best_fit_arena<Upstream>`: a coalescing best-fit arena (the large-block engine, DESIGN §3).
+/// `best_fit_arena<Upstream>`: a coalescing best-fit arena (the large-block engine,
+/// docs/design.md#building-blocks).
 ///
 /// - Strategy: takes *segments* from `Upstream` and splits them into *chunks*. A request is
-///   rounded up to a multiple of `rounding` (default 256 B; a power of two) and served by the
-///   smallest free chunk that can hold it (best fit; among equal sizes the most recently freed
-///   below 16384 units, the lowest address above); the rest of that chunk is split off as a free chunk. A freed chunk is merged
-///   at once with free address neighbours of the same segment (never across segments).
-///   Alignments up to `rounding` come free (segments are aligned to `rounding`, also over an
-///   upstream whose `max_alignment` is smaller: it is then asked for a little more); larger
-///   power-of-two alignments (4 KiB, 2 MiB, any) are served inside the arena by splitting off the
-///   padding in front as a free chunk.
-/// - Growth: when nothing fits, a new segment of at least the request is taken: with
-///   `best_fit_growth::doubling` the first is `growth_size`, each next one twice as big, up to
-///   `max_growth_size` (defaults: 2 MiB doubling to 16 MiB, which kept peak reserved ÷ peak live
-///   at 1.14 on W1, see bench/README.md); with `best_fit_growth::fixed` each is `growth_size` (or
-///   the request, when bigger). `initial_size` bytes are taken at construction (lazily later if that fails), and
-///   `reserved_bytes()` never exceeds `maximum_size` (`bytes_reservable_limit()`): with
-///   `initial_size == maximum_size` the arena has a fixed capacity. Segments never shrink; only
-///   wholly free ones go back, on `release()` or when the upstream fails. (`maximum_size` is
-///   rounded down to a multiple of `rounding`.)
-/// - `max_split_size` (as PyTorch's): free chunks larger than it are *oversize*. A request of at
-///   most `max_split_size` never splits an oversize chunk (a segment grown for such a request is at
-///   most `max(max_split_size, request)`), except as a last resort when the arena cannot grow; a
-///   larger request takes an oversize chunk whole when less than `max_split_size` would be left
-///   over (else it splits it, and the rest stays oversize), and grows by exactly its size.
-/// - Metadata: all of it in host memory beside the arena, none in the managed memory (which is
-///   never read or written, so device memory works): a pool of 32-byte chunk nodes (32-bit
-///   indices; address neighbours linked, each link saying whether that neighbour is free), the
-///   free index (one list per exact size below 16384 rounding units with a two-level bitmap; a
-///   treap keyed by (size, address) above), a hash table of allocated chunks by address
-///   (cache-line buckets of eight 8-byte entries), and a sorted vector of segments: 64 KiB,
-///   32 bytes per chunk and 16 to 40 more per allocated one.
-///   Nodes are recycled: after warm-up no call allocates host memory (the pools grow
-///   geometrically, before anything is changed). The hot paths are written for few cache misses
-///   and few unpredictable branches, which is what a free and an allocate cost (bench/README.md).
-/// - Complexity: allocate O(1) for chunks below 16384 units (4 MiB at the default rounding) and
-///   O(log n) expected above, n = free chunks; deallocate O(1) expected plus the same for
-///   re-indexing the merged chunk; neighbours O(1); a new segment O(segments) (an insertion into
-///   the sorted segment table); `owns` O(log segments); `release` O(segments);
-///   `for_each_block` O(chunks); `largest_free_block` O(log n).
-/// - Zero bytes: a unique chunk of `rounding` bytes, returned as a block of size 0.
-/// - Failure: an empty block (counted in `counters().num_ooms`) when the request cannot be met:
-///   the arena first tries the preferred segment size, then exactly what the request needs, then
-///   (oversize chunks allowed) the last resort above, then releases every wholly free segment and,
-///   if that returned anything or the upstream had failed, retries once (`num_alloc_retries`).
-///   Alignments that are not a power of two and sizes whose rounding overflows give an empty
-///   block without touching the upstream (not counted as OOMs, as nothing was tried). If host
-///   metadata cannot grow (std::bad_alloc), the request fails the same way.
-/// - Misuse (DESIGN §7), detected in every build since the address lookup a free needs anyway
-///   finds it: a double free, a pointer that is not the start of a live block (foreign or
-///   interior), and a size that is not the one allocated are ignored (the arena is left as it
-///   was; a wrong-size free leaves the block allocated), counted in `misuses()`, and passed to
-///   `options::on_misuse` when set; with no handler, `ALLOY_CHECKED` builds print one line to
-///   stderr. A stale free of a block whose address was handed out again is a valid free of the
-///   new block when the sizes agree: no allocator without per-block generations can tell.
-///   `check_invariants()` verifies all the bookkeeping in O(chunks), for tests.
-/// - Capabilities: `owns` (the address lies in one of its segments), `release`,
-///   `reserved_bytes`, `counters`, `for_each_block` (segments in address order, chunks in
-///   address order, each with its state and requested size), plus `bytes_in_use` (rounded bytes
-///   of allocated chunks, so reserved = in use + free always), `requested_bytes`, `free_bytes`,
-///   `largest_free_block`, `bytes_reservable_limit`; `try_deallocate` (checked deallocation: false
-///   for a misuse, so that decorators count only accepted frees); `allocate_at` and `chunk_size` for a
-///   compacting defragmenter (`alloy::placement_arena`); `allocate_keeping_cache` (no release and
-///   retry on upstream failure), which makes it a valid inner part of `stream_ordered`, the
-///   policy that gives it stream-ordered calls.
-/// - Destruction returns every segment to the upstream, live blocks or not.
-/// - Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only):
-///   `allocate_or_plan` serves from a free chunk or names the segment `allocate` would take first
-///   (changing nothing), `allocate_planned` adopts it as a free chunk (also when another thread
-///   grew meanwhile: more cache; refused past `maximum_size` or when host metadata cannot grow,
-///   then handed back, counted as taken and freed) and allocates as `allocate`; so that
-///   `synchronized` and `sharded` make the upstream call without their lock, and when it fails
-///   the rest of `allocate`'s answer too (a segment of the request's size; the wholly free
-///   segments detached under the lock, given back and that size asked again without it; the
-///   oversize-chunk last resort then comes after the release, not before). Likewise
-///   `release_detached` (`detaching_release_allocator`): `release()` without the upstream's
-///   frees, the wholly free segments taken off the books into a list the caller returns after
-///   its lock is released.
-/// - Thread safety: none (wrap in `synchronized`). Movable, not copyable; a moved-from arena may
-///   only be destroyed or assigned to.
+///   rounded up to a multiple of `rounding` and served by the smallest free chunk that holds it
+///   (among equal sizes the most recently freed below 16,384 units, the lowest address above); the
+///   rest is split off. A freed chunk merges at once with its free neighbours in the segment.
+///   Larger power-of-two alignments are served by splitting off the padding in front. When nothing
+///   fits a segment is taken (`growth`: doubling from `growth_size` to `max_growth_size`, or
+///   fixed), within `maximum_size`; only wholly free segments go back. `max_split_size` (as
+///   PyTorch's) keeps small requests off larger free chunks. All metadata lives in host memory;
+///   the managed memory is never touched, so device memory works.
+/// - Complexity: allocate O(1) below 16,384 rounding units (4 MiB at the default), O(log n)
+///   expected above (n = free chunks); deallocate O(1) expected plus that re-indexing; a new
+///   segment O(segments); `owns` O(log segments); `for_each_block` O(chunks). After warm-up no
+///   call allocates host memory.
+/// - Failure: an empty block (`num_ooms`) after trying the preferred segment size, then the
+///   request's size, then oversize chunks, then releasing every wholly free segment and retrying
+///   once. A bad alignment or a size whose rounding overflows fails at once, not counted. Bad
+///   frees (double, foreign, interior, wrong size) are ignored, counted in `misuses()` and passed
+///   to `options::on_misuse` (docs/design.md#errors); a stale free of an address handed out again
+///   with the same size cannot be told from a valid one.
+/// - Thread safety: none (wrap in `synchronized` or `sharded`). Movable, not copyable; a
+///   moved-from arena may only be destroyed or assigned to. Destruction returns every segment.
+/// - Memory kind: the upstream's. Capabilities: `owns`, `release`, `reserved_bytes`, `counters`,
+///   `for_each_block`, `bytes_in_use` (rounded, so reserved = in use + free), `requested_bytes`,
+///   `free_bytes`, `largest_free_block`, `bytes_reservable_limit`, `try_deallocate`,
+///   `allocate_at` and `chunk_size` (for `compacting_defragmenter`), `allocate_keeping_cache` (for
+///   `stream_ordered`), `check_invariants`; over a `thread_safe_upstream`, planned growth and
+///   `release_detached`, so that `synchronized` and `sharded` call the upstream without their lock
+///   (docs/design.md#threads). Zero bytes: a chunk of `rounding` bytes, returned with size 0.
+/// - Defaults chosen by measurement: bench/README.md#current-results
 template <allocator Upstream>
 class best_fit_arena {
  public:
@@ -124,12 +76,20 @@ class best_fit_arena {
   static constexpr std::size_t max_alignment = std::numeric_limits<std::size_t>::max();
 
   struct options {
-    std::size_t initial_size = 0;  ///< bytes taken at construction (one segment); 0 = none
-    std::size_t maximum_size = std::numeric_limits<std::size_t>::max();  ///< cap on reserved bytes
+    /// Bytes taken at construction as one segment (at the first request when that fails); 0
+    /// (default): none. With `initial_size == maximum_size` the arena has a fixed capacity.
+    std::size_t initial_size = 0;
+    /// Cap on reserved bytes, rounded down to a multiple of `rounding`; default: none.
+    std::size_t maximum_size = std::numeric_limits<std::size_t>::max();
+    /// How segments grow: `doubling` (default) from `growth_size` up to `max_growth_size`, or
+    /// `fixed` at `growth_size`; a segment is never smaller than the request.
     best_fit_growth growth = best_fit_growth::doubling;
     std::size_t growth_size = std::size_t{2} << 20;       ///< first (doubling) or every (fixed) segment
     std::size_t max_growth_size = std::size_t{16} << 20;  ///< doubling stops here
     std::size_t rounding = 256;                           ///< a power of two (others round up to one)
+    /// Free chunks above this are *oversize* (PyTorch's `max_split_size_mb`): a request of at most
+    /// this size splits one only when the arena cannot grow, a larger one takes it whole when less
+    /// than this would be left over. Default: no limit.
     std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
     arena_misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;            ///< passed to `on_misuse`
@@ -139,9 +99,9 @@ class best_fit_arena {
   explicit best_fit_arena(Upstream upstream, options opts = {})
       : upstream_(std::move(upstream)),
         opts_(normalised(opts)),
-        shift_(log2(opts_.rounding)),
-        index_(shift_),
-        map_(shift_) {
+        rounding_shift_(log2(opts_.rounding)),
+        index_(rounding_shift_),
+        map_(rounding_shift_) {
     next_growth_ = opts_.growth_size;
     if (opts_.initial_size != 0) {
       try {
@@ -160,7 +120,7 @@ class best_fit_arena {
   best_fit_arena(best_fit_arena&& other) noexcept
       : upstream_(std::move(other.upstream_)),
         opts_(other.opts_),
-        shift_(other.shift_),
+        rounding_shift_(other.rounding_shift_),
         index_(std::move(other.index_)),
         pool_(std::move(other.pool_)),
         map_(std::move(other.map_)),
@@ -178,7 +138,7 @@ class best_fit_arena {
       return_all_segments();
       upstream_ = std::move(other.upstream_);
       opts_ = other.opts_;
-      shift_ = other.shift_;
+      rounding_shift_ = other.rounding_shift_;
       index_ = std::move(other.index_);
       pool_ = std::move(other.pool_);
       map_ = std::move(other.map_);
@@ -498,8 +458,8 @@ class best_fit_arena {
     }
   }
 
-  /// The best free chunk for a request, or npos when none may serve it. Inlined: with three
-  /// callers of `allocate_impl` GCC stopped inlining it, which cost 14 instructions a W1 pair.
+  /// The best free chunk for a request, or npos when none may serve it. Forced inline: with
+  /// several callers of `allocate_impl` the compiler would otherwise call it on the hot path.
   [[gnu::always_inline]] std::uint32_t find_fit(std::size_t rounded, std::size_t need,
                                                 std::size_t alignment) const noexcept {
     std::uint32_t c = index_.best_fit(pool_, rounded);
@@ -788,7 +748,7 @@ class best_fit_arena {
 
   Upstream upstream_{};
   options opts_{};
-  unsigned shift_ = 8;
+  unsigned rounding_shift_ = 8;  ///< log2 of `rounding`
   detail::best_fit_free_index index_;
   detail::best_fit_chunk_pool pool_;
   detail::best_fit_address_map map_;

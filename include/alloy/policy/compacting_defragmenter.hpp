@@ -19,12 +19,12 @@
 namespace alloy {
 
 /// An arena the defragmenter can place blocks in: introspection (segments and pieces in address
-/// order, DESIGN §2) plus `allocate_at(where, bytes)`, which carves a block of `bytes` starting
-/// exactly at `where` and succeeds (non-empty block) only when the whole footprint of the block
-/// lies inside one free piece. Optionally `chunk_size(bytes)`: the footprint a block of `bytes`
-/// takes (the arena's rounding); without it the defragmenter assumes `bytes` rounded up to 256.
-/// The arena must keep its bookkeeping outside the blocks (a freed block's bytes stay as they
-/// were until the place is handed out again), and free neighbours must be coalesced.
+/// order, docs/design.md#concepts) plus `allocate_at(where, bytes)`, which carves a block of
+/// `bytes` starting exactly at `where` and succeeds (non-empty block) only when the whole footprint
+/// of the block lies inside one free piece. Optionally `chunk_size(bytes)`: the footprint a block
+/// of `bytes` takes (the arena's rounding); without it the defragmenter assumes `bytes` rounded up
+/// to 256. The arena must keep its bookkeeping outside the blocks (a freed block's bytes stay as
+/// they were until the place is handed out again), and free neighbours must be coalesced.
 template <class A>
 concept placement_arena = introspectable_allocator<A> && requires(A& a, void* where, std::size_t bytes) {
   { a.allocate_at(where, bytes) } noexcept -> std::same_as<block>;
@@ -34,52 +34,31 @@ concept placement_arena = introspectable_allocator<A> && requires(A& a, void* wh
 /// the arena has enough free bytes (they are split into holes too small), moves unlocked movable
 /// blocks to open a hole, copying as few bytes as it can.
 ///
-/// - Movable blocks: `allocate_movable`, `lock`, `unlock`, `deallocate(handle)` as in
-///   `alloy/movable.hpp`. They are always resident (this policy never spills; put a
-///   `host_spill_reclaimer` over it for that, which then tries compaction before spilling). A
-///   locked block, and every raw block, never moves. Moves copy through the copy engine (memcpy for
-///   host memory, cudaMemcpyAsync + stream synchronisation for device memory).
-/// - Opening a hole (on a failed `allocate` or `allocate_movable` when the free bytes suffice):
-///   the arena's pieces are read through its introspection; a *window* is a run of adjacent pieces
-///   of one segment, none of them raw or locked, spanning the request's footprint from its aligned
-///   start. Its cost is the bytes of the movable blocks inside it. Two pointers over each run find,
-///   for every first piece, the shortest window that spans the request: O(n) windows in O(n). They
-///   are tried cheapest first: the window's blocks, largest first, are planned into free pieces
-///   outside the window by best fit (O(n log n)); the first window whose blocks all find a place is
-///   carried out (`allocate_at` the new place, copy, free the old). At most
-///   `options::max_attempts` windows are planned per failure.
-///   Bound: every plan that opens a hole must empty some window and copy every movable block in
-///   it at least once, so no plan that moves each block at most once, into space outside the hole,
-///   copies fewer bytes than the cheapest window; the defragmenter copies exactly that when the
-///   cheapest window's blocks fit elsewhere, and otherwise the cheapest window (among the first
-///   `max_attempts`) whose blocks do, unless consolidating (below) copies no more: windows are
-///   only tried while they are cheaper than the best consolidation, which is done otherwise.
-/// - Consolidating (the fallback): raw and locked blocks split each segment into *runs*; a hole
-///   can only come from the free bytes of one run. Among the runs whose free bytes suffice, and
-///   every pivot in them, it picks the one that copies fewest bytes when the blocks left of the
-///   pivot slide down to the run's start and those right of it slide up to its end (prefix sums:
-///   O(n)); the run's free bytes then form one hole at the pivot. Where a block's old and new
-///   places overlap, it is re-registered at its new place and copied in steps no longer than the
-///   distance (memmove on the host). So with no raw or locked blocks in the way, a request always
-///   fits when one segment's free bytes suffice. O(n) moves, each block copied at most once.
-/// - `compact()`: blocks of later segments first fit into holes of earlier segments, then every
-///   segment is slid down (each block to the end of the piece before it that stays), then the
-///   arena's `release()` (when it has one) returns the segments emptied by the packing to the
-///   upstream. O(n·h) for n pieces and h holes. Returns the bytes moved.
-/// - Counters (`movable_statistics()`): `num_defragmentations` (holes opened and compactions that
-///   moved anything), `bytes_defragged` (bytes copied by them), `num_moves`, `bytes_active`,
-///   `peak_bytes_active`, `bytes_inactive`.
+/// - Strategy: movable blocks (`allocate_movable`, `lock`, `unlock`, `deallocate(handle)`; rules in
+///   `alloy/movable.hpp`) are always resident; locked and raw blocks never move. To open a hole, a
+///   *window* (adjacent pieces of one segment, none raw or locked, spanning the request) costs the
+///   bytes of its movable blocks; windows are tried cheapest first (at most `max_attempts`), each
+///   block planned best fit into free pieces outside the window, and the first that fits is carried
+///   out. No plan that moves each block at most once copies fewer bytes than the cheapest window.
+///   When consolidating copies no more, the blocks of one run (between raw or locked blocks) slide
+///   toward its ends around the cheapest pivot, leaving one hole; so with nothing in the way a
+///   request fits whenever one segment's free bytes suffice. `compact()` packs later segments into
+///   earlier holes, slides every segment down and releases the emptied ones.
+/// - Complexity: a failed request, O(n) windows found in O(n), each plan O(n log n); consolidating
+///   O(n); `compact()` O(n·h) for n pieces and h holes. Moves copy through the copy engine.
+///   Metadata: a handle table on the host (about 40 B per movable block) and O(n) temporary host
+///   memory while opening a hole; nothing is written into managed memory.
 /// - Failure: noexcept allocation paths; a move whose placement or copy fails is undone and leaves
-///   the block where it was, intact (except an overlapping slide of device memory whose copy
-///   fails: the device is then broken and the error is in the copy engine). The destructor frees
-///   every movable block still alive.
-/// - Metadata: a handle table on the host (~40 B per movable block); opening a hole or compacting
-///   takes O(n) temporary host memory. Nothing is written into managed memory.
-/// - Capabilities: those of `Arena` (`owns`, `release`, `reserved_bytes`, `bytes_reservable_limit`,
-///   introspection with movable pieces shown `active`/`inactive`, and `counters()`, in which an
-///   arena failure that a defragmentation made good counts as a retry, not an OOM).
-/// - Thread safety: none. Move-only. The arena must have `allocate_at` (see `placement_arena`;
-///   `best_fit_arena` has it).
+///   the block intact (except an overlapping slide of device memory whose copy fails: the device
+///   is then broken, and the copy engine holds the error). The destructor frees every movable
+///   block still alive.
+/// - Thread safety: none. Move-only.
+/// - Memory kind: `Arena`'s, which must have `allocate_at` (`placement_arena`; `best_fit_arena`
+///   has it). Capabilities: `movable_statistics()` (`num_defragmentations`, `bytes_defragged`,
+///   `num_moves`, `bytes_active`, `bytes_inactive`) and those of `Arena` (`owns`, `release`,
+///   `reserved_bytes`, `bytes_reservable_limit`, introspection with movable pieces shown
+///   `active`/`inactive`, `counters()`, where a failure a defragmentation made good counts as a
+///   retry, not an OOM).
 template <placement_arena Arena>
 class compacting_defragmenter {
  public:

@@ -65,7 +65,7 @@ class fallback : public detail::two_parts<fallback<Primary, Secondary>, Primary,
     return call(secondary_);
   }
   // A planned growth is `Primary`'s only: when `Primary` can neither serve nor plan, the caller
-  // falls back to `allocate` (both parts, today's way); `Secondary` is asked only once `Primary`
+  // falls back to `allocate` (both parts, the whole answer); `Secondary` is asked only once `Primary`
   // has failed for good.
   block route_planning(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept {
     return primary_.allocate_or_plan(bytes, alignment, plan);

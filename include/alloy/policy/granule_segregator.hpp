@@ -47,55 +47,27 @@ concept release_sharing_allocator = allocator<A> && requires(A& a, const A& c, s
 ///     host_vmm device{{.capacity = 1_GiB}};
 ///     granule_segregator<256_KiB, arena, arena> heap{arena{vmm_ref{device}}, arena{vmm_ref{device}}};
 ///
-/// - Routing: a request of at most `Threshold` bytes goes to `Small`, unless `Small` would add a
-///   granule for it and `Large` would not (it fits in a granule `Large`'s live blocks hold
-///   already); a larger one goes to `Large`. When the chosen part fails, the other is tried;
-///   when both fail, `allocate` has both `release()` their free granules and routes the request
-///   once more (a `virtual_arena` short of memory unmaps its own free granules, not the other
-///   part's, which may be what the request lacks). A small request that fits in `Small`'s held
-///   granules costs one search there (`allocate_in_held_granules`, when `Small` has it; else
-///   `granules_added` and `allocate`); else `Large`'s `granules_added` too (O(1) in
-///   `virtual_arena`).
-/// - Routing of frees: by address, `Small.owns(b)`, so a block may have come from either part.
-/// - One release rule (parts that are `release_sharing_allocator`s, as `virtual_arena`s are): a
-///   `virtual_arena` keeps free granules up to the most granules its live chunks touched at once;
-///   two of them, each keeping up to its own peak, would hold more than their blocks ever touched
-///   together (the small part's kept granules while the large part grows). So the parts keep
-///   free granules only up to the most bytes of granules their live blocks touched at once,
-///   together (`peak_touched_bytes`, noted before each free and as a part maps; restarted by
-///   `release()`): before a part maps, the other releases the free granules beyond the room left
-///   (least recently freed first), then the part keeps at most what remains. Mapped bytes then
-///   never pass that peak (with `allocate`; `allocate_keeping_cache` skips the trim, as in one
-///   arena). The cost is that of one arena's rule: nothing where no part maps, and the other
-///   part's granules unmapped, to be mapped again when it grows (over 127 traces 1.02x the map
-///   calls, geometric mean, up to 1.9x on the smallest, where the peak fell most; W1 the same).
-///   Copies and moves point the parts' limits at the heap that holds them.
-/// - Today's figures (two `virtual_arena`s with default options under `granule_segregator<256
-///   KiB>`, alloy-replay's `virtual_arena_pair`; 2 MiB granules; bench/README.md): peak mapped ÷
-///   peak live at no limit on W1 1.083-1.127 over its five seeds against one arena's 1.118-1.149
-///   (fifteen seeds: mean 1.093, 1.063-1.127, eleven within 1.10; one arena 1.133, 1.109-1.154);
-///   on the 15 traces that of one arena or less (bcrafton 1.004 against 1.005); the smallest
-///   device the same on 14, a step lower on bcrafton (1.004 against 1.008). Over 127 traces nobody tuned to (the PyTorch ones resized,
-///   synthetic ones, MiniMalloc at 768 B a unit) the smallest device is 7 better, 8 worse than one
-///   arena's by 1-2 granules (geometric mean 1.0371 against 1.0372), the peak mapped at no limit
-///   5 better, 6 worse (1.0367 against 1.0373; before the shared rule 2 better, 17 worse, 1.0397).
-///   Time (twenty-seventh session): a W1 pair about 1.2x one arena's (12 % more instructions: the
-///   routing, two heaps' metadata in the cache), the traces 1.04x cold and 1.05x warm. Small
-///   blocks always apart instead cost silmont fp32 a granule (1.143 against 1.079).
-/// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
-///   `release`, `reserved_bytes`, `counters`, `bytes_in_use` and `requested_bytes` (the sums),
-///   introspection, checked frees (`try_deallocate`), stream-ordered calls,
-///   `allocate_keeping_cache`, `record_use`, tags, `serves`. Planned growth answers with no plan
-///   (the caller then calls `allocate` under its lock): which part serves depends on the heap
-///   at the time, and the plan's two phases must reach one part. Not limits or movable handles.
-///   Memory kind: what both parts share.
-/// - Statistics: its parts' figures added up (as `fallback`); it is not a size segregator to
-///   `stats<>` (a small-sized block may lie in `Large`), so no pools by size.
-/// - Failure: an empty block when both parts fail, also after releasing (their free granules
-///   are then gone, where one `virtual_arena` keeps its own when releasing would not be enough:
-///   the composite cannot tell beforehand). The other calls (`allocate_keeping_cache`, tagged,
-///   stream-ordered) never release. Thread safety: none (wrap in `synchronized`).
+/// - Strategy: a request of at most `Threshold` bytes goes to `Small`, unless `Small` would add a
+///   granule for it and `Large` would not; a larger one goes to `Large`. When the chosen part
+///   fails the other is tried; when both fail, both `release()` and the request is routed once
+///   more. Frees go by address (`Small.owns`). Parts that share their release rule
+///   (`release_sharing_allocator`) keep free granules only up to the most bytes their live blocks
+///   touched at once, together: before a part maps, the other releases what is beyond the room
+///   left, so mapped bytes never pass that peak.
+/// - Complexity: a small request that fits in `Small`'s held granules, one search there
+///   (`allocate_in_held_granules`); else also `Large`'s `granules_added` (O(1) in `virtual_arena`).
 ///   Metadata: the shared peak, one word.
+/// - Failure: an empty block when both parts fail, also after releasing. `allocate_keeping_cache`,
+///   tagged and stream-ordered calls never release.
+/// - Thread safety: none (wrap in `synchronized`). Copies and moves point the parts' limits at
+///   the heap that holds them.
+/// - Memory kind: what both parts share. Capabilities: those of `detail::two_parts`, each when
+///   both parts have it (`owns`, `release`, the byte figures as sums, introspection,
+///   `try_deallocate`, stream-ordered calls, `allocate_keeping_cache`, `record_use`, tags,
+///   `serves`); not limits or movable handles. Planned growth answers with no plan (which part
+///   serves depends on the heap at the time). To `stats<>` it is no size segregator (a small block
+///   may lie in `Large`), so no pools by size.
+/// - Defaults chosen by measurement: bench/README.md#virtual-memory
 template <std::size_t Threshold, owning_allocator Small, allocator Large>
   requires granule_reporting_allocator<Small> && granule_reporting_allocator<Large>
 class granule_segregator : public detail::two_parts<granule_segregator<Threshold, Small, Large>, Small, Large> {
@@ -231,7 +203,7 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
     return (small_.owns(b) ? call(small_) : call(large_)) != detail::free_outcome::refused;
   }
 
-  // ---- the shared release rule (class comment: "One release rule") ------------------------------
+  // ---- the shared release rule (the class comment's strategy) ----------------------------------
 
   void share_release_rule() noexcept {
     if constexpr (shares_release_rule) {

@@ -22,49 +22,33 @@ namespace alloy {
 /// `host_spill_reclaimer<Device, Host>` serves requests the device side cannot by spilling idle
 /// movable blocks to the host side, after IBM Large Model Support.
 ///
-/// - Movable blocks (`allocate_movable`, `lock`, `unlock`, `deallocate(handle)`; the rules are in
-///   `alloy/movable.hpp`) live on `Device` while resident. An unlocked resident block may be
-///   spilled: copied to a block from `Host` and its device memory freed. `lock` on a spilled block
-///   brings it back (allocating on the device, spilling others if needed), copies it in and frees
-///   the host copy; the returned pointer stays fixed until the last `unlock`.
-/// - Reclaim, when a device request fails: first a *single reclaim*: one unlocked resident block
-///   is spilled and the request retried. With a `Device` that has introspection (an arena, a
-///   defragmenter), it is the smallest block whose eviction, merged with the free pieces beside
-///   it, makes a piece that holds the request (O(n) scan); otherwise, or when there is none, the
-///   smallest block at least as large as the request. If there is no such block, or the retry
-///   fails too, a *full reclaim*: every unlocked resident block is spilled and the request
-///   retried once more. A reclaim that spilled
-///   nothing (no unlocked block, or the host side failed for every candidate) is not counted, and
-///   the request fails with an empty block / empty handle / nullptr from `lock`. A request the
-///   device can never hold (more than its `bytes_limit()` / `bytes_reservable_limit()`, a size
-///   near SIZE_MAX, a bad alignment) fails at once and spills nothing. So does a request larger
-///   than everything the device side holds (`reserved_bytes()`) when the upstream below it
-///   cannot give the difference now: spilling gives back at most what the device holds, so it
-///   could not help (one probe of that upstream, allocate and give back, on this failure path
-///   only; issue 18).
-/// - Raw `allocate`/`deallocate` go to `Device`; a raw block never moves. When `Device` fails a raw
-///   request, movable blocks are reclaimed for it the same way (`options::reclaim_for_raw`).
-/// - When `Device` is itself movable (a `compacting_defragmenter`), the reclaimer keeps its resident
-///   blocks as `Device` handles, so the device side may compact them, and it tries compaction
-///   before spilling (the device side fails only after it could not open a hole). Its
-///   defragmentation counters are reported with the reclaimer's.
-/// - Counters (`movable_statistics()`): `bytes_active`, `peak_bytes_active`, `bytes_inactive`,
-///   `bytes_spilled`, `bytes_reclaimed` (bytes spilled), `num_single_reclaims`,
-///   `num_full_reclaims`, `num_spills`, `bytes_restored`, `num_restores`. Sizes are requested
-///   sizes. A single reclaim that did not suffice is counted, then the full one.
-/// - Failure: noexcept allocation paths; a host side that fails, or a copy that fails, leaves the
-///   block where it was, intact (the next candidate is tried). Nothing is lost: the destructor
-///   frees every block still alive, resident or spilled.
-/// - Metadata: a handle table (one entry of ~48 B per movable block, on the host) and an ordered
-///   set of the unlocked resident blocks by size: `allocate_movable`, `lock`, `unlock` O(log n)
-///   when no reclaim is needed; the single-reclaim choice O(log n) by size, O(n) with an
-///   introspectable device; full reclaim O(n). Nothing is written into managed memory.
-/// - Capabilities: `owns`, `release` (both sides), `reserved_bytes` (device side), `counters()`
-///   (device side; a device failure that a reclaim made good counts as a retry, not an OOM) and
-///   introspection (device side, movable pieces shown active/inactive) when the parts have them.
-/// - Thread safety: none (wrap in `synchronized`, which forwards the handle calls). Memory kind:
-///   that of `Device`.
-/// - Move-only (it owns the blocks its handles name).
+/// - Strategy: movable blocks (`allocate_movable`, `lock`, `unlock`, `deallocate(handle)`; rules
+///   in `alloy/movable.hpp`) live on `Device` while resident. When a device request fails, a
+///   *single reclaim* spills one unlocked resident block (copied to a `Host` block, its device
+///   memory freed) and retries: with an introspectable `Device`, the smallest block whose space,
+///   merged with the free pieces beside it, holds the request; else the smallest at least as large.
+///   If that does not do, a *full reclaim* spills every unlocked resident block and retries once
+///   more. `lock` brings a spilled block back (spilling others if need be); its pointer stays fixed
+///   until the last `unlock`. Raw `allocate`/`deallocate` go to `Device` and never move; a failed
+///   raw request is reclaimed for too (`options::reclaim_for_raw`). Over a movable `Device` (a
+///   `compacting_defragmenter`) compaction is tried before spilling.
+/// - Complexity: `allocate_movable`, `lock`, `unlock` O(log n) without a reclaim; the single
+///   reclaim's choice O(log n) by size, O(n) with an introspectable device; a full reclaim O(n).
+///   Metadata: a handle table (about 48 B per movable block) and an ordered set of the unlocked
+///   resident blocks, in host memory; nothing is written into managed memory.
+/// - Failure: an empty block, empty handle or null `lock` when no reclaim helps (a reclaim that
+///   spilled nothing is not counted). A request the device can never hold (above its limit, a
+///   size near SIZE_MAX, a bad alignment), or one larger than all the device side holds when its
+///   upstream cannot give the difference, fails at once and spills nothing. A failed host
+///   allocation or copy leaves the block where it was, intact; the destructor frees every block
+///   still alive, resident or spilled.
+/// - Thread safety: none (wrap in `synchronized`, which forwards the handle calls). Move-only (it
+///   owns the blocks its handles name).
+/// - Memory kind: `Device`'s. Capabilities: `movable_statistics()` (`bytes_active`,
+///   `bytes_inactive`, `bytes_spilled`, `bytes_reclaimed`, the reclaim, spill and restore counts;
+///   requested sizes), and when the parts have them `owns`, `release` (both sides),
+///   `reserved_bytes`, `counters()` and introspection (device side; a device failure a reclaim
+///   made good counts as a retry, not an OOM).
 template <allocator Device, allocator Host>
 class host_spill_reclaimer {
  public:

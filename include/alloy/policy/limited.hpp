@@ -14,10 +14,10 @@ namespace alloy {
 
 /// `limited<Inner>` puts a hard cap on the bytes in use.
 ///
-/// - Strategy: counts the bytes of every live block (the sizes callers asked for, as DESIGN §2
-///   defines a block's size) and refuses, with an empty block, any request that would take the
-///   count past `bytes_limit`. The refusal happens before `Inner` is asked, so `Inner` is left
-///   untouched. A request the inner allocator fails is not counted.
+/// - Strategy: counts the bytes of every live block (the sizes callers asked for, as
+///   docs/design.md#concepts defines a block's size) and refuses, with an empty block, any request
+///   that would take the count past `bytes_limit`. The refusal happens before `Inner` is asked, so
+///   `Inner` is left untouched. A request the inner allocator fails is not counted.
 /// - Frees are counted only when `Inner` accepted them: over a part with checked frees
 ///   (`try_deallocate`, e.g. `best_fit_arena`) a double, foreign, interior or wrong-size free
 ///   changes nothing here. Over a part that cannot tell, the free is passed on and counted unless

@@ -16,10 +16,10 @@ namespace alloy {
 /// it to `Inner` (Phobos's `Quantizer`; PyTorch's kRoundLarge in `caching_allocator`).
 ///
 /// - Strategy: `allocate(n)` asks `Inner` for `round_up(n, Rounding)` bytes and hands back a block
-///   of the `n` bytes asked for (DESIGN §2: a block's size is what the caller asked for). A free
-///   rebuilds the rounded block from the size and passes that on, so `Inner` always sees the
-///   sizes it served. Rounding fewer distinct sizes lets `Inner` reuse freed blocks for later
-///   requests of nearby sizes, at the price of the slack (under `Rounding` bytes per block).
+///   of the `n` bytes asked for (docs/design.md#concepts: a block's size is what the caller asked
+///   for). A free rebuilds the rounded block from the size and passes that on, so `Inner` always
+///   sees the sizes it served. Rounding fewer distinct sizes lets `Inner` reuse freed blocks for
+///   later requests of nearby sizes, at the price of the slack (under `Rounding` bytes per block).
 /// - `Rounding` must be a power of two (checked at compile time). A request whose rounded size
 ///   overflows `std::size_t` fails with an empty block; `Inner` is not asked.
 /// - `requested_bytes()` counts what callers asked for and still hold. Frees are counted only when

@@ -53,9 +53,9 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
 ///   best_fit_arena>` asked for 1 MiB at 512) goes to `Large` instead, when `Large` has `owns`,
 ///   so a composition serves every request one of its parts can. Without `owns` on `Large` such
 ///   a request fails, as before.
-/// - Routing of frees: by `b.size`, the size the caller asked for (DESIGN §2), with the same
-///   rule; the alignment is not known at free time, so a small-sized block goes to `Large` when
-///   blocks were sent there that way (`redirected_blocks()`, counted) and the block is not
+/// - Routing of frees: by `b.size`, the size the caller asked for (docs/design.md#concepts), with
+///   the same rule; the alignment is not known at free time, so a small-sized block goes to `Large`
+///   when blocks were sent there that way (`redirected_blocks()`, counted) and the block is not
 ///   `Small`'s (`!Small.owns(b)`; `Large.owns(b)` when `Small` cannot tell). While
 ///   none is live (the usual case) a free costs one comparison more than routing by size alone.
 ///   Statistics count a redirected block in the small pool (by its size) and its bytes in the

@@ -51,100 +51,39 @@ struct alignas(64) thread_slot {
 }  // namespace detail
 
 /// `sharded<Inner, Mutex>` keeps several independent `Inner`s (shards), each behind its own lock,
-/// so that threads allocating at the same time do not wait for one another (DESIGN §13).
+/// so that threads allocating at the same time do not wait for one another
+/// (docs/design.md#threads).
 ///
 /// - Strategy: each thread gets a shard, round-robin in the order threads first call, through a
-///   table in the object (64 entries keyed by `std::this_thread::get_id()`; no thread-local or
-///   global state, DESIGN §11). A thread allocates from its shard, and from the others in turn
-///   when that fails. A free goes to the shard that owns the block, from any thread: the freeing
-///   thread's shard takes it without asking when its table of recent blocks (4,096 addresses by
-///   hash, per shard) holds it, else each shard in turn is asked `Inner::owns`. With more than 64
-///   threads over the object's life, the later ones pick a shard by a hash of their id and have
-///   no cache.
-/// - Thread cache (`options::thread_cache`, bytes per size class and thread; on by default unless
-///   `Inner` keeps statistics, which would count cached blocks as in use): requests of at most
-///   64 KiB are rounded to a class (multiples of 256 B, four per octave, `power2_classes<4, 256,
-///   64 KiB>`) and served from the calling thread's cache without a lock or an atomic; an empty
-///   class refills half its capacity from the thread's shard under one lock, a full one gives
-///   half back under one lock per shard that owns some (the shard that took the last flush asked
-///   first). Frees from any thread land in the freeing thread's cache, so blocks handed from a
-///   producer to a consumer thread cost no lock. Each class keeps at most 32 blocks and
-///   `thread_cache` bytes (default 128 KiB: 32 blocks up to 4 KiB, 2 of 64 KiB). Small blocks are
-///   taken from `Inner` at their class size and alignment 256 (the request's when larger), so
-///   any thread's cache can take any of them back.
-/// - Under a shard's lock: the `Inner` call itself (and, for a refill or a flush, the batch of
-///   them), except the upstream call of a growth when `Inner` plans its growth
-///   (`growth_planning_allocator`: `default_allocator`, `caching_allocator` and `stats<>` of them
-///   over a `thread_safe_upstream`): the shard is asked under its lock to serve or plan, the
-///   upstream call (`cudaMalloc` of a new slab or segment) runs without it, and the shard adopts
-///   the result under its lock again (a refill stops where its shard would grow, and grows that
-///   way for one block when it got none). `release()` takes each shard's free segments off its
-///   books under the shard's lock (up to 32 at a time) and returns them to the upstream without
-///   it, when `Inner` can detach them (`detaching_release_allocator`: `default_allocator` over a
-///   `thread_safe_upstream`, and wrappers of it such as `stats<>`). A failed growth's
-///   release-and-retry runs the same way (free segments detached under the lock, freed and the
-///   call made again without it). `virtual_arena` and `virtual_allocator` over a
-///   `thread_safe_vmm` plan their growth too (the creates and maps of new granules run without
-///   the shard's lock) and detach their release (the unmaps too). Still under the lock:
-///   `allocate_keeping_cache`, frees, `release()` of an `Inner` that cannot detach, a virtual
-///   arena's trims; over an `Inner` without planned growth, every upstream call. The table and the caches take no lock; a
-///   thread's first call claims its entry with one compare-exchange.
-/// - The shard's lock, held the cheap way: the thread a shard was first given to holds it
-///   through a gate (an atomic flag: one compare-exchange and one store, no `Mutex` call) for as
-///   long as no other thread has needed that shard, so one thread alone, or each thread on its
-///   own shard, pays no mutex. The first other thread that needs the shard (a free of one of its
-///   blocks, a refill or request that falls over to it, a query) closes the gate for good,
-///   waiting for the owner to leave it if it is inside; from then on every thread takes `Mutex`.
-/// - Complexity: a cached request or free, O(1) (a hash of the thread id, a class index, a stack);
-///   a refill or flush, up to 16 `Inner` calls and, for a flush, an `owns` per block and shard
-///   tried; an uncached request, `Inner`'s allocate under one lock (more when shards fail); an
-///   uncached free, `owns` then `deallocate` under the owner's lock (each shard before it: a lock
-///   and an `owns`).
-/// - Memory: the table (64 entries of 64 bytes) lives in the object, each shard's table of recent
-///   blocks (32 KiB) with the shard; a thread's cache (7.1 KiB of
-///   host memory) is made on its first call and kept until the object goes. Cached blocks are
-///   idle memory that the shards count as in use: at most `thread_cache` bytes per class and
-///   thread, and what a thread that has ended left in its cache stays there until
-///   `flush_thread_caches()` (or a new thread that gets the same id).
-/// - One physical pool: shards of `virtual_arena` (or `virtual_allocator`) over one backend
-///   (`vmm_ref<synchronized_vmm<V>>`: the backends themselves are not synchronized) share its
-///   capacity; memory one shard freed and unmapped serves another, and a shard that cannot map
-///   more hands the request to the others, which may hold it mapped (test/policy/sharded_test.cpp:
-///   `shards_share_one_physical_pool`, `shards_map_from_their_threads_at_once`).
-/// - Capabilities, each when `Inner` has it: the queries (`owns`, `release`, `reserved_bytes`,
-///   `counters`, `for_each_block`, `bytes_in_use`, `requested_bytes`, limits) through
-///   `detail::forwards_queries`, whose guard hook runs them on every shard under its lock and adds
-///   the answers up (owns: any shard); `record_use` on the owning shard; `try_deallocate`;
-///   `allocate_keeping_cache` (past the thread cache); `statistics()` (the shards' added up;
-///   peaks as the sum of the shards' peaks, an upper bound); tags and offload, each call reaching
-///   every shard (all or nothing for `offload`/`discard`; "tags and offload" below);
-///   stream-ordered calls (past the thread cache, which has no stream: the thread's shard
-///   allocates, the owning shard frees, as for large blocks); `release_detached` (each shard
-///   under its lock in turn); movable handles (made by the thread's shard, whose index the
-///   handle's id carries: lock, unlock and free from any thread reach it, and only its lock is
-///   taken; spills and compactions stay within a shard; movable statistics added up);
-///   `max_split_size` (the parts', for `stats<>`, whose type walk cannot see into shards). Every
-///   capability of `Inner` but planned growth, which is used inside (above), not offered
-///   (test/capability_matrix_test.cpp). `Inner` must have `owns`. Blocks in a thread's cache
-///   are in use as far as the shards (and their `bytes_in_use`) can tell; `release()` first gives
-///   back the calling thread's cache, `flush_thread_caches()` every thread's (only while no
-///   other thread uses the object; the destructor does it). Exact statistics: `stats<sharded<...>>` (counts what
-///   callers see; serialise it, e.g. `synchronized<stats<sharded<...>>>`, or read it from one
-///   thread), or `sharded<stats<...>>` (the cache is off by default there).
+///   table of 64 entries in the object (no thread-local or global state). A thread allocates from
+///   its shard, then from the others in turn. Requests of at most 64 KiB go through the thread's
+///   cache (`options::thread_cache`), which refills and flushes half a class under one lock. A
+///   free goes to its thread's cache or to the shard that owns the block (found by a table of the
+///   shard's recent blocks, else by `Inner::owns`). A shard's first thread holds it through an
+///   atomic gate until another thread needs it, then everyone takes `Mutex`. Over an `Inner` with
+///   planned growth or detached release, the upstream calls run without the shard's lock.
+/// - Complexity: a cached request or free, O(1) without a lock; a refill or flush, up to 16
+///   `Inner` calls under one lock per shard; an uncached request, `Inner`'s allocate under one
+///   lock (more when shards fail); an uncached free, `owns` and `deallocate` under the owner's
+///   lock (an `owns` and a lock for each shard asked before it).
 /// - Failure: an empty block when every shard fails. A free no shard owns, or that its owner
-///   refuses, is refused and counted (`refused_frees()`; printed in checked builds). Checked
-///   builds (`ALLOY_CHECKED`) also refuse a small free that no shard owns or that is already in
-///   the freeing thread's cache; a double free of a block already handed out again from a cache
-///   cannot be seen.
-/// - Movable (not while in use), not copyable; the shards stay where they are (one allocation).
-/// - Measured (bench/threads, `sharded<default_allocator>` against one `default_allocator` per
-///   thread and the synchronized peers; 2-core VM, three full runs on a quiet VM of 2026-11-24,
-///   history in bench/threads/README.md): at 2 threads 11.6-15.4x the best synchronized peer on
-///   W2, 2.6-4.1x on W1, 4.7-10.3x on producer/consumer at 2-8 threads; 2T/1T throughput 1.01-1.30
-///   of the scaling of one unshared allocator per thread on W2, 0.84-1.01 on W1 (under 0.9 in one
-///   run); peak reserved / peak live at 4 threads 0.83-0.87x the 1-thread one. One thread, CPU
-///   time against the bare allocator: 0.65-0.68x on W2, 0.97-1.08x on W1 (1.07-1.14x on a busy
-///   VM); counted, 585 instructions a W1 pair against the bare allocator's 533.
+///   refuses, is refused and counted (`refused_frees()`); checked builds (`ALLOY_CHECKED`) also
+///   refuse a small free already in the thread's cache.
+/// - Thread safety: every call, from any thread; `flush_thread_caches()` only while no other
+///   thread uses the object. Movable (not while in use), not copyable.
+/// - Memory kind: `Inner`'s. Host memory: the table in the object, 32 KiB of recent blocks per
+///   shard, a cache of about 7 KiB per thread, made on its first call. Cached blocks count as in
+///   use in the shards, at most `thread_cache` bytes per class and thread; `release()` first
+///   gives back the calling thread's cache.
+/// - Capabilities, each when `Inner` has it: the queries (answered by every shard under its lock
+///   and added up), `try_deallocate`, `allocate_keeping_cache`, `statistics()` (peaks summed: an
+///   upper bound), tags and offload (every shard; all or nothing for `offload` and `discard`),
+///   stream-ordered calls, `release_detached`, movable handles (the handle names its shard) and
+///   `max_split_size`; every capability but planned growth, which it uses inside. `Inner` must
+///   have `owns`. Exact statistics: `stats<sharded<...>>` (serialised) or `sharded<stats<...>>`.
+/// - Shards of `virtual_arena` over one `vmm_ref<synchronized_vmm<V>>` share one physical pool:
+///   memory one shard unmapped serves another.
+/// - Defaults chosen by measurement: bench/README.md#threads
 template <allocator Inner, class Mutex = std::mutex>
 class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   using queries = detail::forwards_queries<sharded<Inner, Mutex>, Inner>;
@@ -161,9 +100,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   static constexpr std::size_t thread_slots = 64;
 
   struct options {
-    std::size_t shards = 0;  ///< number of shards; 0: `std::thread::hardware_concurrency()`
-    /// Bytes each thread may cache per size class (0: no cache).
-    /// Always 0 over a tagging `Inner` (`tag_holding`): a cached block has no tag.
+    std::size_t shards = 0;  ///< number of shards; 0 (default): `std::thread::hardware_concurrency()`
+    /// Bytes each thread may cache per size class; 0: no cache. Default 128 KiB, but 0 over an
+    /// `Inner` that keeps statistics (cached blocks would count as in use) and always 0 over a
+    /// tagging `Inner` (a cached block has no tag).
     std::size_t thread_cache = detail::keeps_statistics<Inner> || tag_holding<Inner> ? 0 : std::size_t{128} << 10;
   };
 
@@ -174,11 +114,11 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires std::is_invocable_r_v<Inner, Make&, std::size_t>
   explicit sharded(Make make, options opts = {}) {
     if constexpr (offloading_allocator<Inner>) tags_apart_.reset(new std::atomic<std::uint64_t>[tag_words] {});
-    count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
-    shards_ = static_cast<shard*>(::operator new(sizeof(shard) * count_, std::align_val_t{alignof(shard)}));
+    shard_count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+    shards_ = static_cast<shard*>(::operator new(sizeof(shard) * shard_count_, std::align_val_t{alignof(shard)}));
     std::size_t built = 0;
     try {
-      for (; built < count_; ++built) new (shards_ + built) shard(make, built);
+      for (; built < shard_count_; ++built) new (shards_ + built) shard(make, built);
     } catch (...) {
       destroy_shards(built);
       throw;
@@ -193,7 +133,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// only be destroyed. Neither object may be in use by another thread meanwhile.
   sharded(sharded&& other) noexcept
       : shards_(std::exchange(other.shards_, nullptr)),
-        count_(std::exchange(other.count_, 0)),
+        shard_count_(std::exchange(other.shard_count_, 0)),
         caching_(other.caching_),
         next_shard_(other.next_shard_.load(std::memory_order_relaxed)),
         refused_(other.refused_.load(std::memory_order_relaxed)),
@@ -215,7 +155,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     if (shards_ == nullptr) return;
     flush_thread_caches();
     for (auto& s : slots_) delete s.cache;
-    destroy_shards(count_);
+    destroy_shards(shard_count_);
   }
 
   [[gnu::always_inline]] block allocate(std::size_t bytes, std::size_t alignment) noexcept {
@@ -276,7 +216,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
   }
 
-  // ---- movable handles (DESIGN §4), each naming its shard ----------------------------------------
+  // ---- movable handles (docs/design.md#movable-memory), each naming its shard ------------------
   // A handle is made by the thread's shard (or the others in turn) and carries the shard's index
   // in its id (`id = inner id * shards + shard`; the same id with one shard), so that any thread's
   // lock, unlock or free reaches the shard that owns it, under that shard's lock, without a
@@ -288,16 +228,16 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   {
     const slot* me = my_slot();
     const std::size_t first = shard_of(me), caller = index_of(me);
-    for (std::size_t n = 0; n < count_; ++n) {
+    for (std::size_t n = 0; n < shard_count_; ++n) {
       const std::size_t i = shard_after(first, n);
       shard_lock lock(shards_[i], caller);
       const handle h = shards_[i].inner.allocate_movable(bytes);
       if (!h) continue;
-      if (h.id > (std::numeric_limits<std::uint64_t>::max() - i) / count_) [[unlikely]] {
+      if (h.id > (std::numeric_limits<std::uint64_t>::max() - i) / shard_count_) [[unlikely]] {
         shards_[i].inner.deallocate(h);  // its id cannot carry the shard: never in practice
         continue;
       }
-      return handle{h.id * count_ + i};
+      return handle{h.id * shard_count_ + i};
     }
     return {};
   }
@@ -333,7 +273,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     using result = decltype(std::declval<const Inner&>().movable_statistics());
     result sum{};
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       sum += shards_[i].inner.movable_statistics();
     }
@@ -343,13 +283,13 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires detail::has_reset_movable_peak<Inner>
   {
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       shards_[i].inner.reset_movable_peak();
     }
   }
 
-  // ---- tags and offload (DESIGN §12), over every shard -------------------------------------------
+  // ---- tags and offload (docs/design.md#offload), over every shard -----------------------------
   // A tag is one thing to the caller: its blocks are in every shard, so each call below reaches
   // every shard (under its lock), combined as `detail::offload_parts` says: offload and discard
   // all or nothing (the shards done are restored when one fails), restore shard by shard (the
@@ -395,33 +335,33 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   offload_status offload(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    const offload_status s = detail::offload_parts(count_, each_shard(), t, true);
+    const offload_status s = detail::offload_parts(shard_count_, each_shard(), t, true);
     note_agreement(t);
     return s;
   }
   offload_status discard(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    const offload_status s = detail::offload_parts(count_, each_shard(), t, false);
+    const offload_status s = detail::offload_parts(shard_count_, each_shard(), t, false);
     note_agreement(t);
     return s;
   }
   offload_status restore(tag t) noexcept
     requires offloading_allocator<Inner>
   {
-    const offload_status s = detail::restore_parts(count_, each_shard(), t);
+    const offload_status s = detail::restore_parts(shard_count_, each_shard(), t);
     note_agreement(t);
     return s;
   }
   tag_state state(tag t) const noexcept
     requires offloading_allocator<Inner>
   {
-    return detail::tag_state_of_parts(count_, each_shard(), t);
+    return detail::tag_state_of_parts(shard_count_, each_shard(), t);
   }
   offload_status offload_all() noexcept
     requires detail::has_offload_all<Inner>
   {
-    const offload_status s = detail::offload_all_parts(count_, each_shard());
+    const offload_status s = detail::offload_all_parts(shard_count_, each_shard());
     if constexpr (offloading_allocator<Inner>) note_agreement_of_every_tag();
     return s;
   }
@@ -454,7 +394,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       // The free segments leave each shard's books under its lock, up to 32 at a time, and go
       // back to the upstream without it.
       const std::size_t caller = caller_index();
-      for (std::size_t i = 0; i < count_; ++i) {
+      for (std::size_t i = 0; i < shard_count_; ++i) {
         detached_segments::give_back_all([&](detached_segments& out) {
           shard_lock lock(shards_[i], caller);
           return shards_[i].inner.release_detached(out);
@@ -472,7 +412,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   {
     flush_thread_cache();
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       if (!shards_[i].inner.release_detached(out)) return false;
     }
@@ -484,7 +424,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void record_use(block b, Stream stream) {
     const block inner = inner_block(b);
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       if (shards_[i].inner.owns(inner)) return shards_[i].inner.record_use(inner, stream);
     }
@@ -497,7 +437,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     using result = decltype(std::declval<const Inner&>().statistics());
     result sum{};
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       result s;
       {
         shard_lock lock(shards_[i], caller);
@@ -541,7 +481,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return smallest == 0 ? std::numeric_limits<std::size_t>::max() : smallest;
   }
 
-  // ---- sharded's own -----------------------------------------------------------------------------
+  // ---- sharded's own ---------------------------------------------------------------------------
 
   /// Gives the calling thread's cached blocks back to their shards.
   void flush_thread_cache() noexcept {
@@ -555,7 +495,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
   }
 
-  std::size_t shard_count() const noexcept { return count_; }
+  std::size_t shard_count() const noexcept { return shard_count_; }
   /// Runs `f(shard)` with shard `i`'s lock held and returns what it returns.
   template <class F>
   decltype(auto) with_shard(std::size_t i, F&& f) {
@@ -649,8 +589,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// answers a handle it did not make as the part's rules say (the empty handle goes to shard 0).
   template <class Self, class F>
   static decltype(auto) on_owner_of(Self& self, handle h, F& f) {
-    const std::size_t i = h ? static_cast<std::size_t>(h.id % self.count_) : 0;
-    const handle inner{h.id / self.count_};
+    const std::size_t i = h ? static_cast<std::size_t>(h.id % self.shard_count_) : 0;
+    const handle inner{h.id / self.shard_count_};
     shard_lock lock(self.shards_[i], self.caller_index());
     return f(self.shards_[i].inner, inner);
   }
@@ -687,10 +627,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       if (seen == std::thread::id{} && !claim) return nullptr;
       if (seen == std::thread::id{} && s.thread.compare_exchange_strong(seen, me, std::memory_order_acq_rel)) {
         const std::size_t ticket = next_shard_.fetch_add(1, std::memory_order_relaxed);
-        s.shard = ticket % count_;
+        s.shard = ticket % shard_count_;
         s.flush_hint = s.shard;
         // The first thread given a shard owns it (`shard_lock`); only it stores `owner`.
-        if (ticket < count_) shards_[s.shard].owner.store(index_of(&s), std::memory_order_relaxed);
+        if (ticket < shard_count_) shards_[s.shard].owner.store(index_of(&s), std::memory_order_relaxed);
         if (caching_ && s.cache == nullptr) s.cache = new (std::nothrow) cache;
         return &s;
       }
@@ -713,14 +653,14 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
     return no_slot;
   }
-  /// Shard `first + n`, wrapped (both below `count_`), without a division.
+  /// Shard `first + n`, wrapped (both below `shard_count_`), without a division.
   std::size_t shard_after(std::size_t first, std::size_t n) const noexcept {
     const std::size_t i = first + n;
-    return i < count_ ? i : i - count_;
+    return i < shard_count_ ? i : i - shard_count_;
   }
   std::size_t shard_of(const slot* s) const noexcept {
     if (s != nullptr) return s->shard;
-    return (mix(std::this_thread::get_id()) >> 32) % count_;
+    return (mix(std::this_thread::get_id()) >> 32) % shard_count_;
   }
   /// A thread id, mixed: its bits when it is a word (libstdc++, libc++: the pthread_t), whose
   /// multiply-shift is cheaper than `std::hash`'s out-of-line byte hash; else `std::hash`.
@@ -751,19 +691,19 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     using result = decltype(f(self.shards_[0].inner));
     const std::size_t caller = self.caller_index();
     if constexpr (std::is_void_v<result>) {
-      for (std::size_t i = 0; i < self.count_; ++i) {
+      for (std::size_t i = 0; i < self.shard_count_; ++i) {
         shard_lock lock(self.shards_[i], caller);
         f(self.shards_[i].inner);
       }
     } else if constexpr (std::same_as<result, bool>) {
-      for (std::size_t i = 0; i < self.count_; ++i) {
+      for (std::size_t i = 0; i < self.shard_count_; ++i) {
         shard_lock lock(self.shards_[i], caller);
         if (f(self.shards_[i].inner)) return true;
       }
       return false;
     } else {
       result sum{};
-      for (std::size_t i = 0; i < self.count_; ++i) {
+      for (std::size_t i = 0; i < self.shard_count_; ++i) {
         shard_lock lock(self.shards_[i], caller);
         sum += f(self.shards_[i].inner);
       }
@@ -780,7 +720,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     };
   }
 
-  // ---- which tags the shards hold apart ("tags and offload" above) ------------------------------
+  // ---- which tags the shards hold apart ("tags and offload" above) -----------------------------
 
   static constexpr std::size_t tag_words = (std::size_t{std::numeric_limits<std::uint16_t>::max()} + 1) / 64;
   /// A plain request takes the current tag: refused while the shards hold it apart.
@@ -796,7 +736,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <class Call>
   block refused_by_a_shard(tag t, std::size_t bytes, std::size_t alignment, Call call) noexcept {
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       if (shards_[i].inner.state(t) != tag_state::resident) return call(shards_[i].inner, bytes, alignment);
     }
@@ -827,7 +767,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void note_agreement(tag t) noexcept {
     bool some_resident = false, some_not = false;
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       (shards_[i].inner.state(t) == tag_state::resident ? some_resident : some_not) = true;
     }
@@ -837,7 +777,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void note_agreement_of_every_tag() noexcept {
     std::uint64_t resident[tag_words] = {}, not_resident[tag_words] = {};
     const std::size_t caller = caller_index();
-    for (std::size_t i = 0; i < count_; ++i) {
+    for (std::size_t i = 0; i < shard_count_; ++i) {
       shard_lock lock(shards_[i], caller);
       for (std::size_t v = 0; v < tag_words * 64; ++v) {
         const bool here = shards_[i].inner.state(tag{static_cast<std::uint16_t>(v)}) == tag_state::resident;
@@ -866,218 +806,50 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// the shard's lock (`planned_growth`).
   template <bool Plain, class Call>
   block allocate_direct(std::size_t first, std::size_t caller, std::size_t bytes, std::size_t alignment,
-                        Call call) noexcept {
-    std::size_t inner_bytes = bytes, inner_alignment = alignment;
-    if (is_cached_size(bytes) && is_power_of_two(alignment)) {
-      inner_bytes = classes::size(classes::index(bytes));
-      inner_alignment = std::max(alignment, cache_alignment);
-    }
-    for (std::size_t n = 0; n < count_; ++n) {
-      shard& s = shards_[shard_after(first, n)];
-      block b;
-      if constexpr (Plain && growth_planning_allocator<Inner>) {
-        growth_plan plan;
-        {
-          shard_lock lock(s, caller);
-          b = s.inner.allocate_or_plan(inner_bytes, inner_alignment, plan);
-          if (!b && !plan) [[unlikely]]
-            b = call(s.inner, inner_bytes, inner_alignment);
-          if (b) return remembered(s, b, bytes);
-          if (!plan) continue;
-        }
-        b = grow_unlocked(s, caller, plan, inner_bytes, inner_alignment);
-        if (b) return block{b.ptr, bytes};
-      } else {
-        shard_lock lock(s, caller);
-        b = call(s.inner, inner_bytes, inner_alignment);
-        if (b) return remembered(s, b, bytes);
-      }
-    }
-    return {};
-  }
+                        Call call) noexcept;
   /// `b` handed out by shard `s` (its lock held), remembered for its free; as the caller sees it.
   block remembered(shard& s, block b, std::size_t bytes) noexcept {
-    if (count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
+    if (shard_count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
     return block{b.ptr, bytes};
   }
   /// The rest of a growth planned under `s`'s lock (not held now): the upstream call, then the
   /// adoption and allocation under the lock, then the give-back of what was not adopted.
   [[gnu::noinline]] block grow_unlocked(shard& s, std::size_t caller, growth_plan& plan, std::size_t bytes,
                                         std::size_t alignment) noexcept
-    requires growth_planning_allocator<Inner>
-  {
-    plan.fetch([&](auto&& f) {
-      shard_lock lock(s, caller);
-      return f();
-    });
-    block b;
-    {
-      shard_lock lock(s, caller);
-      b = s.inner.allocate_planned(plan, bytes, alignment);
-      if (b && count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
-    }
-    plan.give_back_unused();
-    return b;
-  }
+    requires growth_planning_allocator<Inner>;
 
   /// A free from any thread: small blocks to the thread's cache, others to their shard.
-  bool free_block(block b) noexcept {
-    if (b.ptr == nullptr) return b.size == 0;
-    slot* me = my_slot();
-    if (is_cached_size(b.size)) {
-      const std::size_t c = classes::index(b.size);
-      if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) {
-        cache& k = *me->cache;
-        if constexpr (ALLOY_CHECKED) {
-          if (!check_small_free(k, c, b.ptr, index_of(me))) return false;
-        }
-        if (k.count[c] == capacity_[c]) flush(*me, k, c, capacity_[c] / 2, index_of(me));
-        k.blocks[c][k.count[c]++] = b.ptr;
-        return true;
-      }
-    }
-    return free_to_owner(b, [](Inner& in, block x) { return detail::free_in(in, x); }, me);
-  }
+  bool free_block(block b) noexcept;
   /// Frees `b` (not through a cache) in the shard that owns it, through `free(inner, block)`
   /// (a `detail::free_outcome`): the thread's own shard when it remembers handing the block out,
   /// else each shard in turn asked `owns`.
   template <class Free>
-  bool free_to_owner(block b, Free free, slot* me) noexcept {
-    if (b.ptr == nullptr) return b.size == 0;
-    const block inner = inner_block(b);
-    const std::size_t first = shard_of(me);
-    if (count_ > 1) {
-      shard& s = shards_[first];
-      shard_lock lock(s, index_of(me));
-      void*& entry = s.recent[recent_index(inner.ptr)];
-      if (entry == inner.ptr) {
-        entry = nullptr;
-        if (free(s.inner, inner) != detail::free_outcome::refused) return true;
-        refuse(inner);
-        return false;
-      }
-    }
-    void* p = inner.ptr;
-    return give_back(first, index_of(me), inner.size, &p, 1, nullptr, free) == 0;
-  }
+  bool free_to_owner(block b, Free free, slot* me) noexcept;
   template <class Free>
-  bool free_to_owner(block b, Free free) noexcept {
-    return free_to_owner(b, free, my_slot());
-  }
+  bool free_to_owner(block b, Free free) noexcept;
 
   /// Gives back `n` blocks of `bytes` each to the shards that own them, the shard `first` asked
   /// first, one lock per shard (`ptrs` is reordered); returns how many were not taken (no shard
   /// owns them, or the owner refused them), each reported.
   std::size_t give_back(std::size_t first, std::size_t caller, std::size_t bytes, void** ptrs, std::size_t n,
-                        std::size_t* taker = nullptr) noexcept {
-    return give_back(first, caller, bytes, ptrs, n, taker, [](Inner& in, block x) { return detail::free_in(in, x); });
-  }
+                        std::size_t* taker = nullptr) noexcept;
   /// As above, each free through `free(inner, block)` (a `detail::free_outcome`).
   template <class Free>
   std::size_t give_back(std::size_t first, std::size_t caller, std::size_t bytes, void** ptrs, std::size_t n,
-                        std::size_t* taker, Free free) noexcept {
-    std::size_t lost = 0;
-    if (count_ == 1 && !ALLOY_CHECKED) {
-      shard_lock lock(shards_[0], caller);
-      for (std::size_t i = 0; i < n; ++i) {
-        if (free(shards_[0].inner, block{ptrs[i], bytes}) == detail::free_outcome::refused) {
-          refuse(block{ptrs[i], bytes});
-          ++lost;
-        }
-      }
-      return lost;
-    }
-    for (std::size_t k = 0; k < count_ && n != 0; ++k) {
-      shard& s = shards_[shard_after(first, k)];
-      shard_lock lock(s, caller);
-      for (std::size_t i = n; i-- > 0;) {
-        const block b{ptrs[i], bytes};
-        if (!s.inner.owns(b)) continue;
-        if (taker != nullptr) *taker = shard_after(first, k);
-        if (void*& entry = s.recent[recent_index(b.ptr)]; entry == b.ptr) entry = nullptr;
-        ptrs[i] = ptrs[--n];
-        if (free(s.inner, b) == detail::free_outcome::refused) {
-          refuse(b);
-          ++lost;
-        }
-      }
-    }
-    for (std::size_t i = 0; i < n; ++i) refuse(block{ptrs[i], bytes});
-    return lost + n;
-  }
+                        std::size_t* taker, Free free) noexcept;
 
   /// Fills half of class `c`'s capacity from shard `first` (or one block from any shard).
-  void refill(std::size_t first, std::size_t caller, cache& k, std::size_t c) noexcept {
-    const std::size_t size = classes::size(c);
-    shard& s = shards_[first];
-    if constexpr (growth_planning_allocator<Inner>) {
-      // Planned growth: the refill stops where the shard would call its upstream; when it got
-      // nothing, that call is made without the lock for one block (the slab serves the next).
-      growth_plan plan;
-      {
-        shard_lock lock(s, caller);
-        const std::uint32_t want = capacity_[c] / 2;
-        while (k.count[c] < want) {
-          const block b = s.inner.allocate_or_plan(size, cache_alignment, plan);
-          if (!b) break;
-          k.blocks[c][k.count[c]++] = b.ptr;
-        }
-        if (k.count[c] == 0 && !plan) {  // neither served nor planned: today's way
-          if (const block b = s.inner.allocate(size, cache_alignment)) k.blocks[c][k.count[c]++] = b.ptr;
-        }
-      }
-      if (k.count[c] == 0 && plan) {
-        if (const block b = grow_unlocked(s, caller, plan, size, cache_alignment)) k.blocks[c][k.count[c]++] = b.ptr;
-      }
-    } else {
-      shard_lock lock(s, caller);
-      const std::uint32_t want = capacity_[c] / 2;
-      while (k.count[c] < want) {
-        const block b = s.inner.allocate(size, cache_alignment);
-        if (!b) break;
-        k.blocks[c][k.count[c]++] = b.ptr;
-      }
-    }
-    if (k.count[c] == 0 && count_ > 1) {
-      const block b = allocate_direct<true>(shard_after(first, 1), caller, size, cache_alignment,
-                                            [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
-      if (b) k.blocks[c][k.count[c]++] = b.ptr;
-    }
-  }
+  void refill(std::size_t first, std::size_t caller, cache& k, std::size_t c) noexcept;
 
   /// Gives the `n` oldest blocks of class `c` back, asking first the shard that took the thread's
   /// last flush (blocks freed by a consumer thread mostly belong to one producer's shard).
   /// `caller`: the calling thread's slot index (not always `me`'s: `flush_thread_caches`).
-  void flush(slot& me, cache& k, std::size_t c, std::uint32_t n, std::size_t caller) noexcept {
-    void* out[per_class_max];
-    std::copy(k.blocks[c], k.blocks[c] + n, out);
-    std::copy(k.blocks[c] + n, k.blocks[c] + k.count[c], k.blocks[c]);
-    k.count[c] -= n;
-    (void)give_back(me.flush_hint, caller, classes::size(c), out, n, &me.flush_hint);
-  }
-  void flush_all(slot& me, cache& k, std::size_t caller) noexcept {
-    for (std::size_t c = 0; c < classes::count; ++c) {
-      if (k.count[c] != 0) flush(me, k, c, k.count[c], caller);
-    }
-  }
+  void flush(slot& me, cache& k, std::size_t c, std::uint32_t n, std::size_t caller) noexcept;
+  void flush_all(slot& me, cache& k, std::size_t caller) noexcept;
 
   /// Checked builds: a small free must be owned by a shard and not be in the cache already.
-  bool check_small_free(const cache& k, std::size_t c, void* p, std::size_t caller) noexcept {
-    const block b{p, classes::size(c)};
-    const bool cached = std::find(k.blocks[c], k.blocks[c] + k.count[c], p) != k.blocks[c] + k.count[c];
-    if (cached || !owned_by_any(b, caller)) {
-      refuse(b);
-      return false;
-    }
-    return true;
-  }
-  bool owned_by_any(block b, std::size_t caller) const noexcept {
-    for (std::size_t i = 0; i < count_; ++i) {
-      shard_lock lock(shards_[i], caller);
-      if (shards_[i].inner.owns(b)) return true;
-    }
-    return false;
-  }
+  bool check_small_free(const cache& k, std::size_t c, void* p, std::size_t caller) noexcept;
+  bool owned_by_any(block b, std::size_t caller) const noexcept;
   void refuse(block b) noexcept {
     refused_.fetch_add(1, std::memory_order_relaxed);
     if constexpr (ALLOY_CHECKED) {
@@ -1089,7 +861,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   static_assert(owning_allocator<Inner>, "sharded routes frees by Inner::owns");
 
   shard* shards_ = nullptr;
-  std::size_t count_ = 0;
+  std::size_t shard_count_ = 0;
   bool caching_ = false;
   std::uint32_t capacity_[classes::count] = {};
   alignas(64) std::atomic<std::size_t> next_shard_{0};
@@ -1103,3 +875,6 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
 };
 
 }  // namespace alloy
+
+// The member definitions of request and free routing.
+#include <alloy/policy/sharded/routing.hpp>

@@ -104,8 +104,7 @@ struct fast_divisor {
 /// An open-addressing hash map from an address granule (address >> shift) to the at most two
 /// slabs that overlap it (slabs are never smaller than a granule). Linear probing, power-of-two
 /// capacity at most a quarter full, so that a free's lookup almost always ends at the first slot
-/// (on W1 through `default_allocator` cachegrind counted 0.36 mispredicted branches per free at
-/// half full, 0.26 at a quarter, about 1 ns a pair), deletion by backward shift (no tombstones).
+/// (fewer mispredicted branches than at half full), deletion by backward shift (no tombstones).
 /// 16 bytes per slot, a few slots per slab: host memory only.
 class slab_granule_map {
  public:
@@ -227,67 +226,32 @@ struct size_class_usage {
 /// of slabs (the std::pmr / thrust::mr pools, PyTorch's small pool, a slab allocator).
 ///
 /// - Strategy: a request is rounded up to the smallest class that holds it (`Classes`, by
-///   default `power2_classes<4, 256, 1 MiB>`: powers of two with four steps per octave). Each
-///   class takes its own slabs from the upstream, sized a whole number of blocks: the largest
-///   multiple of the class size not above `slab_size` (default 2 MiB), or one block for classes
-///   above it. With `initial_slab_size` below `slab_size`, a class's first slab is that small
-///   and each further slab twice the previous, up to `slab_size` (fewer reserved bytes for
-///   classes that are little used, more upstream calls). Freed blocks are cached per class,
-///   most recently freed first; slabs go back to the upstream only on `release()` (every wholly
-///   free slab), or when the upstream fails (see below).
-/// - Metadata: all of it in host memory outside the managed memory, which may be device memory
-///   and is never read or written: per slab a table of 32-bit requested sizes (one per block),
-///   per class a stack of free (slab, block) pairs, and a hash map from address granules to
-///   slabs.
-/// - Complexity: allocate O(1) (the class index is bit arithmetic; a free block is popped, or
-///   carved from the class's newest slab); deallocate O(1) (hash lookup of the slab, a
-///   multiply-shift division for the block index, a push). Upstream calls only when a class has
-///   no free block. `release()` O(slabs + cached blocks); `for_each_block` O(slabs log slabs +
+///   default `power2_classes<4, 256, 1 MiB>`: four steps per octave). Each class takes its own
+///   slabs from the upstream, a whole number of blocks of at most `slab_size` (one block above);
+///   with `initial_slab_size`, a class's first slab is that small and each next one twice the
+///   last. Freed blocks are cached per class, most recently freed first; slabs go back only on
+///   `release()` or when the upstream fails. An alignment A above 256 is served by rounding the
+///   request up to `bytes + A - 256` and handing out the first A-aligned address in the block.
+///   All metadata lives in host memory; the managed memory is never touched.
+/// - Complexity: allocate and deallocate O(1) (bit arithmetic for the class, a hash look-up of
+///   the slab, a multiply-shift for the block index); upstream calls only when a class has no
+///   free block. `release()` O(slabs + cached blocks); `for_each_block` O(slabs log slabs +
 ///   blocks).
-/// - Sizes: a request larger than `Classes::max_size` fails with an empty block (this pool is a
-///   small-block engine; put it under a `segregator` with a large-block allocator beside it).
-///   Zero bytes yield a unique block of class 0 whose size reads 0.
-/// - Alignment: class sizes are multiples of 256 and slabs are taken with alignment 256, so any
-///   power of two up to 256 is natural. A larger alignment A is served by rounding the request
-///   up to `bytes + A - 256` and handing out the first A-aligned address inside the block (up to
-///   A - 256 bytes of waste, counted as internal waste); the request fails when that exceeds the
-///   largest class. An alignment that is not a power of two yields an empty block.
 /// - Failure: when the upstream cannot give a slab, every wholly free slab is released and the
-///   request retried once (`num_alloc_retries`); if that fails too the request fails with an
-///   empty block (`num_ooms`). A request the pool refuses by contract (too large, bad alignment)
-///   is not counted as an OOM. Host metadata that cannot grow (std::bad_alloc) also fails the
-///   request, leaving the pool unchanged.
-/// - Misuse (DESIGN §7), detected in every build: a pointer in no slab (foreign), a pointer
-///   inside a slab that is not where a block starts (interior: not at a class-size boundary of
-///   its slab, or not the aligned start of an over-aligned block), a double free (the block is
-///   not allocated) and a wrong size (not the size it was allocated with). The free already
-///   writes the block's entry in the slab's table, so comparing it first costs a dozen
-///   instructions and branches that are never taken (on W2, time per pair unchanged; the
-///   measurement is in bench/README.md). The
-///   free is ignored (the block is left as it was, the pool consistent), counted in `misuses()`
-///   (`misuse_count()`, `last_misuse()`) and passed to `options::on_misuse` with
-///   `options::misuse_context`; with no handler, `ALLOY_CHECKED` builds print one line to
-///   stderr. A stale free of a block whose slot was handed out again with the same size is a
-///   valid free of the new block: no allocator without per-block generations can tell.
-/// - Capabilities: `try_deallocate` (checked deallocation: false for a misuse), `serves` (which
-///   requests it takes at all), `owns`, `may_hold_slab_of` (a filter of the slab sizes taken),
-///   `release`, `reserved_bytes` (O(1)), `counters`, `for_each_block`
-///   (every block of every slab, free ones included), `bytes_in_use` (sum of class sizes
-///   handed out) and `requested_bytes` (sum of sizes asked), `usage(class)` per class.
-///   `allocate_keeping_cache` (no release and retry on upstream failure), which makes it a valid
-///   inner part of `stream_ordered`, the policy that gives it stream-ordered calls. Memory kind:
-///   the upstream's.
-/// - Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only):
-///   `allocate_or_plan` serves from the class or names its next slab (changing nothing);
-///   `allocate_planned` installs the slab when the class still has no free or uncarved block
-///   (else, or when host metadata cannot grow, hands it back, counted as taken and freed) and
-///   allocates as `allocate`; so that `synchronized` and `sharded` make the upstream call
-///   without their lock, and when it fails the release-and-retry too (the empty slabs detached
-///   under the lock, given back and the slab asked again without it; `allocate_planned` then
-///   calls the upstream no more). Likewise `release_detached` (`detaching_release_allocator`): `release()`
-///   without the upstream's frees, the empty slabs taken off the books into a list the caller
-///   returns after its lock is released.
-/// - Thread safety: none (wrap in `synchronized`).
+///   request retried once (`num_alloc_retries`), else an empty block (`num_ooms`). A request the
+///   pool refuses by contract (larger than `Classes::max_size`, an alignment that is no power of
+///   two or too large) is not counted; put the pool under a `segregator` beside a large-block
+///   allocator. Bad frees (foreign, interior, double, wrong size) are detected in every build,
+///   ignored, counted in `misuses()` and passed to `options::on_misuse` (docs/design.md#errors).
+///   Zero bytes: a unique block of class 0 whose size reads 0.
+/// - Thread safety: none (wrap in `synchronized` or `sharded`).
+/// - Memory kind: the upstream's. Capabilities: `try_deallocate`, `serves`, `owns`,
+///   `may_hold_slab_of` (a filter of the slab sizes taken), `release`, `reserved_bytes`,
+///   `counters`, `for_each_block` (free blocks too), `bytes_in_use` (class sizes),
+///   `requested_bytes`, `usage(class)`, `allocate_keeping_cache` (for `stream_ordered`); over a
+///   `thread_safe_upstream`, planned growth and `release_detached`, so that `synchronized` and
+///   `sharded` call the upstream without their lock (docs/design.md#threads).
+/// - Defaults chosen by measurement: bench/README.md#current-results
 template <allocator Upstream, class Classes = power2_classes<>>
 class size_class_pool {
  public:
@@ -316,8 +280,8 @@ class size_class_pool {
   static constexpr std::size_t num_classes = Classes::count;
 
   struct options {
-    std::size_t slab_size = std::size_t{2} << 20;  ///< bytes of a slab (at most 1 GiB)
-    std::size_t initial_slab_size = 0;             ///< a class's first slab; 0 = `slab_size`
+    std::size_t slab_size = std::size_t{2} << 20;  ///< bytes of a slab, at most 1 GiB; default 2 MiB
+    std::size_t initial_slab_size = 0;             ///< a class's first slab; 0 (default): `slab_size`
     pool_misuse_handler on_misuse = nullptr;       ///< called on a refused free; null: stderr (checked builds)
     void* misuse_context = nullptr;                ///< passed to `on_misuse`
   };

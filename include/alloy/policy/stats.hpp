@@ -203,66 +203,35 @@ struct stats_reading {
 
 }  // namespace detail
 
-/// `stats<Inner>` counts everything DESIGN §5 names, exactly, and keeps scoped traces.
+/// `stats<Inner>` counts everything docs/design.md#statistics names, exactly, and keeps scoped
+/// traces.
 ///
-/// - Strategy: every call is forwarded to `Inner`; on the way back `stats<>` updates a handful of
-///   counters (live blocks and bytes, in total and per pool, their peaks, the largest request) and
-///   reads `Inner`'s reserved bytes (one O(1) call) to keep the reserved peak exact. When the
-///   reserved bytes changed, which happens only when a segment is taken or given back, it also
-///   reads the segment counts. No map, no heap allocation, no lock on the hot path.
-/// - Sizes: a block's size is the size its caller asked for (DESIGN §2), so `bytes_in_use`,
-///   `requested_bytes`, and PyTorch's `allocated_bytes`, `requested_bytes` and `active_bytes` all
-///   count requested sizes and are equal. Rounded sizes and free space come from introspection,
-///   at query time only: `largest_free_block`, `fragmentation`, PyTorch's `inactive_split*`, and
-///   the snapshot.
-/// - Where each field comes from (zero when the composition cannot tell). `stats<>` asks only
-///   `Inner`: its typed figures (`detail::figures_of`: each figure from the first part on each
-///   path that reports it, added up over the paths by the composites), taken through the guard of
-///   every wrapper on the way, so under a `synchronized<>` inside nothing is read without its lock:
-///   - counted here, exact: `num_allocs`, `bytes_in_use`, `peak_bytes_in_use`,
-///     `largest_alloc_size`, `requested_bytes`, `num_ooms` (requests that failed here), PyTorch's
-///     `allocation`, `active`, `*_bytes` of blocks, `oversize_allocations`;
-///   - reserving parts (`reserved_bytes()`, the first on each path): `bytes_reserved`,
-///     `peak_bytes_reserved` (read after every call, so exact), PyTorch's `reserved_bytes`;
-///   - counting parts (`counters()`): `num_device_alloc`, `num_device_free`, `num_alloc_retries`,
-///     PyTorch's `segment` (device allocations minus frees, observed when reserved bytes change);
-///   - movable parts (`movable_statistics()`): `bytes_active`, `bytes_inactive`,
-///     `peak_bytes_active`, `bytes_reclaimed`, `num_single_reclaims`, `num_full_reclaims`,
-///     `num_defragmentations`, `bytes_defragged`; offloading parts (`offload_stats()`, a
-///     `virtual_arena` or `virtual_allocator`): `bytes_reclaimed` (physical bytes that offload
-///     and discard unmapped), `num_single_reclaims` (one tag), `num_full_reclaims` (every tag);
-///   - `bytes_limit()` / `bytes_reservable_limit()` of any part (the smallest);
-///   - introspection (`for_each_block`, O(blocks) at query time): `largest_free_block`,
-///     `fragmentation`, PyTorch's `inactive_split`, `inactive_split_bytes` and
-///     `oversize_segments` (segments above `max_split_size`; their totals and peak are observed
-///     at queries, so `allocated - freed == current` holds but they are lower bounds).
-/// - Pools: when the composition has a segregator-shaped part (`small()`, `large()`, `threshold`),
-///   requests of at most `threshold` bytes count in `small_pool`, larger ones in `large_pool`, and
-///   each pool's reserved bytes, segments and free pieces come from that side. Without one, there
-///   is one pool, reported as `large_pool` (`small_pool` is all zero).
-/// - `reset_peak()`: every peak becomes the current value and `largest_alloc_size` restarts (as
-///   PyTorch's `reset_peak_memory_stats` and TF's `ClearStats`). `reset_accumulated()`: totals
-///   (`allocated`, `freed`, `num_allocs`, `num_ooms`, the upstream and reclaim counters) restart
-///   from zero, as PyTorch's `reset_accumulated_memory_stats`; current values are untouched.
-/// - Traces: `alloy::memory_trace` (alloy/memory_stats.hpp) registers here; any number, each with
-///   an exact peak, at the cost of one comparison per allocation. Traces are re-pointed when the
-///   allocator is moved; they must not outlive it (a trace of a destroyed allocator reads zero).
-/// - Frees are counted only when the part below accepted them: over a part with checked frees
-///   (`try_deallocate`, e.g. `best_fit_arena`) a double, foreign, interior or wrong-size free
-///   changes no statistic. Over a part that cannot tell, a free is counted unless it could not
-///   be a live block's (nothing live in its pool, or more bytes than are in use there), so no
-///   figure ever goes below zero.
-/// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
-///   calls and checked frees counted like the others; movable ones, counted when `Inner` can say
-///   a handle's size; the queries passed on), plus `bytes_in_use` and `oom_report_for`.
-/// - Tags and offload (DESIGN §12), when `Inner` has them: `allocate(bytes, alignment, tag)` is
-///   counted as a plain allocation (refused for an offloaded tag: an OOM here, a refusal in the
-///   arena's `offload_stats()`); `offload`, `discard`, `restore`, `offload_all` are followed by a
-///   look at the reserved bytes, so `bytes_reserved` and its peak stay exact as memory is unmapped
-///   and mapped again. A block of an offloaded tag is still the caller's: it stays in
-///   `bytes_in_use` (and PyTorch's allocated bytes) until freed; the snapshot, `memory_summary`
-///   and `virtual_memory_of` show it as offloaded.
+/// - Strategy: every call is forwarded to `Inner`; on the way back a handful of counters are
+///   updated (live blocks and bytes, in total and per pool, their peaks, the largest request) and
+///   `Inner`'s reserved bytes read (one O(1) call), so the reserved peak is exact. A block's size
+///   is the size its caller asked for (docs/design.md#concepts), so `bytes_in_use`,
+///   `requested_bytes` and PyTorch's `allocated_bytes` and `active_bytes` are equal. Everything
+///   else comes from `Inner`'s typed figures (`detail::figures_of`), read through every wrapper's
+///   guard (under a `synchronized<>` inside, nothing is read without its lock): reserved bytes,
+///   counters, movable and offload statistics, limits, and introspection (`largest_free_block`,
+///   `fragmentation`, PyTorch's `inactive_split*`), at query time only. With a segregator inside,
+///   requests count in `small_pool` or `large_pool` by its threshold; else all in `large_pool`.
+/// - `reset_peak()` sets every peak to the current value (PyTorch's `reset_peak_memory_stats`);
+///   `reset_accumulated()` restarts the totals (`reset_accumulated_memory_stats`).
+/// - Traces: any number of `alloy::memory_trace`s (alloy/memory_stats.hpp), each with an exact
+///   peak, one comparison per allocation; they follow a move and must not outlive the allocator.
+/// - Complexity: O(1) added to each call, no map, no heap allocation, no lock; a query that needs
+///   introspection walks the blocks once.
+/// - Failure: `Inner`'s. A free is counted only when the part below accepted it (checked frees:
+///   `try_deallocate`); over a part that cannot tell, only when it could be a live block's, so no
+///   figure goes below zero. Failed requests count in `num_ooms`.
 /// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
+/// - Memory kind: `Inner`'s. Capabilities: exactly those of `Inner` (`detail::decorates`), counted
+///   like plain calls, plus `bytes_in_use` and `oom_report_for`. Tags and offload
+///   (docs/design.md#offload): a tagged allocation counts as a plain one (refused for an
+///   offloaded tag: an OOM here); after `offload`, `discard`, `restore` and `offload_all` the
+///   reserved bytes are read again; a block of an offloaded tag stays in `bytes_in_use` until
+///   freed, and the snapshot shows it as offloaded.
 template <allocator Inner>
 class stats : public detail::decorates<stats<Inner>, Inner> {
   using decorated = detail::decorates<stats<Inner>, Inner>;
@@ -372,8 +341,8 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   /// Bytes of live blocks (the sizes callers asked for).
   std::size_t bytes_in_use() const noexcept { return static_cast<std::size_t>(core_.in_use()); }
 
-  /// Every field of DESIGN §5. O(1), plus one walk over the blocks when `Inner` is introspectable
-  /// and `options::introspect` is on.
+  /// Every field of docs/design.md#statistics. O(1), plus one walk over the blocks when `Inner` is
+  /// introspectable and `options::introspect` is on.
   alloy::statistics statistics() const { return statistics_from(refresh()); }
 
   /// Everything `memory_stats` and `memory_summary` print, from one refresh. Internal; use those.

@@ -30,49 +30,37 @@ struct stream_order_counters {
 };
 
 /// `stream_ordered<Inner, Stream>` gives `Inner` (a `best_fit_arena`, a `size_class_pool`, or a
-/// composite of them) the stream-ordered calls of DESIGN §2, safe by construction.
+/// composite of them) the stream-ordered calls of docs/design.md#concepts, safe by construction.
 ///
-/// - Stream contract (as RMM's): memory returned by `allocate(bytes, alignment, s)` is ready for
-///   use on `s`: work enqueued on `s` after the call may use it. `deallocate(block, s)` may be
-///   called as soon as the last work using the block is *enqueued* on `s` (not finished): the
-///   memory is reused at once by later work on `s`, which runs after it in stream order; another
-///   stream `t` gets it only after `t` waits on an event recorded at the free (a device-side
-///   wait, `cudaStreamWaitEvent`; the host never blocks on this path). A block also used on other
-///   streams is named with `alloy::record_use(alloc, block, stream)`; it is then reused only
-///   after every one of those streams is past its last use (PyTorch's `record_stream`, but
-///   enforced by events, not polled). The stream-less `allocate` returns memory ready on every
-///   stream and on the host (it synchronizes with pending stream work on that memory, if any);
-///   the stream-less `deallocate` means no work still uses the block.
-/// - Strategy: a freed block goes straight back to `Inner`, where it coalesces with its free
-///   neighbours at once, whatever stream freed it: free memory is never split by stream, so two
-///   or four streams need no more memory than one (RMM's per-stream free lists fragment, its
-///   issue #2039). What stays behind is a map of *pending ranges*, address ranges freed on a
-///   stream together with the events recorded at the free. When `Inner` hands out memory that
-///   overlaps pending ranges of other streams, the allocating stream waits on their events (those
-///   already complete are dropped without a wait); ranges of its own stream need nothing. Best
-///   fit over all free memory means free blocks of other streams are taken this way before
-///   `Inner` grows. Only when `Inner` cannot serve the request without giving cached memory back
-///   to its upstream (`allocate_keeping_cache` fails) does the host synchronize every pending
-///   event, after which `Inner` may release and coalesce everything and retry (`allocate`).
-/// - Single-stream fast path: while every call uses one stream, no events are recorded and no
-///   ranges kept (stream order alone is enough). The first call on a second stream, or the first
-///   stream-less allocation, synchronizes that one stream once, and tracking starts.
+/// - Stream contract (as RMM's): memory from `allocate(bytes, alignment, s)` is ready for work
+///   enqueued on `s` after the call. `deallocate(block, s)` may be called once the last work using
+///   the block is *enqueued* on `s`: later work on `s` reuses it at once, another stream `t` only
+///   after waiting on an event recorded at the free (a device-side wait; the host never blocks on
+///   this path). A block used on other streams too is named with `alloy::record_use(alloc, block,
+///   stream)` (PyTorch's `record_stream`, enforced by events). The stream-less `allocate` returns
+///   memory ready on every stream and the host; the stream-less `deallocate` means no work still
+///   uses the block.
+/// - Strategy: a freed block goes straight back to `Inner` and coalesces whatever stream freed it,
+///   so several streams need no more memory than one (per-stream free lists fragment, rmm#2039).
+///   Behind stays a map of *pending ranges* (freed on a stream, with the events recorded then); a
+///   stream handed memory that overlaps other streams' pending ranges waits on their events. Only
+///   when `Inner` cannot serve without giving memory back (`allocate_keeping_cache` fails) does
+///   the host synchronize every pending event, after which `allocate` may release and retry.
+///   While every call uses one stream, no events are recorded and no ranges kept.
 /// - Requirements: `Inner` is `cache_keeping_allocator`, so that no memory reaches the upstream
 ///   while a stream may still use it; `release()` and destruction synchronize first. Do not
 ///   release `Inner` behind this policy's back.
-/// - Complexity: single stream, that of `Inner`. Several streams: O(log r) per call for r pending
-///   ranges, plus one event record per free; complete ranges are pruned when the map doubles.
-/// - Failure: as `Inner`. If an event cannot be created, recorded or waited on (a CUDA error) or
-///   host metadata cannot grow, the host synchronizes instead: slower, never unsafe.
-/// - Bad frees: over an `Inner` with checked frees (`try_deallocate`, e.g. `best_fit_arena`), a
-///   free `Inner` refuses records no pending range, and `try_deallocate` (both forms) says so, so
-///   decorators above count only accepted frees.
-/// - Capabilities: the queries of `Inner` (`detail::forwards_queries`; `release` and
-///   `release_detached` synchronize first), checked frees when `Inner` has them, `record_use`, and
-///   `order_counters()`; tags and offload when `Inner` has them (the current tag tags the
-///   stream-ordered allocations: `scoped_tag` on this object), but no per-call tag. Memory kind:
-///   `Inner`'s.
+/// - Complexity: one stream, that of `Inner`; several, O(log r) per call for r pending ranges plus
+///   one event record per free (complete ranges are pruned when the map doubles).
+/// - Failure: as `Inner`. When an event cannot be created, recorded or waited on, or host metadata
+///   cannot grow, the host synchronizes instead: slower, never unsafe. A free `Inner` refuses
+///   (checked frees) records no pending range, and `try_deallocate` (both forms) says so.
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable.
+/// - Memory kind: `Inner`'s. Capabilities: the queries of `Inner` (`release` and
+///   `release_detached` synchronize first), checked frees when `Inner` has them, `record_use`,
+///   `order_counters()`; tags and offload when `Inner` has them (the current tag tags the
+///   stream-ordered allocations), but no per-call tag.
+/// - Defaults chosen by measurement: bench/README.md#streams
 template <cache_keeping_allocator Inner, stream Stream>
 class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Stream>, Inner> {
   using traits = stream_traits<Stream>;

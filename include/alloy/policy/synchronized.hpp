@@ -16,43 +16,26 @@ namespace alloy {
 ///
 /// - Strategy: every call takes `Mutex` (a `std::mutex` unless given) and forwards to `Inner`. It
 ///   is the one place locking happens: every other policy is unsynchronized and says so, so a
-///   composition pays for one lock, at its outermost layer.
-/// - Under the lock: everything `Inner` does, except the upstream call of a growth when `Inner`
-///   can plan one (`growth_planning_allocator`: `best_fit_arena` and `size_class_pool` over a
-///   `thread_safe_upstream` such as `cuda_malloc_upstream`, `cuda_async_upstream` or
-///   `host_upstream`, and every wrapper or composite of them: `default_allocator`,
-///   `caching_allocator`, `stats<...>` of them). There `allocate` takes the lock to serve the
-///   request from cache or plan the segment or slab (no upstream call), releases it for the
-///   upstream call (`cudaMalloc`: milliseconds, while other threads allocate and free from the
-///   cache), and takes it again to adopt the segment and allocate (another thread that grew
-///   meanwhile just leaves more cache; limits hold, nothing leaks). A segment the part does not
-///   adopt goes back to the upstream after the lock is released. When that call fails, the
-///   part's answer runs the same way (a smaller segment, then its free segments taken off its
-///   books under the lock, freed without it, and the call again). Still under the lock: a
-///   growth that `Inner` does not plan (host metadata, the last resorts after a failure),
-///   `allocate_keeping_cache`, stream-ordered and movable calls,
-///   and every free (a free never calls the upstream, except through `release()`). `release()`
-///   takes the lock to take the free segments off `Inner`'s books (up to 32 at a time) and
-///   returns them to the upstream (`cudaFree`) without it, when `Inner` can detach them
-///   (`detaching_release_allocator`: the same parts as above and every wrapper or composite of
-///   them, `stats<default_allocator<...>>` included).
-///   Over a `virtual_arena` or `virtual_allocator` whose backend is `thread_safe_vmm`
-///   (`vmm_ref<synchronized_vmm<V>>`) a growth's creates and maps (`cuMemCreate`, `cuMemMap`) run
-///   the same way without the lock: the chunk is carved and its new granules marked pending under
-///   it, mapped without it, committed under it again; `release()` unmaps and releases the free
-///   granules without it. Still under the lock there: the trims of a free or an allocate, the
-///   fallback after a failed create or map, tagged requests, and `virtual_allocator`'s small
-///   requests (a new slab's granule). Over a backend that is not thread safe every call stays
-///   under the lock.
-/// - Capabilities: exactly those of `Inner` (every entry of `detail::capability`: queries such as
-///   `counters()` and `bytes_in_use()`, checked frees, keeping-cache, stream-ordered and movable
-///   calls), each one locked. They are passed on by `detail::forwards_everything`, with the lock
-///   taken in its guard hook, so a capability added there is locked here too.
-/// - `with_lock(f)` runs `f(inner())` under the lock, for several calls that must be atomic (a
-///   consistent read of statistics, say). `inner()` itself is unlocked.
+///   composition pays for one lock, at its outermost layer. When `Inner` plans its growth
+///   (`growth_planning_allocator`: `best_fit_arena`, `size_class_pool` and their compositions
+///   over a `thread_safe_upstream`; `virtual_arena` and `virtual_allocator` over a
+///   `thread_safe_vmm`), `allocate` serves or plans under the lock, makes the upstream call
+///   (`cudaMalloc`, or creates and maps) without it, and adopts the result under it again. When
+///   `Inner` detaches its release (`detaching_release_allocator`), `release()` takes the free
+///   segments or granules off the books under the lock and gives them back without it.
+/// - Still under the lock: every free, a growth `Inner` does not plan (host metadata, the last
+///   resorts after a failure, a virtual arena's trims, `virtual_allocator`'s new slabs),
+///   `allocate_keeping_cache`, tagged, stream-ordered and movable calls; over an upstream that is
+///   not thread safe, every call (docs/design.md#threads).
+/// - Complexity: `Inner`'s, plus one lock and unlock per call (two or three for a planned growth).
 /// - Failure: as `Inner`; the mutex's own failure (`std::system_error`) ends the program, since
 ///   the allocation calls are noexcept.
-/// - Not movable or copyable (the mutex is not).
+/// - Thread safety: every call, from any thread. `with_lock(f)` runs `f(inner())` under the lock,
+///   for several calls that must be atomic (a consistent read of statistics, say); `inner()`
+///   itself is unlocked. Not movable or copyable (the mutex is not).
+/// - Memory kind: `Inner`'s. Capabilities: exactly those of `Inner` (every entry of
+///   `detail::capability`), each one locked: `detail::forwards_everything` takes the lock in its
+///   guard hook, so a capability added there is locked here too.
 template <allocator Inner, class Mutex = std::mutex>
 class synchronized : public detail::forwards_everything<synchronized<Inner, Mutex>, Inner> {
  public:

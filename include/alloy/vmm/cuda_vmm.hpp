@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // alloy/vmm/cuda_vmm.hpp: the `virtual_memory` backend of a CUDA device, on the driver's virtual
-// memory management (DESIGN §12).
+// memory management (docs/design.md#virtual-memory).
 #pragma once
 
 #include <alloy/config.hpp>
@@ -45,20 +45,19 @@ struct cuda_driver_status {
 ///   `cuGetErrorName` are looked up once, at construction, through the runtime's
 ///   `cudaGetDriverEntryPointByVersion` (ABI of CUDA 12.0), so nothing links `libcuda`.
 /// - Physical memory: pinned device memory on the device (`options::device`, default the current
-///   one), created in multiples of the driver's minimum granularity (2 MiB on today's GPUs);
+///   one), created in multiples of the driver's minimum granularity (2 MiB on current GPUs);
 ///   `capacity` limits the bytes created at once (default: the device's total memory). Every
 ///   driver and runtime call runs with that device current (`scoped_device`).
 /// - `reserve` is `cuMemAddressReserve` aligned to the granularity, `map` is `cuMemMap` followed
 ///   by `cuMemSetAccess` (read and write for the device; undone if that fails), `unmap` is
 ///   `cudaDeviceSynchronize` on the device, then `cuMemUnmap`; `release` is `cuMemRelease`.
 ///   `cuMemUnmap` does not wait for work queued on the range as `cudaFree` does: a kernel still
-///   reading a block freed in stream order faulted when its granule went (an H200, 2026-11-26).
+///   reading a block freed in stream order would fault when its granule went.
 ///   Waiting makes an unmap cost what a `cudaFree` costs; `virtual_allocator` unmaps only when
 ///   the device runs short or on `release()`.
-/// - Cost (an H200, driver 580, `virtual_memory_gpu calls`): `create` 9-10 us, `map` 27 us
-///   (nearly all of it `cuMemSetAccess`, per mapping whatever its size), `unmap` 17 us,
-///   `release` 10 us, against 39 / 33 us for a `cudaMalloc` / `cudaFree` of 2 MiB: pieces of
-///   several granules cost about what one does.
+/// - Cost: each call is a driver call of about a `cudaMalloc`'s cost, nearly the same for a piece
+///   of several granules as for one (`map` is mostly `cuMemSetAccess`, per mapping whatever its
+///   size): bench/README.md#virtual-memory.
 /// - Failure: every call is noexcept. `CUDA_ERROR_OUT_OF_MEMORY` is a normal event: an empty
 ///   result, nothing kept. Any other failure is an empty result too (or `false`) and is kept in
 ///   `last_error()` (the driver's code and name, the call, file and line) for the edges, as the

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// alloy/vmm/host_vmm.hpp: the `virtual_memory` backend on the host (DESIGN §12), with real memory,
-// so that everything built on virtual memory is tested without a GPU.
+// alloy/vmm/host_vmm.hpp: the `virtual_memory` backend on the host (docs/design.md#virtual-memory),
+// with real memory, so that everything built on virtual memory is tested without a GPU.
 #pragma once
 
 #include <algorithm>

@@ -13,7 +13,7 @@
 namespace alloy {
 
 /// `synchronized_vmm<V, Mutex>`: a virtual-memory backend that several threads may call at once
-/// (DESIGN §13: shards over one physical pool).
+/// (docs/design.md#threads: shards over one physical pool).
 ///
 /// - What it is for: `host_vmm` is not synchronized, and `cuda_vmm` keeps its physical-byte
 ///   count in a plain member, while arenas in different shards of `sharded<>` call their backend

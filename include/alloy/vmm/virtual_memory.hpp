@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // alloy/vmm/virtual_memory.hpp: the `virtual_memory` concept, what a virtual-memory backend offers
-// (DESIGN §12).
+// (docs/design.md#virtual-memory).
 //
 // A backend separates addresses from physical memory, as CUDA's virtual memory management does
 // (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemUnmap`, `cuMemRelease`): a policy
