@@ -113,7 +113,8 @@ class runtime {
   }
   error set_device(int d) {
     std::lock_guard lock(mutex_);
-    if (d < 0 || static_cast<std::size_t>(d) >= devices_.size()) return fail("cudaSetDevice", error::invalid_device, "no such device");
+    if (d < 0 || static_cast<std::size_t>(d) >= devices_.size())
+      return fail("cudaSetDevice", error::invalid_device, "no such device");
     me().device = d;
     return error::success;
   }
@@ -144,7 +145,8 @@ class runtime {
     std::lock_guard lock(mutex_);
     stream_state* st = find(s, "cudaStreamQuery");
     if (st == nullptr) return error::invalid_resource_handle;
-    if (st->capture != 0) return invalidate(st->capture, "cudaStreamQuery", error::stream_capture_unsupported, "the stream is capturing");
+    if (st->capture != 0)
+      return invalidate(st->capture, "cudaStreamQuery", error::stream_capture_unsupported, "the stream is capturing");
     if (const error e = unsafe("cudaStreamQuery"); e != error::success) return e;
     return st->done >= st->tail ? error::success : error::not_ready;
   }
@@ -152,7 +154,9 @@ class runtime {
     std::lock_guard lock(mutex_);
     stream_state* st = find(s, "cudaStreamSynchronize");
     if (st == nullptr) return error::invalid_resource_handle;
-    if (st->capture != 0) return invalidate(st->capture, "cudaStreamSynchronize", error::stream_capture_unsupported, "the stream is capturing");
+    if (st->capture != 0)
+      return invalidate(st->capture, "cudaStreamSynchronize", error::stream_capture_unsupported,
+                        "the stream is capturing");
     if (const error e = unsafe("cudaStreamSynchronize"); e != error::success) return e;
     ++synchronizations_;
     run_to(s.id, st->tail);
@@ -161,7 +165,9 @@ class runtime {
   error device_synchronize() {
     std::lock_guard lock(mutex_);
     for (auto& [id, c] : captures_) {
-      if (c.active && c.device == me().device) return invalidate(id, "cudaDeviceSynchronize", error::stream_capture_unsupported, "a stream of the device is capturing");
+      if (c.active && c.device == me().device)
+        return invalidate(id, "cudaDeviceSynchronize", error::stream_capture_unsupported,
+                          "a stream of the device is capturing");
     }
     if (const error e = unsafe("cudaDeviceSynchronize"); e != error::success) return e;
     ++synchronizations_;
@@ -189,7 +195,8 @@ class runtime {
     event_state* ev = find(e, "cudaEventRecord");
     stream_state* st = find(s, "cudaEventRecord");
     if (ev == nullptr || st == nullptr) return error::invalid_resource_handle;
-    if (ev->device != st->device) return fail("cudaEventRecord", error::invalid_resource_handle, "event and stream on different devices");
+    if (ev->device != st->device)
+      return fail("cudaEventRecord", error::invalid_resource_handle, "event and stream on different devices");
     if (st->capture != 0) {
       ev->capture = st->capture;
       ev->clock = st->clock;
@@ -231,7 +238,8 @@ class runtime {
     if (st->capture != 0) {
       if (event_captured && ev->capture != st->capture) {
         invalidate(ev->capture, "cudaStreamWaitEvent", error::stream_capture_merge, "");
-        return invalidate(st->capture, "cudaStreamWaitEvent", error::stream_capture_merge, "the wait would merge two captures");
+        return invalidate(st->capture, "cudaStreamWaitEvent", error::stream_capture_merge,
+                          "the wait would merge two captures");
       }
       if (event_captured) {
         for (auto& [stream, ops] : ev->clock) st->clock[stream] = std::max(st->clock[stream], ops);
@@ -263,7 +271,8 @@ class runtime {
     std::lock_guard lock(mutex_);
     stream_state* st = find(s, "cudaStreamBeginCapture");
     if (st == nullptr) return error::invalid_resource_handle;
-    if (st->capture != 0) return fail("cudaStreamBeginCapture", error::illegal_state, "the stream is already capturing");
+    if (st->capture != 0)
+      return fail("cudaStreamBeginCapture", error::illegal_state, "the stream is already capturing");
     const unsigned long long id = next_capture_++;
     capture_state_& c = captures_[id];
     c.active = true;
@@ -286,14 +295,17 @@ class runtime {
     if (st->capture == 0) return fail("cudaStreamEndCapture", error::illegal_state, "the stream is not capturing");
     const unsigned long long id = st->capture;
     capture_state_& c = captures_[id];
-    if (c.origin != s.id) return invalidate(id, "cudaStreamEndCapture", error::stream_capture_unmatched, "not the stream the capture began on");
+    if (c.origin != s.id)
+      return invalidate(id, "cudaStreamEndCapture", error::stream_capture_unmatched,
+                        "not the stream the capture began on");
     if (c.mode != capture_mode::relaxed && c.thread != std::this_thread::get_id()) {
       return invalidate(id, "cudaStreamEndCapture", error::stream_capture_wrong_thread, "");
     }
     error result = c.invalidated ? error::stream_capture_invalidated : error::success;
     for (const std::uint32_t other : c.streams) {
       if (other != s.id && streams_[other].ops > st->clock[other] && result == error::success) {
-        result = fail("cudaStreamEndCapture", error::stream_capture_unjoined, "a stream joined to the capture was not joined back");
+        result = fail("cudaStreamEndCapture", error::stream_capture_unjoined,
+                      "a stream joined to the capture was not joined back");
       }
       streams_[other].capture = 0;
     }
@@ -323,7 +335,8 @@ class runtime {
       return fail("cudaGraphLaunch", error::invalid_resource_handle, "no such graph");
     }
     for (const auto& [at, n] : graphs_[g.id].touched) {
-      if (!allocated(at, n)) fail("cudaGraphLaunch", error::invalid_value, "a graph touches memory that is no longer allocated");
+      if (!allocated(at, n))
+        fail("cudaGraphLaunch", error::invalid_value, "a graph touches memory that is no longer allocated");
     }
     ++st->tail;
     ++launches_;
@@ -345,7 +358,8 @@ class runtime {
     stream_state* st = find(s, "kernel launch");
     if (st == nullptr) return error::invalid_resource_handle;
     const auto at = reinterpret_cast<std::uintptr_t>(p);
-    if (!allocated(at, n)) return fail("kernel launch", error::invalid_value, "the kernel touches memory that is not allocated");
+    if (!allocated(at, n))
+      return fail("kernel launch", error::invalid_value, "the kernel touches memory that is not allocated");
     if (st->capture != 0) {
       captures_[st->capture].touched.emplace_back(at, n);
       ++st->ops;
@@ -405,7 +419,8 @@ class runtime {
     std::lock_guard lock(mutex_);
     *handle = 0;
     if (const error e = unsafe("cuMemCreate"); e != error::success) return e;
-    if (n == 0 || n % granularity != 0) return fail("cuMemCreate", error::invalid_value, "size not a multiple of the granularity");
+    if (n == 0 || n % granularity != 0)
+      return fail("cuMemCreate", error::invalid_value, "size not a multiple of the granularity");
     device_state& d = devices_[static_cast<std::size_t>(me().device)];
     if (d.used + n > d.capacity) return error::memory_allocation;
     d.used += n;
@@ -426,7 +441,8 @@ class runtime {
   error mem_address_reserve(void** p, std::size_t n) {
     std::lock_guard lock(mutex_);
     *p = nullptr;
-    if (n == 0 || n % granularity != 0) return fail("cuMemAddressReserve", error::invalid_value, "size not a multiple of the granularity");
+    if (n == 0 || n % granularity != 0)
+      return fail("cuMemAddressReserve", error::invalid_value, "size not a multiple of the granularity");
     try {
       *p = ::operator new(n, std::align_val_t{granularity});
       reservations_[reinterpret_cast<std::uintptr_t>(*p)] = n;
@@ -438,9 +454,11 @@ class runtime {
   error mem_address_free(void* p, std::size_t n) {
     std::lock_guard lock(mutex_);
     const auto it = reservations_.find(reinterpret_cast<std::uintptr_t>(p));
-    if (it == reservations_.end() || it->second != n) return fail("cuMemAddressFree", error::invalid_value, "no such reservation");
+    if (it == reservations_.end() || it->second != n)
+      return fail("cuMemAddressFree", error::invalid_value, "no such reservation");
     const auto lo = allocations_.lower_bound(it->first);
-    if (lo != allocations_.end() && lo->first < it->first + n) return fail("cuMemAddressFree", error::invalid_value, "memory is still mapped there");
+    if (lo != allocations_.end() && lo->first < it->first + n)
+      return fail("cuMemAddressFree", error::invalid_value, "memory is still mapped there");
     ::operator delete(p, std::align_val_t{granularity});
     reservations_.erase(it);
     return error::success;
@@ -449,7 +467,8 @@ class runtime {
     std::lock_guard lock(mutex_);
     if (const error e = unsafe("cuMemMap"); e != error::success) return e;
     const auto it = pieces_.find(handle);
-    if (it == pieces_.end() || it->second.mapped) return fail("cuMemMap", error::invalid_value, "no such physical memory, or mapped");
+    if (it == pieces_.end() || it->second.mapped)
+      return fail("cuMemMap", error::invalid_value, "no such physical memory, or mapped");
     it->second.mapped = true;
     allocations_[reinterpret_cast<std::uintptr_t>(at)] = {it->second.size, handle, it->second.device};
     return error::success;
@@ -615,7 +634,8 @@ class runtime {
       if (!c.active) continue;
       const bool own = c.thread == self && c.mode != capture_mode::relaxed && t.mode != capture_mode::relaxed;
       const bool other = c.thread != self && c.mode == capture_mode::global && t.mode == capture_mode::global;
-      if (own || other) return invalidate(id, call, error::stream_capture_unsupported, "an unsafe call while a capture forbids it");
+      if (own || other)
+        return invalidate(id, call, error::stream_capture_unsupported, "an unsafe call while a capture forbids it");
     }
     return error::success;
   }
@@ -667,8 +687,10 @@ class runtime {
   }
   error give(const char* call, void* p) {
     const auto it = allocations_.find(reinterpret_cast<std::uintptr_t>(p));
-    if (it == allocations_.end() || it->second.handle != 0) return fail(call, error::invalid_value, "not an allocation");
-    if (graph_touching(it->first, it->second.size) != 0) fail(call, error::invalid_value, "memory of a live graph given back");
+    if (it == allocations_.end() || it->second.handle != 0)
+      return fail(call, error::invalid_value, "not an allocation");
+    if (graph_touching(it->first, it->second.size) != 0)
+      fail(call, error::invalid_value, "memory of a live graph given back");
     devices_[static_cast<std::size_t>(it->second.device)].used -= it->second.size;
     ::operator delete(p, std::align_val_t{256});
     allocations_.erase(it);
@@ -742,8 +764,7 @@ class malloc_upstream {
     try {
       device_scope on(*rt_, device_);
       (void)rt_->free(b.ptr);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   int device() const noexcept { return device_; }
   friend bool operator==(const malloc_upstream&, const malloc_upstream&) = default;
