@@ -3,6 +3,7 @@
 // the captures it saw.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -34,6 +35,24 @@ struct graph_pool_figures {
   std::size_t live_bytes = 0;  ///< pool blocks the caller holds
   std::size_t free_bytes = 0;  ///< pool blocks freed, kept for the pool's graphs
   std::size_t deferred = 0;    ///< frees of blocks from before a capture, waiting for its end
+
+  graph_pool_figures& operator+=(const graph_pool_figures& o) noexcept {
+    pools += o.pools;
+    live_bytes += o.live_bytes;
+    free_bytes += o.free_bytes;
+    deferred += o.deferred;
+    return *this;
+  }
+};
+
+/// An allocator with private graph pools over `Stream` (`stream_ordered` over a
+/// `capturable_stream`, and every wrapper of one).
+template <class A, class Stream>
+concept graph_pooling_allocator = requires(A& a, const A& ca, graph_pool& pool, Stream stream) {
+  { a.begin_allocate_to_pool(pool, stream) } noexcept -> std::same_as<bool>;
+  { a.end_allocate_to_pool(pool) } noexcept;
+  { a.release_pool(pool) } noexcept;
+  { ca.pool_figures() } noexcept -> std::same_as<graph_pool_figures>;
 };
 
 namespace detail {
