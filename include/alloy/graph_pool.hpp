@@ -62,6 +62,8 @@ namespace detail {
 template <class Stream>
 struct capture_book {
   using key = std::uintptr_t;
+  /// The pool of a block that left its pool while live (kept to free it at `Inner`'s size).
+  static constexpr key ordinary = 0;
   static key own_pool(unsigned long long capture) noexcept { return (key{1} << (8 * sizeof(key) - 1)) | capture; }
   static key user_pool(const graph_pool& p) noexcept { return reinterpret_cast<key>(&p); }
 

@@ -308,7 +308,10 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       if (cs.capturing() || !book_.captures.empty() || !book_.blocks.empty()) {
         if (cs.capturing() || !book_.captures.empty()) settle(stream, cs);
         if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
-          return pool_free(found->second, b, stream, cs.capturing() ? cs.id : 0);
+          if (found->second.pool != book::ordinary)
+            return pool_free(found->second, b, stream, cs.capturing() ? cs.id : 0);
+          b.size = found->second.size;  // a pool's block that left it: freed at the size `Inner` gave
+          book_.blocks.erase(found);
         }
         if (cs.capturing()) return defer(b, *stream, cs);
       }
@@ -741,6 +744,13 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   /// Finishes the captures seen ended (the probe of one of their streams no longer names them).
   void settle(const Stream* current, capture_state cs) noexcept {
     if (settling_) return;
+    if (current != nullptr && cs.capturing()) {
+      try {
+        (void)capture_for(cs, *current);  // known before anything ended is finished
+      } catch (const std::bad_alloc&) {
+        return;  // finished at a later call
+      }
+    }
     settling_ = true;
     for (std::size_t i = 0; i < book_.captures.size();) {
       typename book::capture& c = book_.captures[i];
@@ -758,7 +768,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     settling_ = false;
   }
   void finish(typename book::capture& ended) noexcept {
-    if (ended.pool != book::own_pool(ended.id) && ended.invalidated) unwind(ended);
+    if (ended.invalidated) unwind(ended);
     drop_pool(book::own_pool(ended.id));
     std::vector<typename book::deferred_free> mine;
     for (std::size_t i = 0; i < book_.deferred.size();) {
@@ -785,7 +795,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   void unwind(typename book::capture& ended) noexcept {
     for (void* p : ended.taken) {
       const auto found = book_.blocks.find(p);
-      if (found == book_.blocks.end() || found->second.pool != ended.pool) continue;
+      if (found == book_.blocks.end() || found->second.pool == book::ordinary) continue;
       typename book::pooled& pb = found->second;
       if (--pb.takers != 0) continue;
       typename book::pool& pool = book_.pools[pb.pool];
@@ -803,7 +813,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
         give_back_pooled(p, gone);
       } else {
         pool.live_bytes -= pb.size;
-        book_.blocks.erase(found);  // an ordinary block from now on
+        pb.pool = book::ordinary;  // an ordinary block from now on
       }
     }
   }
@@ -816,17 +826,24 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
         ++it;
         continue;
       }
+      if (!it->second.free) {
+        it->second.pool = book::ordinary;  // an ordinary block from now on
+        ++it;
+        continue;
+      }
       void* p = it->first;
       const typename book::pooled pb = it->second;
       it = book_.blocks.erase(it);
-      if (pb.free) give_back_pooled(p, pb);
+      give_back_pooled(p, pb);
     }
     book_.pools.erase(pool);
   }
   void give_back_pooled(void* p, const typename book::pooled& pb) noexcept {
     const block b{p, pb.size};
     if (pb.freed_on_stream && pb.freed_in == 0) {
-      (void)free_now(b, &pb.stream);  // freed outside graphs on a stream: ordered as any free there
+      // freed outside graphs on a stream: ordered as any free there (after its capture, if any)
+      if (const capture_state now = capture_of(pb.stream); now.capturing()) (void)defer(b, pb.stream, now);
+      else (void)free_now(b, &pb.stream);
     } else {
       inner_.deallocate(b);  // last used by a graph, whose launches are complete
     }
