@@ -146,16 +146,10 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
     if constexpr (capturable) {
       const capture_state cs = traits::capture(stream);
-      if (cs.capturing() || !book_.captures.empty()) {
-        settle(&stream, cs);
-        if (cs.capturing()) return allocate_captured(bytes, alignment, stream, cs);
-        if (quiet()) return allocate_quietly(bytes, alignment, &stream);
-      }
+      if (cs.capturing() || !book_.captures.empty()) [[unlikely]]
+        return allocate_aware(bytes, alignment, stream, cs);
     }
-    note(stream);
-    const block b = allocate_inner(bytes, alignment);
-    if (b && mode_ == mode::tracking) claim(b, &stream);
-    return b;
+    return allocate_ordered(bytes, alignment, stream);
   }
   void deallocate(block b, Stream stream) noexcept { (void)free_block(b, &stream); }
   bool try_deallocate(block b, Stream stream) noexcept
@@ -305,17 +299,36 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     if constexpr (capturable) {
       capture_state cs{};
       if (stream != nullptr) cs = traits::capture(*stream);
-      if (cs.capturing() || !book_.captures.empty() || !book_.blocks.empty()) {
-        if (cs.capturing() || !book_.captures.empty()) settle(stream, cs);
-        if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
-          if (found->second.pool != book::ordinary)
-            return pool_free(found->second, b, stream, cs.capturing() ? cs.id : 0);
-          b.size = found->second.size;  // a pool's block that left it: freed at the size `Inner` gave
-          book_.blocks.erase(found);
-        }
-        if (cs.capturing()) return defer(b, *stream, cs);
-      }
+      if (cs.capturing() || !book_.captures.empty() || !book_.blocks.empty()) [[unlikely]]
+        return free_aware(b, stream, cs);
     }
+    return free_now(b, stream);
+  }
+
+  /// `allocate` on a stream, outside captures.
+  block allocate_ordered(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    note(stream);
+    const block b = allocate_inner(bytes, alignment);
+    if (b && mode_ == mode::tracking) claim(b, &stream);
+    return b;
+  }
+  /// `allocate` on a stream while a capture runs (on it, or one alloy knows of elsewhere).
+  [[gnu::noinline]] block allocate_aware(std::size_t bytes, std::size_t alignment, Stream stream,
+                                         capture_state cs) noexcept {
+    settle(&stream, cs);
+    if (cs.capturing()) return allocate_captured(bytes, alignment, stream, cs);
+    if (quiet()) return allocate_quietly(bytes, alignment, &stream);
+    return allocate_ordered(bytes, alignment, stream);
+  }
+  /// A free while a capture runs, or of a block that may be a pool's.
+  [[gnu::noinline]] bool free_aware(block b, const Stream* stream, capture_state cs) noexcept {
+    if (cs.capturing() || !book_.captures.empty()) settle(stream, cs);
+    if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
+      if (found->second.pool != book::ordinary) return pool_free(found->second, b, stream, cs.capturing() ? cs.id : 0);
+      b.size = found->second.size;  // a pool's block that left it: freed at the size `Inner` gave
+      book_.blocks.erase(found);
+    }
+    if (cs.capturing()) return defer(b, *stream, cs);
     return free_now(b, stream);
   }
 
