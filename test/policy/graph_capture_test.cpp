@@ -301,7 +301,10 @@ BOOST_AUTO_TEST_CASE(no_memory_given_back_in_capture) {
   model::runtime rt;
   const stream_t s = make_stream(rt), t = make_stream(rt);
   ordered alloc{make_arena(rt)};
-  warm(alloc, s, 64_KiB);
+  const block one = alloc.allocate(1_MiB, 256, s), two = alloc.allocate(2_MiB, 256, s);  // two segments
+  BOOST_REQUIRE((one && two));
+  alloc.deallocate(one, s);
+  alloc.deallocate(two, s);                         // both wholly free: a release outside capture would return them
   alloc.deallocate(alloc.allocate(64, 256, t), t);  // two streams: tracking
   const std::size_t held = rt.bytes_in_use();
   BOOST_REQUIRE(held > 0u);
