@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -513,6 +514,8 @@ struct random_run {
   /// Addresses each pool handed out, with how many captures took each (an aborted capture's
   /// share is unwound).
   std::map<graph_pool*, std::map<void*, int>> pool_addresses;
+  /// What the run did (so a test that exercised nothing fails).
+  std::size_t captured_allocations = 0, pooled_graphs = 0, aborts = 0, launches = 0, releases = 0, deferred = 0;
 
   explicit random_run(unsigned seed) : rng(seed) {
     for (int i = 0; i < 3; ++i) streams.push_back(make_stream(rt));
@@ -554,6 +557,7 @@ struct random_run {
       check_block(b, in_capture ? running->pool : nullptr);
       BOOST_REQUIRE(rt.use(s, b.ptr, b.size) == error::success);
       live.push_back({b, s, in_capture && running->pool != nullptr, in_capture ? running->pool : nullptr});
+      captured_allocations += in_capture;
       if (in_capture && running->pool != nullptr && running->taken.insert(b.ptr).second) {
         ++pool_addresses[running->pool][b.ptr];
       }
@@ -583,6 +587,7 @@ struct random_run {
       if (!running) return;
       const bool abort = pick(5) == 0;
       if (abort) {
+        ++aborts;
         BOOST_REQUIRE(static_cast<int>(rt.stream_query(running->s)) == 900);
         BOOST_REQUIRE(rt.take_violations().size() == 1u);
         if (pick(2) == 0) {  // alloy sees the capture invalidated (and unwinds its pool share at the end)
@@ -603,6 +608,7 @@ struct random_run {
       if (g) {
         if (running->pool != nullptr) {
           graphs.push_back({g, running->pool, running->s});
+          ++pooled_graphs;
         } else {
           BOOST_REQUIRE(rt.graph_launch(g, running->s) == error::success);  // launched once, then gone
           rt.run(running->s);
@@ -615,6 +621,7 @@ struct random_run {
       const graph& g = graphs[pick(graphs.size())];
       if (running && running->s == g.s) return;
       BOOST_REQUIRE(rt.graph_launch(g.g, g.s) == error::success);
+      ++launches;
     } else if (what < 95) {  // the last launch of a pool's graphs: destroy them, release the pool
       if (pools.empty()) return;
       graph_pool* p = pools[pick(pools.size())].get();
@@ -629,6 +636,7 @@ struct random_run {
         }
       }
       alloc.release_pool(*p);
+      ++releases;
       pool_addresses.erase(p);
       for (live_block& l : live) {
         if (l.pool == p) l.pool = nullptr;
@@ -639,6 +647,7 @@ struct random_run {
   }
 
   void finish() {
+    deferred = alloc.inner().order_counters().deferred_frees;
     if (running) {
       model::graph_t g{};
       BOOST_REQUIRE(rt.end_capture(running->s, &g) == error::success);
@@ -664,14 +673,24 @@ struct random_run {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(randomized_captures) {
-  for (unsigned seed = 1; seed <= 8; ++seed) {
+  for (unsigned seed = 1; seed <= 12; ++seed) {
     BOOST_TEST_CONTEXT("seed " << seed) {
       random_run run(seed);
-      for (int i = 0; i < 3000; ++i) {
+      for (int i = 0; i < 10000; ++i) {
         run.step();
         REQUIRE_CLEAN(run.rt);
       }
       run.finish();
+      BOOST_TEST(run.captured_allocations > 100u);
+      BOOST_TEST(run.pooled_graphs > 10u);
+      BOOST_TEST(run.aborts > 0u);
+      BOOST_TEST(run.launches > 10u);
+      BOOST_TEST(run.releases > 0u);
+      BOOST_TEST(run.deferred > 0u);
+      BOOST_TEST_MESSAGE("seed " << seed << ": " << run.captured_allocations << " allocations in captures, "
+                                 << run.pooled_graphs << " pooled graphs, " << run.aborts << " aborted, "
+                                 << run.launches << " launches, " << run.releases << " pool releases, " << run.deferred
+                                 << " deferred frees");
     }
   }
 }
@@ -690,24 +709,28 @@ BOOST_AUTO_TEST_CASE(two_threads_one_capturing) {
   }
   graph_pool pool;
   std::vector<model::graph_t> graphs;
+  // Boost.Test's checks are not thread-safe: the threads count what went wrong, checked after.
+  std::atomic<int> capture_failures{0}, other_failures{0};
+  std::atomic<int> capture_allocations{0}, other_allocations{0};
   std::thread capturing([&] {
     for (int round = 0; round < 50; ++round) {
-      BOOST_REQUIRE(rt.begin_capture(a, capture_mode::thread_local_) == error::success);
-      BOOST_REQUIRE(alloc.begin_allocate_to_pool(pool, a));
+      if (rt.begin_capture(a, capture_mode::thread_local_) != error::success) ++capture_failures;
+      if (!alloc.begin_allocate_to_pool(pool, a)) ++capture_failures;
       std::vector<block> mine;
       for (int i = 0; i < 8; ++i) {
         const block x = alloc.allocate(std::size_t{256} << (i % 6), 256, a);
-        if (x) {
-          BOOST_REQUIRE(rt.use(a, x.ptr, x.size) == error::success);
-          mine.push_back(x);
-        }
+        if (!x) continue;
+        ++capture_allocations;
+        if (rt.use(a, x.ptr, x.size) != error::success) ++capture_failures;
+        mine.push_back(x);
       }
       for (const block x : mine) alloc.deallocate(x, a);
       model::graph_t g{};
-      BOOST_REQUIRE(rt.end_capture(a, &g) == error::success);
+      if (rt.end_capture(a, &g) != error::success) ++capture_failures;
       alloc.end_allocate_to_pool(pool);
+      if (!g) continue;
       graphs.push_back(g);
-      BOOST_REQUIRE(rt.graph_launch(g, a) == error::success);
+      if (rt.graph_launch(g, a) != error::success) ++capture_failures;
     }
   });
   std::thread other([&] {
@@ -716,10 +739,10 @@ BOOST_AUTO_TEST_CASE(two_threads_one_capturing) {
     for (int i = 0; i < 2000; ++i) {
       if (mine.empty() || rng() % 2 == 0) {
         const block x = alloc.allocate(std::size_t{256} << (rng() % 8), 256, b);
-        if (x) {
-          BOOST_REQUIRE(rt.use(b, x.ptr, x.size) == error::success);  // never a live graph's memory
-          mine.push_back(x);
-        }
+        if (!x) continue;
+        ++other_allocations;
+        if (rt.use(b, x.ptr, x.size) != error::success) ++other_failures;  // never a live graph's memory
+        mine.push_back(x);
       } else {
         alloc.deallocate(mine.back(), b);
         mine.pop_back();
@@ -729,6 +752,10 @@ BOOST_AUTO_TEST_CASE(two_threads_one_capturing) {
   });
   capturing.join();
   other.join();
+  BOOST_TEST(capture_failures.load() == 0);
+  BOOST_TEST(other_failures.load() == 0);
+  BOOST_TEST(capture_allocations.load() > 0);
+  BOOST_TEST(other_allocations.load() > 0);
   REQUIRE_CLEAN(rt);
   rt.run_all();
   for (const model::graph_t g : graphs) BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
