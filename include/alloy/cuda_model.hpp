@@ -774,6 +774,37 @@ class malloc_upstream {
   int device_ = 0;
 };
 
+/// `cudaMallocAsync` / `cudaFreeAsync` of the model on one stream, as `cuda_async_upstream` is:
+/// capturable (inside a capture they become graph nodes, which the model allows in every mode).
+class async_upstream {
+ public:
+  static constexpr bool host_accessible = false;
+  static constexpr bool device_accessible = true;
+  static constexpr bool thread_safe = true;
+
+  async_upstream(runtime& rt, stream_t stream) : rt_(&rt), stream_(stream) {}
+  block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (alignment > 256 || (alignment & (alignment - 1)) != 0) return {};
+    try {
+      device_scope on(*rt_, rt_->device_of(stream_));
+      void* p = nullptr;
+      return rt_->malloc_async(&p, bytes, stream_) == error::success ? block{p, bytes} : block{};
+    } catch (...) {
+      return {};
+    }
+  }
+  void deallocate(block b) noexcept {
+    try {
+      (void)rt_->free_async(b.ptr, stream_);
+    } catch (...) {}
+  }
+  friend bool operator==(const async_upstream&, const async_upstream&) = default;
+
+ private:
+  runtime* rt_;
+  stream_t stream_;
+};
+
 /// The model's virtual memory (`cuMemCreate`, `cuMemMap`, ... on one device): a
 /// `virtual_memory` backend, as `cuda_vmm` is. Unlike `cuda_vmm`, it does not synchronize before
 /// an unmap: the model does not run work, it checks that no live graph uses what is unmapped.

@@ -195,6 +195,23 @@ BOOST_AUTO_TEST_CASE(devices_per_thread) {
   (void)rt.take_violations();
 }
 
+BOOST_AUTO_TEST_CASE(async_upstream_in_capture) {
+  model::runtime rt;
+  const stream_t s = make_stream(rt);
+  model::async_upstream up{rt, s};
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::global) == error::success);
+  const block b = up.allocate(4096, 256);  // a graph node: legal in every mode
+  BOOST_REQUIRE(b);
+  BOOST_REQUIRE(rt.use(s, b.ptr, b.size) == error::success);
+  up.deallocate(b);
+  void* p = nullptr;
+  BOOST_TEST(static_cast<int>(rt.malloc(&p, 4096)) == 900);  // cudaMalloc is not
+  BOOST_TEST(rt.take_violations().size() == 1u);
+  model::graph_t g{};
+  BOOST_TEST(static_cast<int>(rt.end_capture(s, &g)) == 901);
+  REQUIRE_CLEAN(rt);
+}
+
 BOOST_AUTO_TEST_CASE(model_vmm_backend) {
   model::runtime rt;
   model::vmm v{rt, 8_MiB};

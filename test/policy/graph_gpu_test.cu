@@ -25,6 +25,7 @@ using arena = alloy::best_fit_arena<alloy::cuda_malloc_upstream>;
 using composition = alloy::synchronized<alloy::stats<alloy::stream_ordered<arena, cudaStream_t>>>;
 static_assert(alloy::capturable_stream<cudaStream_t>);
 static_assert(alloy::graph_pooling_allocator<composition, cudaStream_t>);
+static_assert(alloy::growth_planning_allocator<arena>);  // served from its cache under a global capture
 
 constexpr std::size_t n = 1 << 20;  // 4 MiB of uint32 per block
 
