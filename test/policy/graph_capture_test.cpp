@@ -20,6 +20,7 @@
 #include <alloy/cuda_model.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
+#include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
@@ -463,6 +464,39 @@ BOOST_AUTO_TEST_CASE(isolated_shared_released) {
   BOOST_TEST(seen.count(a.ptr) == 1u);
   for (const block o : all) alloc.deallocate(o, s);
   BOOST_TEST(alloc.bytes_in_use() == 0u);
+  REQUIRE_CLEAN(rt);
+}
+
+// Through sharded: every shard routes the capture; the pool's addresses stay out of other work.
+BOOST_AUTO_TEST_CASE(through_sharded) {
+  model::runtime rt;
+  const stream_t s = make_stream(rt), other = make_stream(rt);
+  alloy::sharded<ordered> alloc{[&](std::size_t) { return ordered{make_arena(rt, 1_MiB)}; }, {.shards = 2}};
+  graph_pool pool;
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::global) == error::success);
+  BOOST_REQUIRE(alloc.begin_allocate_to_pool(pool, s));
+  std::vector<block> captured;
+  for (int i = 0; i < 8; ++i) {
+    const block b = alloc.allocate(std::size_t{512} << i, 256, s);
+    BOOST_REQUIRE(b);
+    BOOST_REQUIRE(rt.use(s, b.ptr, b.size) == error::success);
+    captured.push_back(b);
+  }
+  for (const block b : captured) alloc.deallocate(b, s);
+  model::graph_t g{};
+  BOOST_REQUIRE(rt.end_capture(s, &g) == error::success);
+  alloc.end_allocate_to_pool(pool);
+  BOOST_TEST(alloc.pool_figures().free_bytes == std::size_t{512} * 255);
+  for (int i = 0; i < 200; ++i) {
+    const block o = alloc.allocate(std::size_t{512} << (i % 8), 256, other);
+    BOOST_REQUIRE(o);
+    BOOST_REQUIRE(rt.use(other, o.ptr, o.size) == error::success);  // the model: never the graph's memory
+    alloc.deallocate(o, other);
+  }
+  REQUIRE_CLEAN(rt);
+  BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
+  alloc.release_pool(pool);
+  BOOST_TEST(alloc.pool_figures().pools == 0u);
   REQUIRE_CLEAN(rt);
 }
 
