@@ -225,6 +225,22 @@ struct toy {
   {
     return true;
   }
+  bool begin_allocate_to_pool(alloy::graph_pool&, stream_t) noexcept
+    requires(on(capability::graph_pools))
+  {
+    return true;
+  }
+  void end_allocate_to_pool(alloy::graph_pool&) noexcept
+    requires(on(capability::graph_pools))
+  {}
+  void release_pool(alloy::graph_pool&) noexcept
+    requires(on(capability::graph_pools))
+  {}
+  alloy::graph_pool_figures pool_figures() const noexcept
+    requires(on(capability::graph_pools))
+  {
+    return {};
+  }
 };
 
 /// The capabilities of `A`, as a mask.
@@ -247,6 +263,9 @@ constexpr unsigned movable_group = bit(capability::movable) | bit(capability::si
                                    bit(capability::movable_statistics) | bit(capability::reset_movable_peak) |
                                    bit(capability::is_live);
 constexpr unsigned limits = bit(capability::bytes_limit) | bit(capability::bytes_reservable_limit);
+// documented: graph pools belong to one stream_ordered part; the composites of two parts do not
+// pass them on (a stream_ordered above the composite has them)
+constexpr unsigned graph_pools = bit(capability::graph_pools);
 
 /// What `W<A>` must have: its own capabilities, plus `A`'s except those it does not pass on.
 template <class W, class A>
@@ -304,19 +323,19 @@ struct w_segregator {
   static constexpr const char* name = "segregator";
   template <class A>
   using type = alloy::segregator<1024, A, A>;
-  static constexpr unsigned own = 0, not_passed = movable_group | limits;
+  static constexpr unsigned own = 0, not_passed = movable_group | limits | graph_pools;
 };
 struct w_fallback {
   static constexpr const char* name = "fallback";
   template <class A>
   using type = alloy::fallback<A, A>;
-  static constexpr unsigned own = 0, not_passed = movable_group | limits;
+  static constexpr unsigned own = 0, not_passed = movable_group | limits | graph_pools;
 };
 struct w_granule_segregator {
   static constexpr const char* name = "granule_segregator";
   template <class A>
   using type = alloy::granule_segregator<1024, A, A>;
-  static constexpr unsigned own = 0, not_passed = movable_group | limits;
+  static constexpr unsigned own = 0, not_passed = movable_group | limits | graph_pools;
 };
 
 struct w_sharded {
@@ -376,11 +395,13 @@ constexpr unsigned stream_ordered_mismatch() {
   // part's current tag, so a tag reaches it by `scoped_tag`, not per call
   constexpr unsigned passed =
       m & ~(movable_group | bit(capability::allocate_keeping_cache) | bit(capability::try_deallocate_on_stream) |
-            bit(capability::planned_growth) | bit(capability::tagged_allocate));
+            bit(capability::planned_growth) | bit(capability::tagged_allocate) | bit(capability::graph_pools));
   constexpr unsigned checked = (m & bit(capability::try_deallocate)) != 0
                                    ? bit(capability::try_deallocate) | bit(capability::try_deallocate_on_stream)
                                    : 0u;
-  constexpr unsigned want = passed | checked | bit(capability::stream_ordered) | bit(capability::record_use);
+  // its own graph pools (a host stream is a capturable stream that never captures)
+  constexpr unsigned want =
+      passed | checked | bit(capability::stream_ordered) | bit(capability::record_use) | bit(capability::graph_pools);
   return mask_of<alloy::stream_ordered<A, stream_t>>() ^ want;
 }
 static_assert([]<unsigned... I>(std::integer_sequence<unsigned, I...>) {

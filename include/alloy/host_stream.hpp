@@ -152,6 +152,9 @@ struct stream_traits<host_stream*> {
   static bool ready(const host_event& e) noexcept { return e.done(); }
   static void synchronize(const host_event& e) noexcept { e.wait(); }
   static void synchronize(host_stream* s) noexcept { s->synchronize(); }
+  // A host stream is never captured (`capturable_stream`, so the capture-aware paths run).
+  static capture_state capture(host_stream*) noexcept { return {}; }
+  static bool wait_external(host_stream* s, const host_event& e) noexcept { return wait(s, e); }
 };
 
 }  // namespace alloy

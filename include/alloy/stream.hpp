@@ -32,6 +32,20 @@ namespace alloy {
 template <class S>
 struct stream_traits;
 
+/// How a stream capture restricts the calls of other code (CUDA's `cudaStreamCaptureMode`; the
+/// same values). alloy treats a mode it cannot learn (CUDA does not report it) as `global`.
+enum class capture_mode : unsigned char { global = 0, thread_local_ = 1, relaxed = 2 };
+
+/// Whether a stream is being captured into a graph (CUDA's `cudaStreamCaptureStatus`), and by
+/// which capture (`id`, unique while the process runs; 0 when none).
+struct capture_state {
+  enum class status : unsigned char { none = 0, active = 1, invalidated = 2 };
+  status state = status::none;
+  capture_mode mode = capture_mode::global;
+  unsigned long long id = 0;
+  bool capturing() const noexcept { return state != status::none; }
+};
+
 /// A stream type alloy can order memory on (see `stream_traits`).
 template <class S>
 concept stream =
@@ -45,6 +59,23 @@ concept stream =
       { stream_traits<S>::synchronize(ce) } noexcept;
       { stream_traits<S>::synchronize(s) } noexcept;
     };
+
+/// A stream type that can be captured into a graph: `stream_traits<S>` also has
+/// `capture(S) -> capture_state` (a cheap probe, no synchronization) and
+/// `wait_external(S, const event&) -> bool` (a wait that a capture records as a wait on an event
+/// from outside it, `cudaEventWaitExternal`). A stream type without them never captures.
+template <class S>
+concept capturable_stream = stream<S> && requires(S s, const typename stream_traits<S>::event_type& ce) {
+  { stream_traits<S>::capture(s) } noexcept -> std::same_as<capture_state>;
+  { stream_traits<S>::wait_external(s, ce) } noexcept -> std::same_as<bool>;
+};
+
+/// The capture state of `s` (none for a stream type that never captures).
+template <stream S>
+capture_state capture_of(S s) noexcept {
+  if constexpr (capturable_stream<S>) return stream_traits<S>::capture(s);
+  else return capture_state{};
+}
 
 #if ALLOY_HAS_CUDA
 /// CUDA streams and events. Events are created with `cudaEventDisableTiming` (the cheap kind).
@@ -90,6 +121,16 @@ struct stream_traits<cudaStream_t> {
   }
   static void synchronize(cudaStream_t s) noexcept {
     if (!ok(cudaStreamSynchronize(s))) ok(cudaDeviceSynchronize());
+  }
+  // Capture (capturable_stream): CUDA does not report a capture's mode, so it counts as global.
+  static capture_state capture(cudaStream_t s) noexcept {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (!ok(cudaStreamGetCaptureInfo(s, &status, &id))) return {capture_state::status::invalidated, {}, 0};
+    return {static_cast<capture_state::status>(status), capture_mode::global, id};
+  }
+  static bool wait_external(cudaStream_t s, const cudaEvent_t& e) noexcept {
+    return ok(cudaStreamWaitEvent(s, e, cudaEventWaitExternal));
   }
 
  private:

@@ -10,9 +10,11 @@
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
 #include <alloy/cuda_info.hpp>
+#include <alloy/cuda_model.hpp>
 #include <alloy/device.hpp>
 #include <alloy/error.hpp>
 #include <alloy/find.hpp>
+#include <alloy/graph_pool.hpp>
 #include <alloy/host_stream.hpp>
 #include <alloy/literals.hpp>
 #include <alloy/memory_stats.hpp>

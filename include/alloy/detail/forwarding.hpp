@@ -44,6 +44,7 @@
 #include <alloy/block.hpp>
 #include <alloy/concepts.hpp>
 #include <alloy/detail/figures.hpp>
+#include <alloy/graph_pool.hpp>
 
 namespace alloy::detail {
 
@@ -99,13 +100,14 @@ enum class capability : unsigned {
   offload_all,        ///< `offload_all()`
   tag_figures,        ///< `host_bytes(tag)`, `mapped_bytes(tag)`, `live_bytes(tag)` (tag_reporting_allocator)
   detaching_release,  ///< `release_detached(out)` (detaching_release_allocator)
+  graph_pools,        ///< `begin_allocate_to_pool`, `end_allocate_to_pool`, `release_pool`, `pool_figures`
   count_              ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 27;
+inline constexpr unsigned forwarded_capabilities = 28;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
@@ -142,6 +144,7 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::offload_all) return has_offload_all<A>;
   else if constexpr (C == capability::tag_figures) return tag_reporting_allocator<A>;
   else if constexpr (C == capability::detaching_release) return detaching_release_allocator<A>;
+  else if constexpr (C == capability::graph_pools) return graph_pooling_allocator<A, Stream>;
   else static_assert(no_such_capability<A>, "capability without a test in has_capability");
 }
 
@@ -218,6 +221,27 @@ class forwards_queries {
     requires use_recording_allocator<Inner, Stream>
   void record_use(block b, Stream stream) {
     call([&](auto& in) { in.record_use(b, stream); });
+  }
+  // Graph pools: every part (every shard) routes the capture; true when one could.
+  template <class Stream>
+    requires graph_pooling_allocator<Inner, Stream>
+  bool begin_allocate_to_pool(graph_pool& pool, Stream stream) noexcept {
+    return call([&](auto& in) { return in.begin_allocate_to_pool(pool, stream) ? 1u : 0u; }) != 0;
+  }
+  void end_allocate_to_pool(graph_pool& pool) noexcept
+    requires requires(Inner& in, graph_pool& p) { in.end_allocate_to_pool(p); }
+  {
+    call([&](auto& in) { in.end_allocate_to_pool(pool); });
+  }
+  void release_pool(graph_pool& pool) noexcept
+    requires requires(Inner& in, graph_pool& p) { in.release_pool(p); }
+  {
+    call([&](auto& in) { in.release_pool(pool); });
+  }
+  graph_pool_figures pool_figures() const noexcept
+    requires requires(const Inner& in) { in.pool_figures(); }
+  {
+    return call([](const auto& in) { return in.pool_figures(); });
   }
   std::size_t bytes_in_use() const noexcept
     requires reports_bytes_in_use<Inner>

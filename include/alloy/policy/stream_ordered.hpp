@@ -14,6 +14,7 @@
 
 #include <alloy/concepts.hpp>
 #include <alloy/detail/forwarding.hpp>
+#include <alloy/graph_pool.hpp>
 #include <alloy/stream.hpp>
 
 namespace alloy {
@@ -27,6 +28,8 @@ struct stream_order_counters {
   /// upstream: on `release()`, or when `Inner` could serve a request only by releasing); PyTorch's
   /// `num_sync_all_streams`, which `alloy::memory_stats` reports from this.
   std::size_t all_stream_synchronizations = 0;
+  std::size_t capture_refusals = 0;  ///< requests failed because a capture forbade the upstream or a wait
+  std::size_t deferred_frees = 0;    ///< frees of blocks from before a capture, kept until it ended
 };
 
 /// `stream_ordered<Inner, Stream>` gives `Inner` (a `best_fit_arena`, a `size_class_pool`, or a
@@ -55,6 +58,11 @@ struct stream_order_counters {
 /// - Failure: as `Inner`. When an event cannot be created, recorded or waited on, or host metadata
 ///   cannot grow, the host synchronizes instead: slower, never unsafe. A free `Inner` refuses
 ///   (checked frees) records no pending range, and `try_deallocate` (both forms) says so.
+/// - CUDA graphs (a `capturable_stream`; docs/design.md#cuda-graphs): each call probes its stream
+///   once; while a capture is known, no event is queried or synchronized, `Inner` grows only in
+///   the relaxed mode (else it serves from its cache or the request fails), nothing is released,
+///   frees of earlier blocks wait for the capture's end, and the capture's blocks stay in a pool:
+///   its own, or a `graph_pool` (`begin_allocate_to_pool`, `end_allocate_to_pool`, `release_pool`).
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable.
 /// - Memory kind: `Inner`'s. Capabilities: the queries of `Inner` (`release` and
 ///   `release_detached` synchronize first), checked frees when `Inner` has them, `record_use`,
@@ -65,6 +73,8 @@ template <cache_keeping_allocator Inner, stream Stream>
 class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Stream>, Inner> {
   using traits = stream_traits<Stream>;
   using event_type = typename traits::event_type;
+  using book = detail::capture_book<Stream>;
+  static constexpr bool capturable = capturable_stream<Stream>;
 
  public:
   static constexpr bool host_accessible = Inner::host_accessible;
@@ -83,7 +93,8 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
         free_slots_(std::move(other.free_slots_)),
         uses_(std::move(other.uses_)),
         prune_at_(other.prune_at_),
-        counters_(other.counters_) {
+        counters_(other.counters_),
+        book_(std::move(other.book_)) {
     other.pending_.clear();
     other.slots_.clear();
     other.free_slots_.clear();
@@ -100,6 +111,12 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   // ---- the allocator ---------------------------------------------------------------------------
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if constexpr (capturable) {
+      if (!book_.captures.empty()) {
+        settle(nullptr, {});
+        if (quiet()) return allocate_quietly(bytes, alignment, nullptr);
+      }
+    }
     if (mode_ == mode::single) start_tracking();
     const block b = allocate_inner(bytes, alignment);
     if (b && mode_ == mode::tracking) claim(b, nullptr);
@@ -115,10 +132,12 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   }
 
   block allocate(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
-    note(stream);
-    const block b = allocate_inner(bytes, alignment);
-    if (b && mode_ == mode::tracking) claim(b, &stream);
-    return b;
+    if constexpr (capturable) {
+      const capture_state cs = traits::capture(stream);
+      if (cs.capturing() || !book_.captures.empty()) [[unlikely]]
+        return allocate_aware(bytes, alignment, stream, cs);
+    }
+    return allocate_ordered(bytes, alignment, stream);
   }
   void deallocate(block b, Stream stream) noexcept { (void)free_block(b, &stream); }
   bool try_deallocate(block b, Stream stream) noexcept
@@ -131,6 +150,13 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   /// freed, it is not reused until that work is done too. Throws `std::bad_alloc` if the use
   /// cannot be stored (nothing changes then).
   void record_use(block b, Stream stream) {
+    if constexpr (capturable) {
+      const capture_state cs = traits::capture(stream);
+      if (cs.capturing() || !book_.captures.empty()) {
+        settle(&stream, cs);
+        if ((cs.capturing() || quiet()) && !note_quietly(stream)) return;
+      }
+    }
     note(stream);
     if (mode_ != mode::tracking || b.ptr == nullptr) return;  // one stream: order is enough
     std::vector<Stream>& streams = uses_[b.ptr];
@@ -141,6 +167,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   void release() noexcept
     requires releasing_allocator<Inner>
   {
+    if (!may_synchronize()) return;
     synchronize_all();
     inner_.release();
   }
@@ -148,6 +175,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   bool release_detached(detached_segments& out) noexcept
     requires detaching_release_allocator<Inner>
   {
+    if (!may_synchronize()) return true;
     synchronize_all();
     return inner_.release_detached(out);
   }
@@ -155,6 +183,55 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   const stream_order_counters& order_counters() const noexcept { return counters_; }
   /// Address ranges freed on a stream whose events were not yet seen complete.
   std::size_t pending_ranges() const noexcept { return pending_.size(); }
+
+  // ---- CUDA graphs ------------------------------------------------------------------------------
+
+  /// Routes the allocations of the capture running on `stream` to `pool` (until
+  /// `end_allocate_to_pool`). False when `stream` is not capturing, or metadata cannot grow.
+  bool begin_allocate_to_pool(graph_pool& pool, Stream stream) noexcept
+    requires capturable_stream<Stream>
+  {
+    const capture_state cs = traits::capture(stream);
+    settle(&stream, cs);
+    if (!cs.capturing()) return false;
+    try {
+      typename book::capture* c = capture_for(cs, stream);
+      if (c == nullptr) return false;
+      book_.pools[book::user_pool(pool)];
+      c->pool = book::user_pool(pool);
+      return true;
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
+  /// Later allocations of the captures routed to `pool` go to their own pools again.
+  void end_allocate_to_pool(graph_pool& pool) noexcept
+    requires capturable_stream<Stream>
+  {
+    for (typename book::capture& c : book_.captures) {
+      if (c.pool == book::user_pool(pool)) c.pool = book::own_pool(c.id);
+    }
+  }
+  /// No graph of `pool` will run again (its last launch is complete): its free blocks become free
+  /// for everyone, and its live blocks when they are freed.
+  void release_pool(graph_pool& pool) noexcept
+    requires capturable_stream<Stream>
+  {
+    end_allocate_to_pool(pool);
+    drop_pool(book::user_pool(pool));
+  }
+  /// What the private pools hold.
+  graph_pool_figures pool_figures() const noexcept {
+    alloy::graph_pool_figures f;
+    for (const auto& [key, p] : book_.pools) {
+      if (p.live_bytes + p.free_bytes == 0) continue;
+      ++f.pools;
+      f.live_bytes += p.live_bytes;
+      f.free_bytes += p.free_bytes;
+    }
+    f.deferred = book_.deferred.size();
+    return f;
+  }
 
   Inner& inner() noexcept { return inner_; }
   const Inner& inner() const noexcept { return inner_; }
@@ -207,7 +284,49 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   /// checks its frees, a refused free records nothing: the block was not this allocator's, or
   /// not live, and its range must not be held back.
   bool free_block(block b, const Stream* stream) noexcept {
-    if (stream != nullptr) note(*stream);
+    if constexpr (capturable) {
+      capture_state cs{};
+      if (stream != nullptr) cs = traits::capture(*stream);
+      if (cs.capturing() || !book_.captures.empty() || !book_.blocks.empty()) [[unlikely]]
+        return free_aware(b, stream, cs);
+    }
+    return free_now(b, stream);
+  }
+
+  /// `allocate` on a stream, outside captures.
+  block allocate_ordered(std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    note(stream);
+    const block b = allocate_inner(bytes, alignment);
+    if (b && mode_ == mode::tracking) claim(b, &stream);
+    return b;
+  }
+  /// `allocate` on a stream while a capture runs (on it, or one alloy knows of elsewhere).
+  [[gnu::noinline]] block allocate_aware(std::size_t bytes, std::size_t alignment, Stream stream,
+                                         capture_state cs) noexcept {
+    settle(&stream, cs);
+    if (cs.capturing()) return allocate_captured(bytes, alignment, stream, cs);
+    if (quiet()) return allocate_quietly(bytes, alignment, &stream);
+    return allocate_ordered(bytes, alignment, stream);
+  }
+  /// A free while a capture runs, or of a block that may be a pool's.
+  [[gnu::noinline]] bool free_aware(block b, const Stream* stream, capture_state cs) noexcept {
+    if (cs.capturing() || !book_.captures.empty()) settle(stream, cs);
+    if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
+      if (found->second.pool != book::ordinary) return pool_free(found->second, b, stream, cs.capturing() ? cs.id : 0);
+      b.size = found->second.size;  // a pool's block that left it: freed at the size `Inner` gave
+      book_.blocks.erase(found);
+    }
+    if (cs.capturing()) return defer(b, *stream, cs);
+    return free_now(b, stream);
+  }
+
+  bool free_now(block b, const Stream* stream) noexcept {
+    if (stream != nullptr) {
+      if constexpr (capturable) {
+        if (quiet() && !note_quietly(*stream)) return defer(b, *stream, capture_of(sole_));
+      }
+      note(*stream);
+    }
     const bool track = stream != nullptr && mode_ == mode::tracking && b.ptr != nullptr && b.size != 0;
     if constexpr (checked_deallocating_allocator<Inner>) {
       if (!inner_.try_deallocate(b)) return false;
@@ -232,13 +351,17 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   void claim(block b, const Stream* stream) noexcept {
     if (pending_.empty() || b.size == 0) return;
     const auto lo = reinterpret_cast<std::uintptr_t>(b.ptr);
-    const std::uintptr_t hi = lo + b.size;
+    claim_range(lo, lo + b.size, stream, true);
+  }
+  /// Forgets the pending ranges over `[lo, hi)`, keeping the parts outside; first orders `stream`
+  /// (or the host) after them when `order`.
+  void claim_range(std::uintptr_t lo, std::uintptr_t hi, const Stream* stream, bool order) noexcept {
     auto it = pending_.upper_bound(lo);
     if (it != pending_.begin() && std::prev(it)->second.end > lo) --it;
     while (it != pending_.end() && it->first < hi) {
       const std::uintptr_t start = it->first;
       const pending_range range = it->second;
-      order_after(range.events, stream);
+      if (order) order_after(range.events, stream);
       it = pending_.erase(it);
       // Keep the parts outside `b`; they share the events. Insertion failing just forgets them
       // after synchronizing, which is safe.
@@ -304,7 +427,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       free_chain(head);
       return;
     }
-    if (pending_.size() >= prune_at_) prune();
+    if (pending_.size() >= prune_at_ && !quiet()) prune();
   }
 
   /// Records an event on `stream` in a fresh slot chained before `next`; on failure the host
@@ -347,15 +470,9 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     return s;
   }
 
-  void claim_quietly(std::uintptr_t lo, std::uintptr_t hi) noexcept {
-    auto it = pending_.upper_bound(lo);
-    if (it != pending_.begin() && std::prev(it)->second.end > lo) --it;
-    while (it != pending_.end() && it->first < hi) {
-      synchronize_chain(it->second.events);
-      drop_ref(it->second.events);
-      it = pending_.erase(it);
-    }
-  }
+  /// Ranges over a block being freed: older frees of it (a double free `Inner` reports), or the
+  /// range that stands for everything free when tracking started under a capture.
+  void claim_quietly(std::uintptr_t lo, std::uintptr_t hi) noexcept { claim_range(lo, hi, nullptr, false); }
 
   void drop_ref(std::uint32_t head) noexcept {
     if (--slots_[head].refs == 0) free_chain(head);
@@ -414,6 +531,325 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     ++counters_.all_stream_synchronizations;
   }
 
+  // ---- captures (docs/design.md#cuda-graphs) -----------------------------------------------------
+
+  /// A capture is known: no event is queried or synchronized, nothing released.
+  bool quiet() const noexcept {
+    if constexpr (capturable) return !book_.captures.empty();
+    else return false;
+  }
+  bool may_synchronize() noexcept {
+    if constexpr (capturable) {
+      if (!book_.captures.empty()) settle(nullptr, {});
+    }
+    return !quiet();
+  }
+  block refuse() noexcept {
+    ++counters_.capture_refusals;
+    return {};
+  }
+
+  /// `note` without a host wait: a second stream starts tracking with every free byte ordered
+  /// after the first stream's work so far (one range over all addresses, with an event). False
+  /// when that stream is capturing (its event could not be waited on outside the capture).
+  bool note_quietly(Stream stream) noexcept {
+    if (mode_ == mode::unused) {
+      mode_ = mode::single;
+      sole_ = stream;
+    }
+    if (mode_ != mode::single || stream == sole_) return true;
+    if (capture_of(sole_).capturing()) return false;
+    const std::uint32_t s = take_slot();
+    if (s == none) return false;
+    if (!traits::record(slots_[s].event, sole_)) {
+      free_slots_.push_back(s);
+      return false;
+    }
+    ++counters_.events_recorded;
+    slots_[s] = {std::move(slots_[s].event), sole_, none, 1, true, false};
+    try {
+      pending_.emplace(0, pending_range{std::numeric_limits<std::uintptr_t>::max(), s});
+    } catch (const std::bad_alloc&) {
+      slots_[s].refs = 0;
+      free_chain(s);
+      return false;
+    }
+    mode_ = mode::tracking;
+    return true;
+  }
+
+  /// Memory `Inner` has cached: its upstream only when every known capture is relaxed.
+  block cached(std::size_t bytes, std::size_t alignment) noexcept {
+    bool relaxed = true;
+    for (const typename book::capture& c : book_.captures) relaxed = relaxed && c.mode == capture_mode::relaxed;
+    if (relaxed) return inner_.allocate_keeping_cache(bytes, alignment);
+    if constexpr (growth_planning_allocator<Inner>) {
+      growth_plan plan;
+      return inner_.allocate_or_plan(bytes, alignment, plan);
+    } else {
+      return {};
+    }
+  }
+
+  /// Orders `stream` after the pending frees over `b` without asking whether they are done (a
+  /// capture records a wait on an event from outside it), then forgets them. False (nothing
+  /// changed) when a wait failed.
+  bool claim_without_query(block b, Stream stream, bool capturing) noexcept {
+    if (pending_.empty() || b.size == 0) return true;
+    const auto lo = reinterpret_cast<std::uintptr_t>(b.ptr);
+    const std::uintptr_t hi = lo + b.size;
+    auto it = pending_.upper_bound(lo);
+    if (it != pending_.begin() && std::prev(it)->second.end > lo) --it;
+    for (; it != pending_.end() && it->first < hi; ++it) {
+      if (slots_[it->second.events].complete) continue;
+      for (std::uint32_t s = it->second.events; s != none; s = slots_[s].next) {
+        if (slots_[s].stream == stream) continue;
+        bool waited = false;
+        if constexpr (capturable) {
+          waited = capturing ? traits::wait_external(stream, slots_[s].event) : traits::wait(stream, slots_[s].event);
+        }
+        if (!waited) return false;
+        ++counters_.stream_waits;
+      }
+    }
+    claim_range(lo, hi, nullptr, false);
+    return true;
+  }
+  bool pending_incomplete(block b) const noexcept {
+    if (pending_.empty() || b.size == 0) return false;
+    const auto lo = reinterpret_cast<std::uintptr_t>(b.ptr);
+    auto it = pending_.upper_bound(lo);
+    if (it != pending_.begin() && std::prev(it)->second.end > lo) --it;
+    for (; it != pending_.end() && it->first < lo + b.size; ++it) {
+      if (!slots_[it->second.events].complete) return true;
+    }
+    return false;
+  }
+
+  /// An allocation outside any capture while one is known (on `*stream`, or for the host).
+  block allocate_quietly(std::size_t bytes, std::size_t alignment, const Stream* stream) noexcept {
+    if (stream != nullptr ? !note_quietly(*stream) : mode_ == mode::single) return refuse();
+    const block b = cached(bytes, alignment);
+    if (!b) return refuse();
+    if (mode_ == mode::tracking) {
+      const bool ordered = stream != nullptr ? claim_without_query(b, *stream, false) : !pending_incomplete(b);
+      if (!ordered) {
+        inner_.deallocate(b);
+        return refuse();
+      }
+      if (stream == nullptr)
+        claim_range(reinterpret_cast<std::uintptr_t>(b.ptr), reinterpret_cast<std::uintptr_t>(b.ptr) + b.size, nullptr,
+                    false);
+    }
+    return b;
+  }
+
+  typename book::capture* capture_for(capture_state cs, Stream stream) {
+    if (typename book::capture* c = book_.find(cs.id)) return c;
+    book_.captures.push_back(
+        {cs.id, stream, cs.mode, cs.state == capture_state::status::invalidated, book::own_pool(cs.id), {}});
+    return &book_.captures.back();
+  }
+
+  /// An allocation inside the capture `cs` running on `stream`: from its pool's free blocks, else
+  /// from `Inner`'s cache (ordered after other streams' frees by waits the graph records).
+  block allocate_captured(std::size_t bytes, std::size_t alignment, Stream stream, capture_state cs) noexcept {
+    try {
+      typename book::capture* c = capture_for(cs, stream);
+      if (cs.state == capture_state::status::invalidated) c->invalidated = true;
+      if (!note_quietly(stream)) return refuse();
+      typename book::pool& pool = book_.pools[c->pool];
+      if (const block b = take_from_pool(pool, *c, bytes, alignment, stream)) return b;
+      const block b = cached(bytes, alignment);
+      if (!b) return refuse();
+      try {
+        book_.blocks.emplace(b.ptr, typename book::pooled{b.size, c->pool, 1, c->id, 0, stream, false, false});
+        if (c->pool != book::own_pool(c->id)) c->taken.push_back(b.ptr);
+      } catch (const std::bad_alloc&) {
+        book_.blocks.erase(b.ptr);
+        inner_.deallocate(b);
+        return refuse();
+      }
+      if (mode_ == mode::tracking && !claim_without_query(b, stream, true)) {
+        book_.blocks.erase(b.ptr);
+        if (!c->taken.empty() && c->taken.back() == b.ptr) c->taken.pop_back();
+        inner_.deallocate(b);
+        return refuse();
+      }
+      pool.live_bytes += b.size;
+      return b;
+    } catch (const std::bad_alloc&) {
+      return refuse();
+    }
+  }
+
+  /// A free block of `pool` for the capture `c`: aligned, large enough, and not freed on another
+  /// stream of the same capture (no order between them) nor on a stream outside captures.
+  block take_from_pool(typename book::pool& pool, typename book::capture& c, std::size_t bytes, std::size_t alignment,
+                       Stream stream) noexcept {
+    int budget = 16;
+    for (auto it = pool.free.lower_bound(bytes); it != pool.free.end() && budget-- > 0; ++it) {
+      void* p = it->second;
+      typename book::pooled& pb = book_.blocks.find(p)->second;
+      if (alignment > 1 && reinterpret_cast<std::uintptr_t>(p) % alignment != 0) continue;
+      if (pb.freed_in == c.id ? !(pb.stream == stream) : pb.freed_in == 0 && pb.freed_on_stream) continue;
+      if (pb.last_taker != c.id && c.pool != book::own_pool(c.id)) {
+        try {
+          c.taken.push_back(p);
+        } catch (const std::bad_alloc&) {
+          continue;
+        }
+      }
+      if (pb.last_taker != c.id) ++pb.takers;
+      pb.last_taker = c.id;
+      pool.free.erase(it);
+      pb.free = false;
+      pool.free_bytes -= pb.size;
+      pool.live_bytes += pb.size;
+      return {p, bytes};
+    }
+    return {};
+  }
+
+  /// A free of a block of a private pool: it stays in the pool.
+  bool pool_free(typename book::pooled& pb, block b, const Stream* stream, unsigned long long capture) noexcept {
+    if (pb.free) return false;  // freed twice
+    typename book::pool& pool = book_.pools[pb.pool];
+    pb.free = true;
+    pb.freed_in = capture;
+    pb.freed_on_stream = stream != nullptr;
+    if (stream != nullptr) pb.stream = *stream;
+    pool.live_bytes -= pb.size;
+    pool.free_bytes += pb.size;
+    try {
+      pool.free.emplace(pb.size, b.ptr);
+    } catch (const std::bad_alloc&) {
+      // not reused by the pool; `drop_pool` still finds it
+    }
+    if (!uses_.empty()) uses_.erase(b.ptr);
+    return true;
+  }
+
+  /// A free of a block from before the capture `cs`: kept until it ends.
+  bool defer(block b, Stream stream, capture_state cs) noexcept {
+    try {
+      (void)capture_for(cs, stream);
+      book_.deferred.push_back({b, stream, cs.id});
+      ++counters_.deferred_frees;
+    } catch (const std::bad_alloc&) {
+      // the block stays out of use: safe, lost to this allocator
+    }
+    return true;
+  }
+
+  /// Finishes the captures seen ended (the probe of one of their streams no longer names them).
+  void settle(const Stream* current, capture_state cs) noexcept {
+    if (settling_) return;
+    if (current != nullptr && cs.capturing()) {
+      try {
+        (void)capture_for(cs, *current);  // known before anything ended is finished
+      } catch (const std::bad_alloc&) {
+        return;  // finished at a later call
+      }
+    }
+    settling_ = true;
+    for (std::size_t i = 0; i < book_.captures.size();) {
+      typename book::capture& c = book_.captures[i];
+      const capture_state now = current != nullptr && c.stream == *current ? cs : capture_of(c.stream);
+      if (now.capturing() && now.id == c.id) {
+        if (now.state == capture_state::status::invalidated) c.invalidated = true;
+        ++i;
+        continue;
+      }
+      typename book::capture ended = std::move(c);
+      book_.captures.erase(book_.captures.begin() + static_cast<std::ptrdiff_t>(i));
+      finish(ended);
+      i = 0;  // finishing may have deferred frees to captures seen again
+    }
+    settling_ = false;
+  }
+  void finish(typename book::capture& ended) noexcept {
+    if (ended.invalidated) unwind(ended);
+    drop_pool(book::own_pool(ended.id));
+    std::vector<typename book::deferred_free> mine;
+    for (std::size_t i = 0; i < book_.deferred.size();) {
+      if (book_.deferred[i].capture == ended.id) {
+        try {
+          mine.push_back(book_.deferred[i]);
+        } catch (const std::bad_alloc&) {
+          ++i;  // stays deferred, under a capture that ended: never freed, never unsafe
+          continue;
+        }
+        book_.deferred[i] = book_.deferred.back();
+        book_.deferred.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    for (typename book::deferred_free& d : mine) {
+      const capture_state now = capture_of(d.stream);
+      if (now.capturing()) (void)defer(d.b, d.stream, now);
+      else (void)free_now(d.b, &d.stream);
+    }
+  }
+  /// An aborted capture's blocks of a user pool that no other capture took leave the pool.
+  void unwind(typename book::capture& ended) noexcept {
+    for (void* p : ended.taken) {
+      const auto found = book_.blocks.find(p);
+      if (found == book_.blocks.end() || found->second.pool == book::ordinary) continue;
+      typename book::pooled& pb = found->second;
+      if (--pb.takers != 0) continue;
+      typename book::pool& pool = book_.pools[pb.pool];
+      if (pb.free) {
+        const auto [lo, hi] = pool.free.equal_range(pb.size);
+        for (auto it = lo; it != hi; ++it) {
+          if (it->second == p) {
+            pool.free.erase(it);
+            break;
+          }
+        }
+        pool.free_bytes -= pb.size;
+        const typename book::pooled gone = pb;
+        book_.blocks.erase(found);
+        give_back_pooled(p, gone);
+      } else {
+        pool.live_bytes -= pb.size;
+        pb.pool = book::ordinary;  // an ordinary block from now on
+      }
+    }
+  }
+  /// A pool's free blocks go back to `Inner`, its live blocks become ordinary.
+  void drop_pool(typename book::key key) noexcept {
+    const auto pool = book_.pools.find(key);
+    if (pool == book_.pools.end()) return;
+    for (auto it = book_.blocks.begin(); it != book_.blocks.end();) {
+      if (it->second.pool != key) {
+        ++it;
+        continue;
+      }
+      if (!it->second.free) {
+        it->second.pool = book::ordinary;  // an ordinary block from now on
+        ++it;
+        continue;
+      }
+      void* p = it->first;
+      const typename book::pooled pb = it->second;
+      it = book_.blocks.erase(it);
+      give_back_pooled(p, pb);
+    }
+    book_.pools.erase(pool);
+  }
+  void give_back_pooled(void* p, const typename book::pooled& pb) noexcept {
+    const block b{p, pb.size};
+    if (pb.freed_on_stream && pb.freed_in == 0) {
+      // freed outside graphs on a stream: ordered as any free there (after its capture, if any)
+      if (const capture_state now = capture_of(pb.stream); now.capturing()) (void)defer(b, pb.stream, now);
+      else (void)free_now(b, &pb.stream);
+    } else {
+      inner_.deallocate(b);  // last used by a graph, whose launches are complete
+    }
+  }
+
   static constexpr std::size_t min_prune = 64;
 
   Inner inner_;
@@ -425,6 +861,8 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   std::unordered_map<void*, std::vector<Stream>> uses_;  // record_use, by block address
   std::size_t prune_at_ = min_prune;
   stream_order_counters counters_;
+  book book_;
+  bool settling_ = false;
 };
 
 /// `alloy::record_use(alloc, block, stream)`: `block` is used by work on `stream` as well as on
