@@ -77,7 +77,8 @@ concept placement_arena = introspectable_allocator<A> && requires(A& a, void* wh
 ///   takes O(n) temporary host memory. Nothing is written into managed memory.
 /// - Capabilities: those of `Arena` (`owns`, `release`, `reserved_bytes`, `bytes_reservable_limit`,
 ///   introspection with movable pieces shown `active`/`inactive`, and `counters()`, in which an
-///   arena failure that a defragmentation made good counts as a retry, not an OOM).
+///   arena failure that a defragmentation made good counts as a retry, not an OOM); checked frees
+///   (`try_deallocate` of a raw block, when the arena has it, and of a handle: false on a refusal).
 /// - Thread safety: none. Move-only. The arena must have `allocate_at` (see `placement_arena`;
 ///   `best_fit_arena` has it).
 template <placement_arena Arena>
@@ -120,6 +121,12 @@ class compacting_defragmenter {
     return rescue(bytes, alignment);
   }
   void deallocate(block b) noexcept { arena_.deallocate(b); }
+  /// The arena's checked free: false, nothing changed, when it refuses `b` as misuse.
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<Arena>
+  {
+    return arena_.try_deallocate(b);
+  }
 
   // ---- movable blocks ------------------------------------------------------------------------
 
@@ -152,9 +159,15 @@ class compacting_defragmenter {
   void deallocate(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "deallocate");
     detail::check_unlocked(e.locks, h);
-    counters_.bytes_inactive -= e.b.size;
-    arena_.deallocate(e.b);
-    table_.erase(h);
+    free_movable(h, e);
+  }
+  /// As `deallocate(h)`, but a handle it would throw for (empty, unknown, stale, another
+  /// allocator's, locked) is refused with false, nothing changed.
+  bool try_deallocate(handle h) noexcept {
+    entry* e = table_.find(h);
+    if (e == nullptr || e->locks > 0) return false;
+    free_movable(h, *e);
+    return true;
   }
 
   // ---- defragmentation -----------------------------------------------------------------------
@@ -293,6 +306,12 @@ class compacting_defragmenter {
       pieces.push_back(p);
     });
     return pieces;
+  }
+
+  void free_movable(handle h, entry& e) noexcept {
+    counters_.bytes_inactive -= e.b.size;
+    arena_.deallocate(e.b);
+    table_.erase(h);
   }
 
   /// Moves the unlocked movable block `id` to `where` (inside a free piece). False, with the block
