@@ -254,7 +254,9 @@ struct stats_reading {
 ///   figure ever goes below zero.
 /// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
 ///   calls and checked frees counted like the others; movable ones, counted when `Inner` can say
-///   a handle's size; the queries passed on), plus `bytes_in_use` and `oom_report_for`.
+///   a handle's size, a handle's free only when `Inner` took it (it threw, or its
+///   `try_deallocate(handle)` said false, for a bad one); the queries passed on), plus
+///   `bytes_in_use` and `oom_report_for`.
 /// - Tags and offload (DESIGN §12), when `Inner` has them: `allocate(bytes, alignment, tag)` is
 ///   counted as a plain allocation (refused for an offloaded tag: an OOM here, a refusal in the
 ///   arena's `offload_stats()`); `offload`, `discard`, `restore`, `offload_all` are followed by a
@@ -285,6 +287,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   // allocate, deallocate, try_deallocate, allocate_keeping_cache and the stream-ordered calls come
   // from `detail::decorates`, through on_allocate and on_free below.
   using decorated::deallocate;
+  using decorated::try_deallocate;
 
   // ---- movable blocks (when Inner has them) ----------------------------------------------------
 
@@ -327,6 +330,26 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
       inner_.deallocate(h);
     }
     check_reserved();
+  }
+  /// As `deallocate(h)`, counted only when `Inner` accepted the free (false: refused, nothing
+  /// changed here or below).
+  bool try_deallocate(handle h) noexcept
+    requires detail::has_try_deallocate_handle<Inner>
+  {
+    bool accepted;
+    if constexpr (sized_movable_allocator<Inner>) {
+      std::size_t size = 0;
+      try {
+        size = inner_.size_of(h);
+      } catch (...) {  // a size_of that throws for a bad handle: the free below refuses it too
+      }
+      accepted = inner_.try_deallocate(h);
+      if (accepted) uncounted(block{nullptr, size}, true);
+    } else {
+      accepted = inner_.try_deallocate(h);
+    }
+    check_reserved();
+    return accepted;
   }
   std::size_t size_of(handle h) const
     requires sized_movable_allocator<Inner>
