@@ -147,6 +147,11 @@ struct toy {
   {
     return false;
   }
+  bool try_deallocate(alloy::handle) noexcept
+    requires(on(capability::movable) && on(capability::try_free_handle))
+  {
+    return false;
+  }
   bool serves(std::size_t, std::size_t) const noexcept
     requires(on(capability::serves))
   {
@@ -254,14 +259,17 @@ constexpr unsigned mask_of() {
 // The toys are what they claim (a capability added to the list without a toy member fails here).
 static_assert(mask_of<toy<all_bits>>() == all_bits, "toy<all> lacks a capability of detail::capability");
 static_assert(mask_of<toy<0>>() == 0);
-// size_of is a movable capability (the concept asks for both); every other one stands alone.
+// size_of and try_deallocate(handle) are movable capabilities (their concepts ask for movable
+// too); every other one stands alone.
 static_assert([]<unsigned... I>(std::integer_sequence<unsigned, I...>) {
-  return ((mask_of<toy<(1u << I)>>() == (1u << I) || static_cast<capability>(I) == capability::size_of) && ...);
+  return ((mask_of<toy<(1u << I)>>() == (1u << I) || static_cast<capability>(I) == capability::size_of ||
+           static_cast<capability>(I) == capability::try_free_handle) &&
+          ...);
 }(std::make_integer_sequence<unsigned, capability_count>{}));
 
 constexpr unsigned movable_group = bit(capability::movable) | bit(capability::size_of) |
                                    bit(capability::movable_statistics) | bit(capability::reset_movable_peak) |
-                                   bit(capability::is_live);
+                                   bit(capability::is_live) | bit(capability::try_free_handle);
 constexpr unsigned limits = bit(capability::bytes_limit) | bit(capability::bytes_reservable_limit);
 // documented: graph pools belong to one stream_ordered part; the composites of two parts do not
 // pass them on (a stream_ordered above the composite has them)

@@ -23,9 +23,11 @@
 //   brought back (out of memory, or a failed copy) it returns nullptr and the block stays as it
 //   was, spilled and intact; `lock` may then be tried again.
 // - Bad input throws `alloy::logic_error` and changes nothing: a handle that is empty, unknown,
-//   or already deallocated (handles carry a generation, so a stale handle is recognised even when
-//   its slot was reused), `unlock` of a handle that is not locked, `deallocate` of a locked
-//   handle.
+//   already deallocated (handles carry a generation, so a stale handle is recognised even when
+//   its slot was reused) or another allocator's (handles carry their table's key), `unlock` of a
+//   handle that is not locked, `deallocate` of a locked handle. `try_deallocate(handle)` noexcept
+//   frees as `deallocate` does and refuses the handles it would throw for with false, so that a
+//   `stats<>` above counts only the frees the policy took.
 // - Content is preserved bit for bit through every move and spill.
 #pragma once
 #pragma once

@@ -21,6 +21,12 @@
 // gone, reserved (inputs of odd length restore every tag first; even ones leave offloaded tags to
 // the destructor).
 //
+// The movable stack (host_spill_reclaimer over compacting_defragmenter over best_fit_arena, under
+// stats<> and under limited<>, on a device of 16 MiB, so that blocks are moved and spilled) also
+// takes movable blocks where the composition has them (op & 0x40: allocate_movable, a handle's
+// free, checked or not, and a bad handle: freed, another allocator's, locked or empty, which must
+// throw, be refused by try_deallocate and change nothing); their content is checked through lock.
+//
 // Input: byte 0 picks the composition; then 4 bytes per operation:
 //   [op] [size exponent] [size mantissa] [alignment exponent / victim]
 // op % 4 == 3 is a check (and sometimes a release) when op & 0x10 is clear, else a bad free whose
@@ -41,6 +47,9 @@
 
 #include <alloy/alloy.hpp>
 #include <alloy/memory_stats.hpp>
+#include <alloy/movable.hpp>
+#include <alloy/policy/compacting_defragmenter.hpp>
+#include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
 #include <alloy/vmm/host_vmm.hpp>
@@ -129,6 +138,46 @@ bool intact(const live_block& l) {
   const auto* p = static_cast<const std::uint8_t*>(l.b.ptr);
   if (l.b.size <= 2 * edge) return all_equal(p, l.b.size, l.pattern);
   return all_equal(p, edge, l.pattern) && all_equal(p + l.b.size - edge, edge, l.pattern);
+}
+
+/// A live movable block of the model.
+struct live_handle {
+  alloy::handle h;
+  std::size_t size;
+  std::uint8_t pattern;
+};
+
+/// Fills a movable block's ends with its pattern (false: it could not be locked).
+template <class A>
+bool fill_handle(A& alloc, const live_handle& l) {
+  void* p = alloc.lock(l.h);
+  if (p == nullptr) return false;
+  fill(live_block{{p, l.size}, l.pattern, 0, 0});
+  alloc.unlock(l.h);
+  return true;
+}
+/// Whether a movable block still holds its pattern; a spilled one that cannot be brought back now
+/// (nullptr from lock) stays spilled, intact by the rules, and is checked another time.
+template <class A>
+bool handle_intact(A& alloc, const live_handle& l) {
+  void* p = alloc.lock(l.h);
+  if (p == nullptr) return true;
+  const bool kept = intact(live_block{{p, l.size}, l.pattern, 0, 0});
+  alloc.unlock(l.h);
+  return kept;
+}
+/// A bad handle: `deallocate` throws, `try_deallocate` refuses; the caller checks that nothing
+/// changed.
+template <class A>
+void refuse_handle(A& alloc, alloy::handle bad) {
+  bool threw = false;
+  try {
+    alloc.deallocate(bad);
+  } catch (const alloy::logic_error&) {
+    threw = true;
+  }
+  ALLOY_FUZZ_CHECK(threw);
+  if constexpr (requires { alloc.try_deallocate(bad); }) ALLOY_FUZZ_CHECK(!alloc.try_deallocate(bad));
 }
 
 /// What the model says the composition holds: blocks and bytes asked for, allocations so far.
@@ -238,16 +287,26 @@ template <class A, class Check>
 void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection* faults, Check& check,
            std::size_t exponents) {
   constexpr bool streams = alloy::stream_ordered_allocator<A, inline_stream>;
+  constexpr bool movable = alloy::movable_allocator<A>;
   using tags_type = tag_model<A>;
   tags_type tags;
   std::vector<live_block> live;
+  std::vector<live_handle> handles;                 // live movable blocks
+  std::vector<alloy::handle> freed_handles;         // recently freed handles (most recent last)
   std::map<std::uintptr_t, std::uintptr_t> ranges;  // start -> end of every live non-empty block
   std::vector<block> freed;                         // recently freed blocks, for double frees (most recent last)
   model_counts model;
   checking_upstream elsewhere;  // another allocator, whose block is foreign to `alloc`
   const block foreign = elsewhere.allocate(4096, 256);
+  // Another movable allocator: its handles' ids name slots here too, but not blocks of `alloc`.
+  alloy::compacting_defragmenter<alloy::best_fit_arena<checking_upstream>> other{
+      alloy::best_fit_arena<checking_upstream>{elsewhere}};
+  alloy::handle foreign_handles[4];
+  if constexpr (movable) {
+    for (alloy::handle& h : foreign_handles) h = other.allocate_movable(1000);
+  }
   std::uint8_t next_pattern = 1;
-  for (std::size_t at = 0; at + 4 <= size && live.size() < 512; at += 4) {
+  for (std::size_t at = 0; at + 4 <= size && live.size() + handles.size() < 512; at += 4) {
     const std::uint8_t op = data[at];
     const std::size_t exponent = data[at + 1] % exponents;
     const std::size_t bytes = (std::size_t{1} << exponent) + (data[at + 2] << exponent >> 8);
@@ -256,6 +315,20 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
     switch (op % 4) {
       case 0:
       case 1: {  // allocate
+        if constexpr (movable) {
+          if (op & 0x40) {  // a movable block
+            const alloy::handle h = alloc.allocate_movable(bytes);
+            if (!h) break;
+            ALLOY_FUZZ_CHECK(alloc.size_of(h) == bytes);
+            handles.push_back({h, bytes, next_pattern++});
+            if (next_pattern == 0) next_pattern = 1;
+            ALLOY_FUZZ_CHECK(fill_handle(alloc, handles.back()));  // a new block is resident
+            model.bytes += bytes;
+            ++model.blocks;
+            ++model.allocations;
+            break;
+          }
+        }
         const std::size_t alignment = std::size_t{1} << (arg % 13);
         block b;
         const auto tag = static_cast<std::uint16_t>(tags_type::enabled ? (op >> 2) % tags_type::tags : 0);
@@ -305,6 +378,28 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
         break;
       }
       case 2: {  // free
+        if constexpr (movable) {
+          if ((op & 0x40) && !handles.empty()) {  // a movable block, checked (op & 0x20) or not
+            const std::size_t victim = arg % handles.size();
+            const live_handle l = handles[victim];
+            ALLOY_FUZZ_CHECK(handle_intact(alloc, l));
+            handles[victim] = handles.back();
+            handles.pop_back();
+            model.bytes -= l.size;
+            --model.blocks;
+            freed_handles.push_back(l.h);
+            if (freed_handles.size() > 16) freed_handles.erase(freed_handles.begin());
+            bool checked = false;
+            if constexpr (requires { alloc.try_deallocate(l.h); }) {
+              if (op & 0x20) {
+                ALLOY_FUZZ_CHECK(alloc.try_deallocate(l.h));
+                checked = true;
+              }
+            }
+            if (!checked) alloc.deallocate(l.h);
+            break;
+          }
+        }
         if (live.empty()) break;
         const std::size_t victim = arg % live.size();
         const live_block l = live[victim];
@@ -327,11 +422,31 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
         break;
       }
       default:
+        if constexpr (movable) {
+          if ((op & 0x10) && (op & 0x40)) {  // a bad handle: refused, it must change nothing
+            switch (arg % 4) {
+              case 0:  // freed (its slot maybe reused since)
+                if (!freed_handles.empty()) refuse_handle(alloc, freed_handles[(arg >> 2) % freed_handles.size()]);
+                break;
+              case 1: refuse_handle(alloc, foreign_handles[(arg >> 2) % 4]); break;
+              case 2: {  // locked
+                if (handles.empty()) break;
+                const live_handle& l = handles[(arg >> 2) % handles.size()];
+                if (alloc.lock(l.h) == nullptr) break;  // spilled, and no room to bring it back now
+                refuse_handle(alloc, l.h);
+                alloc.unlock(l.h);
+                break;
+              }
+              default: refuse_handle(alloc, alloy::handle{}); break;
+            }
+            break;  // checked below, as after every operation
+          }
+        }
         if (op & 0x10) {  // a bad free: refused, it must change nothing
           block bad{};
           switch (arg % 4) {
             case 0: {  // double free of a recently freed block, unless its address is a live block's again
-              if (freed.empty()) break;
+              if (freed.empty() || !handles.empty()) break;  // (a movable block's place is not known here)
               const block old = freed[(arg >> 2) % freed.size()];
               bool reused_same = false;
               for (const live_block& l : live)
@@ -369,6 +484,9 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
         }
         // Every resident block still holds its pattern; sometimes release the cache; the tags.
         for (const live_block& l : live) ALLOY_FUZZ_CHECK(!tags.resident(l.tag) || intact(l));
+        if constexpr (movable) {
+          for (const live_handle& l : handles) ALLOY_FUZZ_CHECK(handle_intact(alloc, l));
+        }
         if constexpr (alloy::releasing_allocator<A>) {
           if (arg % 8 == 0) alloc.release();
         }
@@ -382,6 +500,14 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
   for (const live_block& l : live) {
     ALLOY_FUZZ_CHECK(!tags.resident(l.tag) || intact(l));
     alloc.deallocate(l.b);
+  }
+  if constexpr (movable) {
+    for (const live_handle& l : handles) {
+      ALLOY_FUZZ_CHECK(handle_intact(alloc, l));
+      alloc.deallocate(l.h);
+    }
+    for (alloy::handle h : foreign_handles)
+      if (h) other.deallocate(h);
   }
   model = {0, 0, model.allocations};
   check_counts(alloc, model, true);
@@ -478,7 +604,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::size_t n = size - 1;
     using virtual_arena = alloy::virtual_arena<fuzz_vmm>;
     using virtual_allocator = alloy::virtual_allocator<fuzz_vmm>;
-    switch (data[0] % 12) {
+    using movable_stack = alloy::host_spill_reclaimer<alloy::compacting_defragmenter<arena>, checking_upstream>;
+    const auto make_stack = [&] {
+      return movable_stack{alloy::compacting_defragmenter<arena>{arena{up, {.maximum_size = 16_MiB}}}, up};
+    };
+    switch (data[0] % 14) {
       case 0: run(arena{up, {.growth_size = 64_KiB, .max_growth_size = 1_MiB}}, ops, n, arena_check); break;
       case 1:
         run(arena{up, {.initial_size = 4_MiB, .maximum_size = 4_MiB, .max_split_size = 256_KiB}}, ops, n, arena_check);
@@ -532,6 +662,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           return alloy::stats<virtual_allocator>{virtual_allocator{f.vmm, o}};
         });
         break;
+      case 12: run(alloy::stats<movable_stack>{make_stack()}, ops, n, arena_check); break;
+      case 13: run(alloy::limited<movable_stack>{make_stack(), {.bytes_limit = 12_MiB}}, ops, n, arena_check); break;
       default:  // the showcase composition under synchronized, its large requests' growths planned;
                 // frontier growth 1/1 on 512 granules, so that granules go ahead while up to 32 are held
         run_virtual(

@@ -105,6 +105,52 @@ BOOST_AUTO_TEST_CASE(handles_are_distinct_and_stale_handles_are_refused) {
   a.deallocate(h2);
 }
 
+// Handles of another allocator name slots here too (the same indices and generations); they are
+// refused, by every handle call, and the blocks here stay as they were. Slots are freed and reused
+// at random so that generations differ too.
+BOOST_AUTO_TEST_CASE(handles_of_another_allocator_are_refused) {
+  std::mt19937_64 rng(20261206);
+  auto a = make_reclaimer(64_MiB);
+  auto b = make_reclaimer(64_MiB);
+  std::vector<handle> mine, theirs, freed;
+  for (int i = 0; i < 3000; ++i) {
+    const bool first = rng() % 2 == 0;
+    reclaimer& alloc = first ? a : b;
+    std::vector<handle>& live = first ? mine : theirs;
+    if (!live.empty() && rng() % 3 == 0) {
+      const std::size_t victim = rng() % live.size();
+      BOOST_TEST(alloc.try_deallocate(live[victim]));
+      freed.push_back(live[victim]);
+      live[victim] = live.back();
+      live.pop_back();
+    } else {
+      const handle h = alloc.allocate_movable(rng() % 2000);
+      BOOST_REQUIRE(h);
+      live.push_back(h);
+    }
+  }
+  for (const handle h : mine) fill(a, h, h.id);
+  const auto before = a.movable_statistics();
+  const std::size_t count = a.movable_count();
+  for (const handle h : theirs) {
+    BOOST_TEST(!a.is_live(h));
+    BOOST_TEST(a.size_of(h) == 0u);
+    BOOST_CHECK_THROW(a.lock(h), alloy::logic_error);
+    BOOST_CHECK_THROW(a.deallocate(h), alloy::logic_error);
+    BOOST_TEST(!a.try_deallocate(h));
+  }
+  for (const handle h : freed) {  // stale here, or another allocator's
+    BOOST_TEST(!a.is_live(h));
+    BOOST_CHECK_THROW(a.deallocate(h), alloy::logic_error);
+    BOOST_TEST(!a.try_deallocate(h));
+  }
+  BOOST_TEST((a.movable_statistics() == before));
+  BOOST_TEST(a.movable_count() == count);
+  for (const handle h : mine) BOOST_TEST(intact(a, h, h.id));
+  for (const handle h : mine) BOOST_TEST(a.try_deallocate(h));
+  BOOST_TEST(a.movable_count() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(bad_input_throws_and_changes_nothing) {
   auto a = make_reclaimer(1_MiB);
   const handle h = a.allocate_movable(1000);

@@ -43,6 +43,7 @@
 #include <alloy/concepts.hpp>
 #include <alloy/find.hpp>
 #include <alloy/memory_stats.hpp>
+#include <alloy/movable.hpp>
 #include <alloy/policy/limited.hpp>
 #include <alloy/policy/tracked.hpp>
 
@@ -83,6 +84,12 @@ observation observe(A& a) {
     auto& t = find<alloy::tracked>(a);
     o["tracked.outstanding_count"] = static_cast<long long>(t.outstanding_count());
     o["tracked.outstanding_bytes"] = static_cast<long long>(t.outstanding_bytes());
+  }
+  if constexpr (detail::has_movable_statistics<A>) {
+    const movable_counters m = a.movable_statistics();
+    o["movable.bytes_active"] = static_cast<long long>(m.bytes_active);
+    o["movable.bytes_inactive"] = static_cast<long long>(m.bytes_inactive);
+    o["movable.bytes_spilled"] = static_cast<long long>(m.bytes_spilled);
   }
   if constexpr (introspectable_allocator<A>) {
     long long allocated = 0;
@@ -298,6 +305,85 @@ void check_bad_input_matrix(A& a, const std::string& name, std::size_t largest) 
   }
 }
 
+/// Bad handles through a movable composition (alloy/movable.hpp): a freed handle, a handle of
+/// another instance of the same composition (its id names a live slot here too), the empty
+/// handle, a locked handle: `deallocate` throws `alloy::logic_error` and changes nothing (the
+/// block the id names here stays live, content intact), `try_deallocate` (where the composition
+/// has it) says false and changes nothing; every figure is checked exactly after each.
+template <class Recipe, movable_allocator A>
+void check_bad_handles(A& a, const std::string& name) {
+  auto other = Recipe::make(checking_upstream{});
+  const auto fill = [](auto& alloc, handle h, std::size_t bytes, std::uint64_t id) {
+    void* p = alloc.lock(h);
+    BOOST_REQUIRE(p != nullptr);
+    fill_pattern({p, bytes}, id);
+    alloc.unlock(h);
+  };
+  const auto intact = [](auto& alloc, handle h, std::size_t bytes, std::uint64_t id) {
+    if (!alloc.is_live(h)) return false;
+    void* p = alloc.lock(h);
+    const bool kept = p != nullptr && has_pattern({p, bytes}, id);
+    alloc.unlock(h);
+    return kept;
+  };
+  const auto refused = [&](handle bad, const std::string& what) {
+    const observation before = observe(a);
+    BOOST_CHECK_THROW(a.deallocate(bad), alloy::logic_error);
+    expect_observation(before, observe(a), 0, 0, name + ": deallocate of " + what);
+    if constexpr (requires {
+                    { a.try_deallocate(bad) } noexcept -> std::same_as<bool>;
+                  }) {
+      BOOST_TEST(!a.try_deallocate(bad), name << ": try_deallocate of " << what << " accepted");
+      expect_observation(before, observe(a), 0, 0, name + ": try_deallocate of " + what);
+    }
+  };
+
+  const observation start = observe(a);
+  const handle mine = a.allocate_movable(1000);
+  BOOST_REQUIRE_MESSAGE(mine, name << ": a movable block");
+  fill(a, mine, 1000, 21);
+  const handle theirs = other.allocate_movable(1000);
+  BOOST_REQUIRE_MESSAGE(theirs, name << ": a movable block of another instance");
+  fill(other, theirs, 1000, 22);
+  const observation live = observe(a);
+
+  refused(theirs, "a handle of another instance");
+  BOOST_TEST(a.is_live(mine), name << ": a foreign handle freed a block of its own");
+  BOOST_TEST(intact(a, mine, 1000, 21), name << ": a foreign handle's free touched a live block");
+  if (!a.is_live(mine)) return;
+  refused(handle{}, "the empty handle");
+  refused(handle{mine.id ^ (std::uint64_t{1} << 40)}, "an unknown handle");
+  (void)a.lock(mine);
+  refused(mine, "a locked handle");
+  a.unlock(mine);
+
+  // A movable block of 0 bytes is valid (alloy/movable.hpp): counted once, freed once.
+  const handle zero = a.allocate_movable(0);
+  BOOST_TEST(static_cast<bool>(zero), name << ": a movable block of 0 bytes");
+  if (zero) {
+    BOOST_TEST(a.size_of(zero) == 0u);
+    a.deallocate(zero);
+  }
+  expect_observation(live, observe(a), zero ? 1 : 0, zero ? 1 : 0, name + ": a movable block of 0 bytes");
+
+  a.deallocate(mine);
+  const long long pairs = zero ? 2 : 1;  // the movable block of 0 bytes, then this one
+  expect_observation(start, observe(a), pairs, pairs, name + ": the valid free of a handle");
+  refused(mine, "a freed handle");
+  BOOST_TEST(other.is_live(theirs));
+  BOOST_TEST(intact(other, theirs, 1000, 22), name << ": the other instance's block lost its content");
+  other.deallocate(theirs);
+
+  // A handle freed after its slot was given to a new block: still refused, the new one kept.
+  const handle reused = a.allocate_movable(2000);
+  BOOST_REQUIRE(reused);
+  fill(a, reused, 2000, 23);
+  refused(mine, "a freed handle whose slot was reused");
+  BOOST_TEST(intact(a, reused, 2000, 23), name << ": a stale handle's free touched the slot's new block");
+  a.deallocate(reused);
+  expect_observation(start, observe(a), pairs + 1, pairs + 1, name + ": after the bad handles");
+}
+
 /// Over a failing upstream: a request that fails changes nothing, one that succeeds from cached
 /// memory counts normally; once the upstream works again so does the composition; nothing leaks.
 template <class Recipe>
@@ -352,6 +438,7 @@ void bad_input_suite(const std::string& name) {
     auto a = Recipe::make(checking_upstream{});
     records = find<checking_upstream>(a).records();
     check_bad_input_matrix(a, name, largest);
+    if constexpr (movable_allocator<decltype(a)>) check_bad_handles<Recipe>(a, name);
   }
   BOOST_TEST(records->live_count() == 0u, name << ": leaked " << records->live_count() << " upstream blocks");
   BOOST_TEST(records->errors.empty(),

@@ -35,6 +35,10 @@ using heap = alloy::segregator<1_MiB, pool<U>, arena<U>>;
 template <class U>
 using reclaimer_t = alloy::host_spill_reclaimer<arena<U>, U>;
 template <class U>
+using defragmenter_t = alloy::compacting_defragmenter<arena<U>>;
+template <class U>
+using movable_stack_t = alloy::host_spill_reclaimer<defragmenter_t<U>, U>;
+template <class U>
 using fallback_t = alloy::fallback<alloy::limited<arena<U>>, arena<U>>;
 template <class U>
 using ordered_arena_t = alloy::stream_ordered<arena<U>, alloy::host_stream*>;
@@ -73,6 +77,8 @@ ALLOY_BAD_INPUT_RECIPE(compacting_defragmenter, alloy::compacting_defragmenter<a
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(host_spill_reclaimer, reclaimer_t<U>, type<U>{arena<U>{up}, up})
 ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(movable_stack, movable_stack_t<U>, type<U>{defragmenter_t<U>{arena<U>{up}}, up})
+ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(fallback, fallback_t<U>,
                        type<U>{alloy::limited<arena<U>>{arena<U>{up}, {.bytes_limit = 4_MiB}}, arena<U>{up}})
 ALLOY_BAD_INPUT_RECIPE_END
@@ -99,6 +105,32 @@ ALLOY_BAD_INPUT_RECIPE(tracked_pool, alloy::tracked<pool<U>>, type<U>{pool<U>{up
   static constexpr std::size_t largest = 1_MiB;
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(logged_arena, alloy::logged<arena<U>>, type<U>{arena<U>{up}, null_sink()})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stats_compacting_defragmenter, alloy::stats<defragmenter_t<U>>,
+                       type<U>{defragmenter_t<U>{arena<U>{up}}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stats_host_spill_reclaimer, alloy::stats<reclaimer_t<U>>, type<U>{reclaimer_t<U>{arena<U>{up}, up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(stats_movable_stack, alloy::stats<movable_stack_t<U>>,
+                       type<U>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(limited_compacting_defragmenter, alloy::limited<defragmenter_t<U>>,
+                       type<U>{defragmenter_t<U>{arena<U>{up}}, {.bytes_limit = 64_MiB}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(limited_host_spill_reclaimer, alloy::limited<reclaimer_t<U>>,
+                       type<U>{reclaimer_t<U>{arena<U>{up}, up}, {.bytes_limit = 64_MiB}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(limited_movable_stack, alloy::limited<movable_stack_t<U>>,
+                       type<U>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}, {.bytes_limit = 64_MiB}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(tracked_movable_stack, alloy::tracked<movable_stack_t<U>>,
+                       type<U>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(logged_movable_stack, alloy::logged<movable_stack_t<U>>,
+                       type<U>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}, null_sink()})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(synchronized_stats_movable_stack, alloy::synchronized<alloy::stats<movable_stack_t<U>>>,
+                       type<U>{alloy::stats<movable_stack_t<U>>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}}})
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(synchronized_stats_default, alloy::synchronized<alloy::stats<alloy::default_allocator<U>>>,
                        type<U>{alloy::stats<alloy::default_allocator<U>>{alloy::default_allocator<U>{up}}})
@@ -200,6 +232,7 @@ void check_bad_input_through_pmr(A& a, const std::string& name) {
   ALLOY_BAD_INPUT_CASE(caching_allocator)                    \
   ALLOY_BAD_INPUT_CASE(compacting_defragmenter)              \
   ALLOY_BAD_INPUT_CASE(host_spill_reclaimer)                 \
+  ALLOY_BAD_INPUT_CASE(movable_stack)                        \
   ALLOY_BAD_INPUT_CASE(fallback)                             \
   ALLOY_BAD_INPUT_CASE(stream_ordered)                       \
   ALLOY_BAD_INPUT_CASE(stats_arena)                          \
@@ -210,6 +243,15 @@ void check_bad_input_through_pmr(A& a, const std::string& name) {
   ALLOY_BAD_INPUT_CASE(tracked_arena)                        \
   ALLOY_BAD_INPUT_CASE(tracked_pool)                         \
   ALLOY_BAD_INPUT_CASE(logged_arena)                         \
+  ALLOY_BAD_INPUT_CASE(stats_compacting_defragmenter)        \
+  ALLOY_BAD_INPUT_CASE(stats_host_spill_reclaimer)           \
+  ALLOY_BAD_INPUT_CASE(stats_movable_stack)                  \
+  ALLOY_BAD_INPUT_CASE(limited_compacting_defragmenter)      \
+  ALLOY_BAD_INPUT_CASE(limited_host_spill_reclaimer)         \
+  ALLOY_BAD_INPUT_CASE(limited_movable_stack)                \
+  ALLOY_BAD_INPUT_CASE(tracked_movable_stack)                \
+  ALLOY_BAD_INPUT_CASE(logged_movable_stack)                 \
+  ALLOY_BAD_INPUT_CASE(synchronized_stats_movable_stack)     \
   ALLOY_BAD_INPUT_CASE(synchronized_stats_default)           \
   ALLOY_BAD_INPUT_CASE(stats_limited_arena)                  \
   ALLOY_BAD_INPUT_CASE(limited_stats_caching)                \
@@ -218,4 +260,5 @@ void check_bad_input_through_pmr(A& a, const std::string& name) {
   ALLOY_BAD_INPUT_CASE(logged_tracked_limited_stats_default) \
   ALLOY_BAD_INPUT_PMR_CASE(stats_default_allocator)          \
   ALLOY_BAD_INPUT_PMR_CASE(limited_arena)                    \
-  ALLOY_BAD_INPUT_PMR_CASE(synchronized_tracked_stats_heap)
+  ALLOY_BAD_INPUT_PMR_CASE(synchronized_tracked_stats_heap)  \
+  ALLOY_BAD_INPUT_PMR_CASE(stats_movable_stack)

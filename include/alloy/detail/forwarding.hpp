@@ -56,6 +56,12 @@ template <class A>
 concept has_size_of = movable_allocator<A> && requires(const A& a, handle h) {
   { a.size_of(h) } -> std::convertible_to<std::size_t>;
 };
+/// Checked free of a handle: `try_deallocate(handle) noexcept -> bool`, false (nothing changed)
+/// where `deallocate(handle)` would throw (empty, unknown, stale, another allocator's, locked).
+template <class A>
+concept has_try_deallocate_handle = movable_allocator<A> && requires(A& a, handle h) {
+  { a.try_deallocate(h) } noexcept -> std::same_as<bool>;
+};
 template <class A>
 concept has_is_live = requires(const A& a, handle h) {
   { a.is_live(h) } -> std::convertible_to<bool>;
@@ -101,6 +107,7 @@ enum class capability : unsigned {
   tag_figures,        ///< `host_bytes(tag)`, `mapped_bytes(tag)`, `live_bytes(tag)` (tag_reporting_allocator)
   detaching_release,  ///< `release_detached(out)` (detaching_release_allocator)
   graph_pools,        ///< `begin_allocate_to_pool`, `end_allocate_to_pool`, `release_pool`, `pool_figures`
+  try_free_handle,    ///< `try_deallocate(handle)` (has_try_deallocate_handle)
   count_              ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
@@ -145,6 +152,7 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::tag_figures) return tag_reporting_allocator<A>;
   else if constexpr (C == capability::detaching_release) return detaching_release_allocator<A>;
   else if constexpr (C == capability::graph_pools) return graph_pooling_allocator<A, Stream>;
+  else if constexpr (C == capability::try_free_handle) return has_try_deallocate_handle<A>;
   else static_assert(no_such_capability<A>, "capability without a test in has_capability");
 }
 
@@ -435,6 +443,11 @@ class forwards_everything : public forwards_queries<Derived, Inner> {
     requires movable_allocator<Inner>
   {
     call([&](auto& in) { in.deallocate(h); });
+  }
+  bool try_deallocate(handle h) noexcept
+    requires has_try_deallocate_handle<Inner>
+  {
+    return call([&](auto& in) { return in.try_deallocate(h); });
   }
   std::size_t size_of(handle h) const
     requires has_size_of<Inner>

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -22,8 +23,12 @@
 namespace alloy {
 namespace detail {
 
-/// Slots named by handles. A handle's id is `(generation << 32) | (index + 1)`: never zero, and
-/// a slot's generation changes when it is freed, so a stale handle never finds the new tenant.
+/// Slots named by handles. A handle's id is `(generation << 32) | ((index + 1) ^ key)`: never
+/// zero, and a slot's generation changes when it is freed, so a stale handle never finds the new
+/// tenant. `key` is this table's own: a mix of the address of a byte the table holds from its first
+/// handle to its end (unique among live tables; tables made side by side get keys far apart), so a
+/// handle of another table names no live slot here (unless two keys agree in all but the few low
+/// bits that index this table's slots: about one pair in 2^32 / slots).
 /// Metadata: one `Entry` plus 8 bytes per slot, slots reused through a free list; O(1) everything.
 template <class Entry>
 class handle_table {
@@ -31,6 +36,13 @@ class handle_table {
   /// Stores `e` and names it; an empty handle when memory for the table runs out.
   handle insert(Entry e) noexcept {
     try {
+      if (!mark_) {
+        mark_ = std::make_unique<char>();
+        std::uint64_t x = reinterpret_cast<std::uintptr_t>(mark_.get());  // splitmix64's finalizer
+        x = (x ^ (x >> 30)) * 0xBF58'476D'1CE4'E5B9u;
+        x = (x ^ (x >> 27)) * 0x94D0'49BB'1331'11EBu;
+        key_ = static_cast<std::uint32_t>((x ^ (x >> 31)) >> 32);
+      }
       std::uint32_t index;
       if (!free_.empty()) {
         index = free_.back();
@@ -44,15 +56,15 @@ class handle_table {
       s.entry = std::move(e);
       s.used = true;
       ++live_;
-      return handle{(std::uint64_t{s.generation} << 32) | (std::uint64_t{index} + 1)};
+      return name(index);
     } catch (...) {
       return {};
     }
   }
 
-  /// The entry `h` names, or nullptr when `h` is empty, unknown or stale.
+  /// The entry `h` names, or nullptr when `h` is empty, unknown, stale or another table's.
   Entry* find(handle h) noexcept {
-    const std::uint64_t low = h.id & 0xFFFF'FFFFu;
+    const std::uint64_t low = (h.id & 0xFFFF'FFFFu) ^ key_;
     if (low == 0 || low > slots_.size()) return nullptr;
     slot& s = slots_[low - 1];
     if (!s.used || s.generation != static_cast<std::uint32_t>(h.id >> 32)) return nullptr;
@@ -62,7 +74,7 @@ class handle_table {
 
   /// Forgets `h` (which must be live).
   void erase(handle h) noexcept {
-    const std::uint32_t index = static_cast<std::uint32_t>((h.id & 0xFFFF'FFFFu) - 1);
+    const std::uint32_t index = static_cast<std::uint32_t>(((h.id & 0xFFFF'FFFFu) ^ key_) - 1);
     slot& s = slots_[index];
     s.used = false;
     s.entry = Entry{};
@@ -78,13 +90,13 @@ class handle_table {
   template <class F>
   void for_each(F&& f) {
     for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].used) f(handle{(std::uint64_t{slots_[i].generation} << 32) | (i + 1)}, slots_[i].entry);
+      if (slots_[i].used) f(name(static_cast<std::uint32_t>(i)), slots_[i].entry);
     }
   }
   template <class F>
   void for_each(F&& f) const {
     for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].used) f(handle{(std::uint64_t{slots_[i].generation} << 32) | (i + 1)}, slots_[i].entry);
+      if (slots_[i].used) f(name(static_cast<std::uint32_t>(i)), slots_[i].entry);
     }
   }
 
@@ -96,9 +108,15 @@ class handle_table {
     std::uint32_t generation = 1;
     bool used = false;
   };
+  handle name(std::uint32_t index) const noexcept {
+    return handle{(std::uint64_t{slots_[index].generation} << 32) | ((std::uint64_t{index} + 1) ^ key_)};
+  }
+
   std::vector<slot> slots_;
   std::vector<std::uint32_t> free_;
   std::size_t live_ = 0;
+  std::unique_ptr<char> mark_;  // its address makes `key_`
+  std::uint32_t key_ = 0;
 };
 
 /// Finds a live entry or throws the logic error every handle call reports for bad handles.

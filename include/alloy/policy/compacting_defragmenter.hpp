@@ -58,7 +58,8 @@ concept placement_arena = introspectable_allocator<A> && requires(A& a, void* wh
 ///   `num_moves`, `bytes_active`, `bytes_inactive`) and those of `Arena` (`owns`, `release`,
 ///   `reserved_bytes`, `bytes_reservable_limit`, introspection with movable pieces shown
 ///   `active`/`inactive`, `counters()`, where a failure a defragmentation made good counts as a
-///   retry, not an OOM).
+///   retry, not an OOM); checked frees (`try_deallocate` of a raw block when the arena has it, and
+///   of a handle: false on a refusal, nothing changed).
 template <placement_arena Arena>
 class compacting_defragmenter {
  public:
@@ -99,6 +100,12 @@ class compacting_defragmenter {
     return rescue(bytes, alignment);
   }
   void deallocate(block b) noexcept { arena_.deallocate(b); }
+  /// The arena's checked free: false, nothing changed, when it refuses `b` as misuse.
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<Arena>
+  {
+    return arena_.try_deallocate(b);
+  }
 
   // ---- movable blocks ------------------------------------------------------------------------
 
@@ -131,9 +138,15 @@ class compacting_defragmenter {
   void deallocate(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "deallocate");
     detail::check_unlocked(e.locks, h);
-    counters_.bytes_inactive -= e.b.size;
-    arena_.deallocate(e.b);
-    table_.erase(h);
+    free_movable(h, e);
+  }
+  /// As `deallocate(h)`, but a handle it would throw for (empty, unknown, stale, another
+  /// allocator's, locked) is refused with false, nothing changed.
+  bool try_deallocate(handle h) noexcept {
+    entry* e = table_.find(h);
+    if (e == nullptr || e->locks > 0) return false;
+    free_movable(h, *e);
+    return true;
   }
 
   // ---- defragmentation -----------------------------------------------------------------------
@@ -272,6 +285,12 @@ class compacting_defragmenter {
       pieces.push_back(p);
     });
     return pieces;
+  }
+
+  void free_movable(handle h, entry& e) noexcept {
+    counters_.bytes_inactive -= e.b.size;
+    arena_.deallocate(e.b);
+    table_.erase(h);
   }
 
   /// Moves the unlocked movable block `id` to `where` (inside a free piece). False, with the block

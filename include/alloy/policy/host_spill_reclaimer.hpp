@@ -48,7 +48,8 @@ namespace alloy {
 ///   `bytes_inactive`, `bytes_spilled`, `bytes_reclaimed`, the reclaim, spill and restore counts;
 ///   requested sizes), and when the parts have them `owns`, `release` (both sides),
 ///   `reserved_bytes`, `counters()` and introspection (device side; a device failure a reclaim
-///   made good counts as a retry, not an OOM).
+///   made good counts as a retry, not an OOM); checked frees (`try_deallocate` of a raw block when
+///   `Device` has it, and of a handle: false on a refusal, nothing changed).
 template <allocator Device, allocator Host>
 class host_spill_reclaimer {
  public:
@@ -95,6 +96,12 @@ class host_spill_reclaimer {
     return counted_reclaim(bytes, alignment, [&] { return device_.allocate(bytes, alignment); });
   }
   void deallocate(block b) noexcept { device_.deallocate(b); }
+  /// The device side's checked free: false, nothing changed, when it refuses `b` as misuse.
+  bool try_deallocate(block b) noexcept
+    requires checked_deallocating_allocator<Device>
+  {
+    return device_.try_deallocate(b);
+  }
 
   // ---- movable blocks ------------------------------------------------------------------------
 
@@ -172,15 +179,15 @@ class host_spill_reclaimer {
   void deallocate(handle h) {
     entry& e = detail::entry_or_throw(table_, h, "deallocate");
     detail::check_unlocked(e.locks, h);
-    if (e.dev) {
-      unlocked_.erase({e.size, h.id});
-      counters_.bytes_inactive -= e.size;
-      free_resident(e.dev, e.size);
-    } else {
-      counters_.bytes_spilled -= e.size;
-      host_.deallocate(e.host);
-    }
-    table_.erase(h);
+    free_movable(h, e);
+  }
+  /// As `deallocate(h)`, but a handle it would throw for (empty, unknown, stale, another
+  /// allocator's, locked) is refused with false, nothing changed.
+  bool try_deallocate(handle h) noexcept {
+    entry* e = table_.find(h);
+    if (e == nullptr || e->locks > 0) return false;
+    free_movable(h, *e);
+    return true;
   }
 
   /// Spills every unlocked resident block now (a full reclaim not asked for by a request; not
@@ -289,6 +296,18 @@ class host_spill_reclaimer {
     std::uint32_t locks = 0;
     void* locked = nullptr;  // the pinned address while locked
   };
+
+  void free_movable(handle h, entry& e) noexcept {
+    if (e.dev) {
+      unlocked_.erase({e.size, h.id});
+      counters_.bytes_inactive -= e.size;
+      free_resident(e.dev, e.size);
+    } else {
+      counters_.bytes_spilled -= e.size;
+      host_.deallocate(e.host);
+    }
+    table_.erase(h);
+  }
 
   resident try_device(std::size_t bytes) noexcept {
     if constexpr (device_is_movable) {

@@ -256,6 +256,11 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   {
     on_owner(h, [](Inner& in, handle x) { in.deallocate(x); });
   }
+  bool try_deallocate(handle h) noexcept
+    requires detail::has_try_deallocate_handle<Inner>
+  {
+    return on_owner(h, [](Inner& in, handle x) noexcept { return in.try_deallocate(x); });
+  }
   std::size_t size_of(handle h) const
     requires detail::has_size_of<Inner>
   {

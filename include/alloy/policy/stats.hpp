@@ -227,7 +227,8 @@ struct stats_reading {
 ///   figure goes below zero. Failed requests count in `num_ooms`.
 /// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
 /// - Memory kind: `Inner`'s. Capabilities: exactly those of `Inner` (`detail::decorates`), counted
-///   like plain calls, plus `bytes_in_use` and `oom_report_for`. Tags and offload
+///   like plain calls (a handle's free only when `Inner` took it), plus `bytes_in_use` and
+///   `oom_report_for`. Tags and offload
 ///   (docs/design.md#offload): a tagged allocation counts as a plain one (refused for an
 ///   offloaded tag: an OOM here); after `offload`, `discard`, `restore` and `offload_all` the
 ///   reserved bytes are read again; a block of an offloaded tag stays in `bytes_in_use` until
@@ -254,6 +255,7 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   // allocate, deallocate, try_deallocate, allocate_keeping_cache and the stream-ordered calls come
   // from `detail::decorates`, through on_allocate and on_free below.
   using decorated::deallocate;
+  using decorated::try_deallocate;
 
   // ---- movable blocks (when Inner has them) ----------------------------------------------------
 
@@ -296,6 +298,26 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
       inner_.deallocate(h);
     }
     check_reserved();
+  }
+  /// As `deallocate(h)`, counted only when `Inner` accepted the free (false: refused, nothing
+  /// changed here or below).
+  bool try_deallocate(handle h) noexcept
+    requires detail::has_try_deallocate_handle<Inner>
+  {
+    bool accepted;
+    if constexpr (sized_movable_allocator<Inner>) {
+      std::size_t size = 0;
+      try {
+        size = inner_.size_of(h);
+      } catch (...) {  // a size_of that throws for a bad handle: the free below refuses it too
+      }
+      accepted = inner_.try_deallocate(h);
+      if (accepted) uncounted(block{nullptr, size}, true);
+    } else {
+      accepted = inner_.try_deallocate(h);
+    }
+    check_reserved();
+    return accepted;
   }
   std::size_t size_of(handle h) const
     requires sized_movable_allocator<Inner>
