@@ -12,7 +12,8 @@ namespace {
 void two_devices() {
   using namespace alloy::literals;
   using alloc_t = alloy::synchronized<alloy::stats<alloy::virtual_allocator<alloy::cuda_vmm>>>;
-  alloy::per_device<alloc_t> devices{{0, 1}, [](int) { return alloc_t{}; }};  // each built with its device current
+  alloy::per_device<alloc_t> devices{{0, 1}, [](int) { return alloc_t{}; }};  // each on its device
+
   alloy::block b = devices.allocate(64_MiB, 256);  // from the current device's composition
   {
     alloy::scoped_device on{1};  // another device current: the free still reaches b's owner
