@@ -114,7 +114,7 @@ inline constexpr unsigned capability_count = static_cast<unsigned>(capability::c
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 28;
+inline constexpr unsigned forwarded_capabilities = 29;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
