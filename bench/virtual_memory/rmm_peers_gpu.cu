@@ -37,31 +37,31 @@
 // maximum size the capacity (a device of that size, all of it the pool's), RMM's arena with arena
 // size the capacity.
 #if ALLOY_HAS_RMM
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <exception>
-#include <optional>
-#include <string>
-#include <vector>
+#  include <algorithm>
+#  include <chrono>
+#  include <cmath>
+#  include <cstdio>
+#  include <cstdlib>
+#  include <exception>
+#  include <optional>
+#  include <string>
+#  include <vector>
 
-#include <cuda_runtime_api.h>
+#  include <cuda_runtime_api.h>
 
-#include <rmm/mr/arena_memory_resource.hpp>
-#include <rmm/mr/binning_memory_resource.hpp>
-#include <rmm/mr/cuda_async_memory_resource.hpp>
-#include <rmm/mr/cuda_memory_resource.hpp>
-#include <rmm/mr/pool_memory_resource.hpp>
+#  include <rmm/mr/arena_memory_resource.hpp>
+#  include <rmm/mr/binning_memory_resource.hpp>
+#  include <rmm/mr/cuda_async_memory_resource.hpp>
+#  include <rmm/mr/cuda_memory_resource.hpp>
+#  include <rmm/mr/pool_memory_resource.hpp>
 
-#include <alloy/policy/limited.hpp>
-#include <alloy/showcase.hpp>
-#include <alloy/upstream/cuda_malloc_upstream.hpp>
-#include <alloy/vmm/cuda_vmm.hpp>
+#  include <alloy/policy/limited.hpp>
+#  include <alloy/showcase.hpp>
+#  include <alloy/upstream/cuda_malloc_upstream.hpp>
+#  include <alloy/vmm/cuda_vmm.hpp>
 
-#include "replay/trace_reader.hpp"
-#include "support/pairs_workload.hpp"
+#  include "replay/trace_reader.hpp"
+#  include "support/pairs_workload.hpp"
 
 namespace {
 
@@ -294,14 +294,10 @@ struct peer_kind {
 };
 
 constexpr peer_kind peers[] = {
-    {"cudaMallocAsync", run_once<cuda_async_peer>},
-    {"default_allocator", run_once<default_peer>},
-    {"virtual_allocator", run_once<virtual_peer>},
-    {"rmm pool, 50 %", run_once<rmm_pool_peer>},
-    {"rmm pool, grows", run_once<rmm_pool_grows_peer>},
-    {"rmm arena", run_once<rmm_arena_peer>},
-    {"rmm binning over pool", run_once<rmm_binning_peer>},
-    {"rmm cuda_async", run_once<rmm_async_peer>},
+    {"cudaMallocAsync", run_once<cuda_async_peer>},        {"default_allocator", run_once<default_peer>},
+    {"virtual_allocator", run_once<virtual_peer>},         {"rmm pool, 50 %", run_once<rmm_pool_peer>},
+    {"rmm pool, grows", run_once<rmm_pool_grows_peer>},    {"rmm arena", run_once<rmm_arena_peer>},
+    {"rmm binning over pool", run_once<rmm_binning_peer>}, {"rmm cuda_async", run_once<rmm_async_peer>},
 };
 constexpr std::size_t peer_count = std::size(peers);
 
@@ -324,8 +320,8 @@ void row(const std::string& name, const workload& w, int rounds) {
     const figures sampled = peers[k].run(w, true);
     failed = std::max(failed, sampled.failed);
     std::printf("| %s | %s | %s | %.0f | %.0f | %.3f |", k == 0 ? name.c_str() : "",
-                k == 0 ? (std::to_string(w.peak_live >> 20) + " MiB").c_str() : "", peers[k].name,
-                bench::median(cold), bench::median(warm), sampled.memory);
+                k == 0 ? (std::to_string(w.peak_live >> 20) + " MiB").c_str() : "", peers[k].name, bench::median(cold),
+                bench::median(warm), sampled.memory);
     if (failed != 0) std::printf(" %zu requests failed", failed);
     std::printf("\n");
   }
@@ -387,8 +383,9 @@ int min_capacities(int argc, char** argv) {
       {"rmm pool", min_capacity<rmm_pool_peer>},
       {"rmm arena", min_capacity<rmm_arena_peer>},
   };
-  std::printf("The smallest device that serves each trace (to 1 %%), ÷ peak live; - : none up to half the free memory\n\n"
-              "| trace | peak live |");
+  std::printf(
+      "The smallest device that serves each trace (to 1 %%), ÷ peak live; - : none up to half the free memory\n\n"
+      "| trace | peak live |");
   for (const capped& k : kinds) std::printf(" %s |", k.name);
   std::printf("\n|---|---:|");
   for (std::size_t i = 0; i < std::size(kinds); ++i) std::printf("---:|");
@@ -468,7 +465,7 @@ int main(int argc, char** argv) {
   return 2;
 }
 #else
-#include <cstdio>
+#  include <cstdio>
 int main() {
   std::printf("rmm_peers_gpu: built without RMM (scripts/fetch-rmm, then configure again); nothing measured\n");
   return 0;
