@@ -6,8 +6,8 @@
 # ALLOY_HAS_RMM; without RMM nothing changes.
 #
 # The config's find_package(rmm) is not called: the project has already imported the toolkit's
-# CCCL (CCCL::* targets, global), while RMM needs the CCCL it ships (3.5 or later, under
-# include/rapids) and would import the same target names again. alloy_rmm therefore names the
+# CCCL (CCCL::* targets, global; CUDA 13.0 ships CCCL 3.0.1), while RMM 26.10 needs the CCCL it
+# ships (3.5, under include/rapids) and would import the same target names again. alloy_rmm therefore names the
 # wheel's parts itself: its CCCL first on the include path (ahead of the toolkit's, for every
 # file that links it), RMM's and rapids-logger's headers, librmm.so and librapids_logger.so, and
 # the definitions RMM's config puts on CCCL.
@@ -27,9 +27,12 @@ endif()
 
 get_filename_component(alloy_rmm_prefix "${ALLOY_RMM_CONFIG_DIR}/../../.." ABSOLUTE)
 get_filename_component(alloy_logger_prefix "${ALLOY_RAPIDS_LOGGER_CONFIG_DIR}/../../.." ABSOLUTE)
-set(PACKAGE_FIND_VERSION 0)  # the version file's inputs
-include(${ALLOY_RMM_CONFIG_DIR}/rmm-config-version.cmake)
-set(ALLOY_RMM_VERSION ${PACKAGE_VERSION})
+function(alloy_rmm_version out)  # the version file's variables stay in here
+  set(PACKAGE_FIND_VERSION 0)
+  include(${ALLOY_RMM_CONFIG_DIR}/rmm-config-version.cmake)
+  set(${out} ${PACKAGE_VERSION} PARENT_SCOPE)
+endfunction()
+alloy_rmm_version(ALLOY_RMM_VERSION)
 find_library(ALLOY_RMM_LIBRARY rmm HINTS ${alloy_rmm_prefix}/lib64 NO_DEFAULT_PATH)
 find_library(ALLOY_RAPIDS_LOGGER_LIBRARY rapids_logger HINTS ${alloy_logger_prefix}/lib64 NO_DEFAULT_PATH)
 if(NOT ALLOY_RMM_LIBRARY OR NOT ALLOY_RAPIDS_LOGGER_LIBRARY OR NOT EXISTS ${alloy_rmm_prefix}/include/rapids/cuda)

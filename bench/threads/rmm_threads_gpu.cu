@@ -47,6 +47,7 @@
 #  include <thread>
 #  include <vector>
 
+#  include <cuda/std/version>
 #  include <cuda_runtime_api.h>
 
 #  include <rmm/mr/arena_memory_resource.hpp>
@@ -60,6 +61,10 @@
 #  include <alloy/upstream/cuda_malloc_upstream.hpp>
 
 #  include "support/pairs_workload.hpp"
+
+// RMM's headers need the CCCL its wheel ships, newer than the toolkit's: cmake/alloy-rmm.cmake
+// puts it first on the include path.
+static_assert(CCCL_VERSION >= 3005000, "RMM's CCCL must come before the toolkit's on the include path");
 
 namespace {
 
