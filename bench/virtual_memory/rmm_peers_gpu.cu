@@ -28,7 +28,8 @@
 // warm one (the same workload again, all blocks of the first pass freed), the median over the
 // rounds (each round runs every peer once, starting one peer later each round), and device memory
 // ÷ peak live (the peak of what cudaMemGetInfo says is taken beyond the baseline, sampled after
-// every request of an untimed run).
+// every request of an untimed run); then each peer ÷ default_allocator, the geometric mean over
+// the workloads (time: the median of the rounds' paired ratios).
 //
 // min-capacity: for each trace and each capped peer, the smallest capacity at which one pass
 // serves every request, found by doubling from the trace's peak live bytes, then bisection to
@@ -306,7 +307,14 @@ constexpr peer_kind peers[] = {
 };
 constexpr std::size_t peer_count = std::size(peers);
 
-void row(const std::string& name, const workload& w, int rounds) {
+/// Per peer, the logs of its ratios to default_allocator over the workloads (time: the median of
+/// each round's ratio, the two having run side by side; device memory: the sampled runs').
+struct ratio_logs {
+  std::vector<double> cold[peer_count], warm[peer_count], memory[peer_count];
+};
+constexpr std::size_t default_index = 1;
+
+void row(const std::string& name, const workload& w, int rounds, ratio_logs& logs) {
   std::vector<figures> runs[peer_count];
   for (int r = 0; r < rounds; ++r) {
     for (std::size_t i = 0; i < peer_count; ++i) {
@@ -314,6 +322,7 @@ void row(const std::string& name, const workload& w, int rounds) {
       runs[k].push_back(peers[k].run(w, false));
     }
   }
+  double memory[peer_count] = {};
   for (std::size_t k = 0; k < peer_count; ++k) {
     std::vector<double> cold, warm;
     std::size_t failed = 0;
@@ -324,13 +333,41 @@ void row(const std::string& name, const workload& w, int rounds) {
     }
     const figures sampled = peers[k].run(w, true);
     failed = std::max(failed, sampled.failed);
-    std::printf("| %s | %s | %s | %.0f | %.0f | %.3f |", k == 0 ? name.c_str() : "",
-                k == 0 ? (std::to_string(w.peak_live >> 20) + " MiB").c_str() : "", peers[k].name, bench::median(cold),
-                bench::median(warm), sampled.memory);
+    char live[32] = "";
+    if (k == 0) std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
+    std::printf("| %s | %s | %s | %.0f | %.0f | %.3f |", k == 0 ? name.c_str() : "", live, peers[k].name,
+                bench::median(cold), bench::median(warm), sampled.memory);
     if (failed != 0) std::printf(" %zu requests failed", failed);
     std::printf("\n");
+    memory[k] = sampled.memory;
+  }
+  for (std::size_t k = 0; k < peer_count; ++k) {
+    std::vector<double> cold, warm;
+    for (std::size_t r = 0; r < runs[k].size(); ++r) {
+      cold.push_back(runs[k][r].cold / runs[default_index][r].cold);
+      warm.push_back(runs[k][r].warm / runs[default_index][r].warm);
+    }
+    logs.cold[k].push_back(std::log(bench::median(cold)));
+    logs.warm[k].push_back(std::log(bench::median(warm)));
+    if (memory[k] > 0 && memory[default_index] > 0)
+      logs.memory[k].push_back(std::log(memory[k] / memory[default_index]));
   }
   std::fflush(stdout);
+}
+
+void summary(const ratio_logs& logs) {
+  const auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : std::exp(sum / static_cast<double>(v.size()));
+  };
+  std::printf(
+      "\nEach peer ÷ default_allocator, geometric mean over the workloads\n\n"
+      "| peer | time cold | time warm | device memory |\n|---|---:|---:|---:|\n");
+  for (std::size_t k = 0; k < peer_count; ++k) {
+    std::printf("| %s | %.2f | %.2f | %.2f |\n", peers[k].name, mean(logs.cold[k]), mean(logs.warm[k]),
+                mean(logs.memory[k]));
+  }
 }
 
 void header(int rounds) {
@@ -447,20 +484,24 @@ int main(int argc, char** argv) {
     const std::size_t pairs = argc > 3 ? static_cast<std::size_t>(std::atoll(argv[3])) : 100'000;
     const int first_seed = argc > 4 ? std::atoi(argv[4]) : 0;
     header(rounds);
+    ratio_logs logs;
     for (int s = first_seed; s < first_seed + seeds; ++s) {
       bench::workload_params p = bench::w1_params();
       p.seed += 1000 * static_cast<std::uint64_t>(s);
       p.pairs = pairs;
-      row("W1 seed " + std::to_string(p.seed), from_pairs(bench::make_workload(p)), rounds);
+      row("W1 seed " + std::to_string(p.seed), from_pairs(bench::make_workload(p)), rounds, logs);
     }
+    summary(logs);
     return 0;
   }
   if (what == "traces" && argc > 2) {
     header(rounds);
+    ratio_logs logs;
     for (int i = 2; i < argc; ++i) {
       const bench::rmm_trace t = bench::read_trace(argv[i]);
-      row(t.name, from_trace(t), rounds);
+      row(t.name, from_trace(t), rounds, logs);
     }
+    summary(logs);
     return 0;
   }
   if (what == "min-capacity" && argc > 2) return min_capacities(argc - 2, argv + 2);
