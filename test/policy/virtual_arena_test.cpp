@@ -1402,38 +1402,40 @@ BOOST_AUTO_TEST_CASE(a_free_piece_reused_in_part_goes_back_first_when_much_of_it
         vmm_ref<host_vmm>{v},
         {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .piece_leftover_share = 128}};
     const block x = a.allocate(1_MiB, 64_KiB);  // granules 0-15, one piece
-    const block y = a.allocate(1_MiB, 64_KiB);  // granules 16-31, one piece
-    BOOST_REQUIRE((x && y));
-    BOOST_TEST(a.counters().num_maps == 2u);
-    fill_patterns({x, y});
+    const block y = a.allocate(1_MiB, 64_KiB);  // 16-31
+    const block u = a.allocate(1_MiB, 64_KiB);  // 32-47
+    BOOST_REQUIRE((x && y && u));
+    BOOST_TEST(a.counters().num_maps == 3u);
+    fill_patterns({x, y, u});
+    a.deallocate(y);
+    // 10 of y's granules: 6 stay free, no more than 8, so the piece serves the block as it is,
+    // without a driver call, and those 6 cannot go back while it lives.
+    const block z = a.allocate(640_KiB, 64_KiB);
+    BOOST_REQUIRE(z);
+    BOOST_TEST(z.ptr == y.ptr);
+    BOOST_TEST(a.counters().num_maps == 3u);
+    BOOST_TEST(a.counters().num_unmaps == 0u);
+    BOOST_TEST(a.stranded_free_bytes() == 6 * 64_KiB);
     a.deallocate(x);
-    // 4 of x's granules: 12 would stay free, more than 8, so the piece goes back first and the
-    // block maps a piece of its own; nothing is stranded.
-    const block w = a.allocate(256_KiB, 64_KiB);
+    // 7 of x's granules (y's 6 free ones are too few): 9 would stay free, more than 8, so the
+    // piece goes back first and the block maps a piece of its own.
+    const block w = a.allocate(448_KiB, 64_KiB);
     BOOST_REQUIRE(w);
     BOOST_TEST(w.ptr == x.ptr);
     BOOST_TEST(a.counters().num_unmaps == 1u);
-    BOOST_TEST(a.counters().num_maps == 3u);
-    BOOST_TEST(a.stranded_free_bytes() == 0u);
-    BOOST_TEST(a.reserved_bytes() == 20 * 64_KiB);
+    BOOST_TEST(a.counters().num_maps == 4u);
+    BOOST_TEST(a.stranded_free_bytes() == 6 * 64_KiB);
+    BOOST_TEST(a.reserved_bytes() == 39 * 64_KiB);
     BOOST_TEST(a.check_invariants());
     check_reported_pieces(a);
-    a.deallocate(y);
-    // 10 granules: the free chunk (granules 4-31) has them mapped at its back, in y's piece
-    // (22-31); 6 stay free, no more than 8, and the piece serves the block as it is, without a
-    // driver call.
-    const block z = a.allocate(640_KiB, 64_KiB);
-    BOOST_REQUIRE(z);
-    BOOST_TEST(z.ptr == static_cast<char*>(y.ptr) + 6 * 64_KiB);
-    BOOST_TEST(a.counters().num_unmaps == 1u);
-    BOOST_TEST(a.counters().num_maps == 3u);
-    BOOST_TEST(a.stranded_free_bytes() == 6 * 64_KiB);
+    BOOST_TEST(has_pattern(u, 3));
     fill_patterns({w, z});
     BOOST_TEST(has_pattern(w, 1));
     BOOST_TEST(has_pattern(z, 2));
     a.deallocate(w);
     a.deallocate(z);
-    BOOST_TEST(a.release() == 20 * 64_KiB);
+    a.deallocate(u);
+    BOOST_TEST(a.release() == 39 * 64_KiB);
     BOOST_TEST(a.check_invariants());
   }
 }
