@@ -1395,12 +1395,13 @@ bool marks_hold(const model::entry& e) {
 }
 
 BOOST_AUTO_TEST_CASE(a_free_piece_reused_in_part_goes_back_first_when_much_of_it_would_stay_free) {
-  host_vmm v{{.capacity = 64_MiB, .granularity = 64_KiB}};
+  host_vmm v{{.capacity = 16_MiB, .granularity = 64_KiB}};
   {
-    // 1/128 of the capacity: a piece goes back first when more than 8 of its granules stay free.
+    // 1/32 of the capacity: a piece goes back first when more than 8 of its granules stay free,
+    // while the backend holds more than 1/8 of it (2 MiB; 3 MiB below).
     shared_arena a{
         vmm_ref<host_vmm>{v},
-        {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .piece_leftover_share = 128}};
+        {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .piece_leftover_share = 32}};
     const block x = a.allocate(1_MiB, 64_KiB);  // granules 0-15, one piece
     const block y = a.allocate(1_MiB, 64_KiB);  // 16-31
     const block u = a.allocate(1_MiB, 64_KiB);  // 32-47

@@ -145,9 +145,9 @@ inline bool virtual_arena<Vmm>::maybe_in_free_piece(std::size_t g) const noexcep
 template <virtual_memory Vmm>
 void virtual_arena<Vmm>::release_free_pieces_partly_reused(std::uintptr_t start, std::size_t rounded, std::size_t first,
                                                            std::size_t last) noexcept {
-  const std::size_t capacity = vmm_.capacity();  // the backend's getters: calls
-  const bool held_much = vmm_.physical_bytes() > capacity / 2;
-  if (!held_much && opts_.piece_leftover_share == 0) return;
+  const std::size_t capacity = vmm_.capacity(), held = vmm_.physical_bytes();  // the backend's getters: calls
+  const bool held_much = held > capacity / 2;
+  if (!held_much && (opts_.piece_leftover_share == 0 || held <= capacity / leftover_held_share)) return;
   // Below half, only a piece of which more than 1/share of the capacity would stay free.
   const std::size_t most_left = held_much ? 0 : (capacity / opts_.piece_leftover_share) >> granule_shift_;
   for (const std::size_t g : {first, last}) {
