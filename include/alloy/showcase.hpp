@@ -178,7 +178,8 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///
 /// - Strategy: the arena keeps free granules mapped until the device runs short or `release()`
 ///   (`keep_all`), maps a block's new granules as one piece and grows a piece ahead at the top of
-///   the heap (`block_sized_pieces`, `frontier_growth_divisor = 32`): few driver calls for about
+///   the heap (`block_sized_pieces`, `frontier_growth_divisor = 32`), and gives a free piece back
+///   before a block reuses it in part (`piece_leftover_share = 4096`): few driver calls for about
 ///   the smallest device. Set `options::arena` to `{}` to give memory back to other processes
 ///   sooner. Tag 0 is served as above, any other tag straight by the arena, so no slab mixes tags
 ///   and `offload`, `discard`, `restore` work per tag (offloading tag 0 takes the slabs with it).
@@ -212,9 +213,12 @@ class virtual_allocator {
 
   struct options {
     /// Default: free granules stay mapped until the device runs short or `release()`, a block's
-    /// run of new granules is one physical piece, with granules ahead at the top of the heap.
-    typename arena_type::options arena{
-        .release_threshold = arena_type::keep_all, .block_sized_pieces = true, .frontier_growth_divisor = 32};
+    /// run of new granules is one physical piece, with granules ahead at the top of the heap, and a
+    /// free piece that a block would reuse only in part goes back first.
+    typename arena_type::options arena{.release_threshold = arena_type::keep_all,
+                                       .block_sized_pieces = true,
+                                       .frontier_growth_divisor = 32,
+                                       .piece_leftover_share = 4096};
     typename small_type::options small{.slab_size = std::size_t{256} << 10, .initial_slab_size = std::size_t{64} << 10};
   };
 

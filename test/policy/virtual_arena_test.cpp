@@ -1394,15 +1394,63 @@ bool marks_hold(const model::entry& e) {
   return std::memcmp(e.b.ptr, &head, 8) == 0 && std::memcmp(static_cast<char*>(e.b.ptr) + e.b.size - 8, &tail, 8) == 0;
 }
 
+BOOST_AUTO_TEST_CASE(a_free_piece_reused_in_part_goes_back_first_when_much_of_it_would_stay_free) {
+  host_vmm v{{.capacity = 16_MiB, .granularity = 64_KiB}};
+  {
+    // 1/32 of the capacity: a piece goes back first when more than 8 of its granules stay free,
+    // while the backend holds more than 1/8 of it (2 MiB; 3 MiB below).
+    shared_arena a{
+        vmm_ref<host_vmm>{v},
+        {.release_threshold = shared_arena::keep_all, .block_sized_pieces = true, .piece_leftover_share = 32}};
+    const block x = a.allocate(1_MiB, 64_KiB);  // granules 0-15, one piece
+    const block y = a.allocate(1_MiB, 64_KiB);  // 16-31
+    const block u = a.allocate(1_MiB, 64_KiB);  // 32-47
+    BOOST_REQUIRE((x && y && u));
+    BOOST_TEST(a.counters().num_maps == 3u);
+    fill_patterns({x, y, u});
+    a.deallocate(y);
+    // 10 of y's granules: 6 stay free, no more than 8, so the piece serves the block as it is,
+    // without a driver call, and those 6 cannot go back while it lives.
+    const block z = a.allocate(640_KiB, 64_KiB);
+    BOOST_REQUIRE(z);
+    BOOST_TEST(z.ptr == y.ptr);
+    BOOST_TEST(a.counters().num_maps == 3u);
+    BOOST_TEST(a.counters().num_unmaps == 0u);
+    BOOST_TEST(a.stranded_free_bytes() == 6 * 64_KiB);
+    a.deallocate(x);
+    // 7 of x's granules (y's 6 free ones are too few): 9 would stay free, more than 8, so the
+    // piece goes back first and the block maps a piece of its own.
+    const block w = a.allocate(448_KiB, 64_KiB);
+    BOOST_REQUIRE(w);
+    BOOST_TEST(w.ptr == x.ptr);
+    BOOST_TEST(a.counters().num_unmaps == 1u);
+    BOOST_TEST(a.counters().num_maps == 4u);
+    BOOST_TEST(a.stranded_free_bytes() == 6 * 64_KiB);
+    BOOST_TEST(a.reserved_bytes() == 39 * 64_KiB);
+    BOOST_TEST(a.check_invariants());
+    check_reported_pieces(a);
+    BOOST_TEST(has_pattern(u, 3));
+    fill_patterns({w, z});
+    BOOST_TEST(has_pattern(w, 1));
+    BOOST_TEST(has_pattern(z, 2));
+    a.deallocate(w);
+    a.deallocate(z);
+    a.deallocate(u);
+    BOOST_TEST(a.release() == 39 * 64_KiB);
+    BOOST_TEST(a.check_invariants());
+  }
+}
+
 /// `threshold`: the arena's release_threshold; `divisor` its release_threshold_divisor;
 /// `up_to_peak` its keep_up_to_peak (free mapped granules kept: the most of the threshold, the
 /// touched bytes ÷ divisor and the most granules touched at once since the last release() less
 /// those touched now);
 /// `block_sized` its block_sized_pieces (keep_all only), whose free granules in pieces still in
 /// use (`stranded_free_bytes`) neither release() nor pressure can give back; `frontier_divisor` its
-/// frontier_growth_divisor (with block_sized only).
+/// frontier_growth_divisor (with block_sized only); `leftover_share` its piece_leftover_share.
 void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold = 4_MiB, std::size_t divisor = 32,
-               bool up_to_peak = true, bool block_sized = false, std::size_t frontier_divisor = 0) {
+               bool up_to_peak = true, bool block_sized = false, std::size_t frontier_divisor = 0,
+               std::size_t leftover_share = 0) {
   constexpr std::size_t g = 64_KiB;
   constexpr std::size_t capacity = 32_MiB;
   host_vmm v{{.capacity = capacity, .granularity = g}};
@@ -1412,7 +1460,8 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
                     .release_threshold_divisor = divisor,
                     .keep_up_to_peak = up_to_peak,
                     .block_sized_pieces = block_sized,
-                    .frontier_growth_divisor = frontier_divisor}};
+                    .frontier_growth_divisor = frontier_divisor,
+                    .piece_leftover_share = leftover_share}};
     model m{.rounding = 256, .g = g, .base = 0, .live = {}, .touched = {}, .addresses = {}};
     m.base = reinterpret_cast<std::uintptr_t>([&] {
       const void* seg = nullptr;
@@ -1537,6 +1586,9 @@ BOOST_AUTO_TEST_CASE(model_based_randomized) {
   // ... and frontier growth (a granule ahead for every two mapped, while the backend holds at
   // most 2 MiB; every 50,000 operations the heap is emptied and released, and grows again).
   run_model(8, 1'000'000, host_arena::keep_all, 32, true, true, 2);
+  // ... and a free piece reused in part goes back first when more than 8 granules of it would
+  // stay free (1/64 of 32 MiB), even while the backend holds little.
+  run_model(9, 500'000, host_arena::keep_all, 32, true, true, 2, 64);
 }
 
 // ---- statistics ---------------------------------------------------------------------------------------

@@ -107,6 +107,12 @@ class virtual_arena {
     /// With `frontier_growth_divisor` only: a heap so small that 1/divisor of it is fewer granules
     /// maps this many ahead, while the backend holds at most 1/128 of its capacity. Default 2.
     std::size_t frontier_growth_min_granules = 2;
+    /// With `block_sized_pieces` only: once the backend holds more than 1/8 of its capacity, a
+    /// wholly free piece that a block would reuse only in part goes back first when more than
+    /// 1/this of the capacity of it would stay free (a piece goes back only whole: that part would
+    /// be stranded when memory runs short). 0 (default): only once more than half of the capacity
+    /// is held (`virtual_allocator`: 4096).
+    std::size_t piece_leftover_share = 0;
     std::size_t rounding = 256;          ///< a power of two (others round up to one)
     misuse_handler on_misuse = nullptr;  ///< called on each misuse detected by deallocate
     void* misuse_context = nullptr;      ///< passed to `on_misuse`
@@ -610,11 +616,15 @@ class virtual_arena {
   /// a block at `start` (`rounded` bytes) would not cover whole goes back first: the rest of it,
   /// or, when the block ends inside its edge granule, all of it while a neighbour shares that
   /// granule, would stay mapped, stranded, and memory may run short. Below that the piece is
-  /// reused as it is, without a driver call.
+  /// reused as it is, without a driver call, unless more than 1/`piece_leftover_share` of the
+  /// capacity of it would stay free while more than 1/`leftover_held_share` is held.
   void release_pieces_partly_reused(std::uintptr_t start, std::size_t rounded) noexcept;
   /// Whether granule `g` may lie in a wholly free block-sized piece: none if a live chunk touches
   /// `g` (its piece is in use).
   bool maybe_in_free_piece(std::size_t g) const noexcept;
+  /// Below this share of the capacity held, no piece goes back for `piece_leftover_share`: a heap
+  /// that small seldom comes to need the granules a piece strands, and calls are saved.
+  static constexpr std::size_t leftover_held_share = 8;
   [[gnu::noinline]] void release_free_pieces_partly_reused(std::uintptr_t start, std::size_t rounded, std::size_t first,
                                                            std::size_t last) noexcept;
   /// The granules of a block at `start` (`rounded` bytes on granules [first, last]) whose unmapped

@@ -145,10 +145,15 @@ inline bool virtual_arena<Vmm>::maybe_in_free_piece(std::size_t g) const noexcep
 template <virtual_memory Vmm>
 void virtual_arena<Vmm>::release_free_pieces_partly_reused(std::uintptr_t start, std::size_t rounded, std::size_t first,
                                                            std::size_t last) noexcept {
-  if (vmm_.physical_bytes() <= vmm_.capacity() / 2) return;  // the backend's getters: calls
+  const std::size_t capacity = vmm_.capacity(), held = vmm_.physical_bytes();  // the backend's getters: calls
+  const bool held_much = held > capacity / 2;
+  if (!held_much && (opts_.piece_leftover_share == 0 || held <= capacity / leftover_held_share)) return;
+  // Below half, only a piece of which more than 1/share of the capacity would stay free.
+  const std::size_t most_left = held_much ? 0 : (capacity / opts_.piece_leftover_share) >> granule_shift_;
   for (const std::size_t g : {first, last}) {
     if (!in_block_sized_piece(g)) continue;
     const std::size_t from = granules_[g].piece_first, n = granules_[g].piece_granules;
+    if (!held_much && n - (std::min(from + n, last + 1) - std::max(from, first)) <= most_left) continue;
     const auto piece_start = reinterpret_cast<std::uintptr_t>(granule_address(from));
     const auto piece_end = reinterpret_cast<std::uintptr_t>(granule_address(from + n));
     if ((piece_start >= start && piece_end <= start + rounded) || piece_in_use(g)) continue;
