@@ -59,53 +59,17 @@
 #include "replay/trace_reader.hpp"
 #include "support/pairs_workload.hpp"
 #include "support/sleep_wake_workload.hpp"
+#include "support/slot_workload.hpp"
 
 namespace {
 
 using namespace alloy;
 using clock_type = std::chrono::steady_clock;
 
-/// One operation of a workload: allocate `size` into `slot`, or free what `slot` holds.
-struct operation {
-  std::uint32_t slot;
-  std::size_t size;  // 0: free
-};
-
-struct workload {
-  std::vector<operation> setup;  // untimed (W1's first live set)
-  std::vector<operation> timed;
-  std::size_t slots = 0;
-  std::size_t peak_live = 0;
-};
-
-workload from_pairs(const bench::workload& w) {
-  workload out;
-  out.slots = w.initial.size();
-  out.peak_live = w.peak_live;
-  for (std::size_t i = 0; i < w.initial.size(); ++i) out.setup.push_back({static_cast<std::uint32_t>(i), w.initial[i]});
-  for (std::size_t i = 0; i < w.pairs(); ++i) {
-    out.timed.push_back({w.victim[i], 0});
-    out.timed.push_back({w.victim[i], w.size[i]});
-  }
-  return out;
-}
-
-workload from_trace(const bench::rmm_trace& t) {
-  workload out;
-  out.slots = t.allocations;
-  std::size_t live = 0;
-  for (const bench::trace_event& e : t.events) {
-    if (e.action == bench::trace_action::allocate) {
-      out.timed.push_back({static_cast<std::uint32_t>(e.allocation), std::max<std::size_t>(e.size, 1)});
-      live += std::max<std::size_t>(e.size, 1);
-      out.peak_live = std::max(out.peak_live, live);
-    } else if (e.action == bench::trace_action::free) {
-      out.timed.push_back({static_cast<std::uint32_t>(e.allocation), 0});
-      live -= std::max<std::size_t>(e.size, 1);
-    }
-  }
-  return out;
-}
+using bench::from_pairs;
+using bench::from_trace;
+using bench::operation;
+using workload = bench::slot_workload;
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {

@@ -102,6 +102,12 @@ ALLOY_CAPI_EXPORT size_t alloy_memory_summary(int device, char* buffer, size_t c
  * schema of torch.cuda.memory._snapshot(), as JSON. */
 ALLOY_CAPI_EXPORT size_t alloy_snapshot_json(char* buffer, size_t capacity);
 ALLOY_CAPI_EXPORT void alloy_reset_peak(int device);
+/* CUDA graphs: PyTorch tells a pluggable allocator neither when a capture begins nor when its graph
+ * is destroyed, so the first allocation on a capturing stream gives that capture a private pool,
+ * which keeps the graph's memory (blocks freed inside the capture included, which its replays
+ * reuse) from all other work. This gives back the pools of every ended capture on `device`: call
+ * it once none of those graphs will be replayed again. */
+ALLOY_CAPI_EXPORT void alloy_release_graph_pools(int device);
 ALLOY_CAPI_EXPORT void alloy_reset_accumulated(int device);
 /* Why the device's last request failed (asked, limit, in use, reserved, largest free block,
  * fragmentation); "" if none has. Valid until the next failure on that device. */

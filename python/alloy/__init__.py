@@ -30,6 +30,7 @@ __all__ = [
     "memory_summary",
     "reset_peak_memory_stats",
     "reset_accumulated_memory_stats",
+    "release_graph_pools",
     "snapshot",
     "dump_snapshot",
     "statistics",
@@ -137,6 +138,16 @@ def reset_peak_memory_stats(device=None):
 
 def reset_accumulated_memory_stats(device=None):
     _lib.lib().alloy_reset_accumulated(_device_index(device))
+
+
+def release_graph_pools(device=None):
+    """Gives back the private pools of the CUDA graphs captured through alloy on a device.
+
+    PyTorch does not tell a pluggable allocator when a graph is destroyed, so the memory a graph
+    captured (blocks it freed inside the capture included, which its replays reuse) stays its own
+    until this call: make it once those graphs will not be replayed again.
+    """
+    _lib.lib().alloy_release_graph_pools(_device_index(device))
 
 
 def snapshot():

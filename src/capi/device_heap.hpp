@@ -3,6 +3,7 @@
 // the C entry points need not know which composition or backend serves the device.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <alloy/alloy.hpp>
@@ -17,6 +19,7 @@
 #include <alloy/showcase.hpp>
 #include <alloy/snapshot.hpp>
 
+#include "capture_pools.hpp"
 #include "config.hpp"
 
 namespace alloy::capi {
@@ -33,7 +36,8 @@ struct trace_event {
   std::size_t device_free = 0;  ///< oom events: device memory free at the failure
 };
 
-/// The last `keep` events of one device (none when `keep` is 0).
+/// The last `keep` events of one device (none when `keep` is 0). Thread-safe (a source may write
+/// from a planned growth made outside the device's lock).
 class history {
  public:
   explicit history(std::size_t keep) : keep_(keep) {}
@@ -41,58 +45,84 @@ class history {
   void add(const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
            std::size_t device_free = 0) noexcept {
     if (keep_ == 0) return;
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    const std::int64_t time_us = std::chrono::duration_cast<std::chrono::microseconds>(now).count();
+    std::lock_guard guard(lock_);
     try {
       if (events_.size() == keep_) events_.pop_front();
-      const auto now = std::chrono::system_clock::now().time_since_epoch();
-      events_.push_back({action, addr, size, stream, std::chrono::duration_cast<std::chrono::microseconds>(now).count(),
-                         device_free});
+      events_.push_back({action, addr, size, stream, time_us, device_free});
     } catch (...) {
       // History is best effort: a host allocation failure drops the event, never the request.
     }
   }
-  const std::deque<trace_event>& events() const noexcept { return events_; }
+  /// A copy of the events, oldest first.
+  std::deque<trace_event> events() const {
+    std::lock_guard guard(lock_);
+    return events_;
+  }
 
  private:
   std::size_t keep_;
+  mutable std::mutex lock_;
   std::deque<trace_event> events_;
 };
 
 /// What the memory sources of one device share: the limit on device memory (PyTorch's memory
 /// fraction, or the `capacity` key), the bytes taken from the device, and the history, into
-/// which the sources write segment events. Touched only under the device's lock.
+/// which the sources write segment events. The heap's calls run under the device's lock; the
+/// counts are atomic so that an upstream call made outside it stays exact.
 struct device_state {
-  std::size_t limit = std::numeric_limits<std::size_t>::max();
-  std::size_t taken = 0;      ///< bytes of device memory taken (segments, or physical memory)
-  std::uintptr_t stream = 0;  ///< the stream of the call in progress, for segment events
+  std::atomic<std::size_t> limit{std::numeric_limits<std::size_t>::max()};
+  std::atomic<std::size_t> taken{0};      ///< bytes of device memory taken (segments, or physical memory)
+  std::atomic<std::uintptr_t> stream{0};  ///< the stream of the call in progress, for segment events
   history events;
 
   explicit device_state(std::size_t keep) : events(keep) {}
-  bool fits(std::size_t bytes) const noexcept { return bytes <= limit && taken <= limit - bytes; }
+  bool fits(std::size_t bytes) const noexcept {
+    const std::size_t cap = limit.load(std::memory_order_relaxed);
+    return bytes <= cap && taken.load(std::memory_order_relaxed) <= cap - bytes;
+  }
+  /// Counts `bytes` as taken if they fit under the limit (false, nothing counted, if not).
+  bool take(std::size_t bytes) noexcept {
+    const std::size_t cap = limit.load(std::memory_order_relaxed);
+    std::size_t now = taken.load(std::memory_order_relaxed);
+    do {
+      if (bytes > cap || now > cap - bytes) return false;
+    } while (!taken.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+    return true;
+  }
+  void give(std::size_t bytes) noexcept { taken.fetch_sub(bytes, std::memory_order_relaxed); }
 };
 
 /// An upstream that takes from `Upstream` no more than the device's limit and writes
-/// segment_alloc / segment_free events.
+/// segment_alloc / segment_free events. Thread-safe when `Upstream` is, so that the compositions
+/// over it can plan their growth (`growth_planning_allocator`), which `stream_ordered` needs to
+/// serve a CUDA graph's capture from what is cached.
 template <class Upstream>
 class capped_upstream {
  public:
   static constexpr bool host_accessible = Upstream::host_accessible;
   static constexpr bool device_accessible = Upstream::device_accessible;
+  static constexpr bool thread_safe = thread_safe_upstream<Upstream>;
 
   explicit capped_upstream(device_state* state) noexcept : state_(state) {}
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!state_->fits(bytes)) return {};
+    if (!state_->take(bytes)) return {};
     const block b = upstream_.allocate(bytes, alignment);
-    if (b) {
-      state_->taken += bytes;
-      state_->events.add("segment_alloc", reinterpret_cast<std::uintptr_t>(b.ptr), bytes, state_->stream);
+    if (!b) {
+      state_->give(bytes);
+      return {};
     }
+    state_->events.add("segment_alloc", reinterpret_cast<std::uintptr_t>(b.ptr), bytes,
+                       state_->stream.load(std::memory_order_relaxed));
     return b;
   }
   void deallocate(block b) noexcept {
-    state_->events.add("segment_free", reinterpret_cast<std::uintptr_t>(b.ptr), b.size, state_->stream);
+    state_->events.add("segment_free", reinterpret_cast<std::uintptr_t>(b.ptr), b.size,
+                       state_->stream.load(std::memory_order_relaxed));
     upstream_.deallocate(b);
-    state_->taken -= b.size;
+    state_->give(b.size);
   }
   friend bool operator==(const capped_upstream& a, const capped_upstream& b) noexcept { return a.state_ == b.state_; }
 
@@ -115,25 +145,32 @@ class capped_vmm {
   address_range reserve(std::size_t bytes) noexcept { return vmm_->reserve(bytes); }
   void unreserve(address_range range) noexcept { vmm_->unreserve(range); }
   physical_memory create(std::size_t bytes) noexcept {
-    if (!state_->fits(bytes)) return {};
+    if (!state_->take(bytes)) return {};
     const physical_memory piece = vmm_->create(bytes);
-    if (piece) state_->taken += piece.size;
+    if (!piece) {
+      state_->give(bytes);
+    } else if (piece.size != bytes) {
+      piece.size > bytes ? (void)state_->taken.fetch_add(piece.size - bytes) : state_->give(bytes - piece.size);
+    }
     return piece;
   }
   void release(physical_memory piece) noexcept {
     vmm_->release(piece);
-    state_->taken -= piece.size;
+    state_->give(piece.size);
   }
   bool map(void* at, physical_memory piece) noexcept {
     const bool mapped = vmm_->map(at, piece);
-    if (mapped) state_->events.add("segment_map", reinterpret_cast<std::uintptr_t>(at), piece.size, state_->stream);
+    if (mapped)
+      state_->events.add("segment_map", reinterpret_cast<std::uintptr_t>(at), piece.size,
+                         state_->stream.load(std::memory_order_relaxed));
     return mapped;
   }
   void unmap(void* at, std::size_t bytes) noexcept {
-    state_->events.add("segment_unmap", reinterpret_cast<std::uintptr_t>(at), bytes, state_->stream);
+    state_->events.add("segment_unmap", reinterpret_cast<std::uintptr_t>(at), bytes,
+                       state_->stream.load(std::memory_order_relaxed));
     vmm_->unmap(at, bytes);
   }
-  std::size_t capacity() const noexcept { return std::min(vmm_->capacity(), state_->limit); }
+  std::size_t capacity() const noexcept { return std::min(vmm_->capacity(), state_->limit.load()); }
   std::size_t physical_bytes() const noexcept { return vmm_->physical_bytes(); }
 
  private:
@@ -164,6 +201,11 @@ class device_heap {
   virtual void reset_peak() noexcept = 0;
   virtual void reset_accumulated() noexcept = 0;
   virtual oom_report explain(std::size_t bytes) = 0;
+  /// Gives back the private pools of the CUDA graphs captured through this heap whose captures
+  /// have ended (`capture_pools`); none on a backend whose streams cannot capture.
+  virtual void release_graph_pools() noexcept = 0;
+  /// Private pools kept for captured graphs, and their bytes (live and free).
+  virtual graph_pool_figures graph_pools() const noexcept = 0;
 
   device_state& state() noexcept { return state_; }
 
@@ -196,6 +238,7 @@ class heap_of final : public device_heap {
         alloc_(stream_ordered<Heap, Stream>{make(&state_, &backend_)}) {}
 
   block allocate(std::size_t bytes, void* stream) noexcept override {
+    graph_pools_.route(alloc_, to_stream(stream));
     return alloc_.allocate(bytes, request_alignment, to_stream(stream));
   }
   bool deallocate(block b, void* stream) noexcept override { return alloc_.try_deallocate(b, to_stream(stream)); }
@@ -222,6 +265,16 @@ class heap_of final : public device_heap {
   void reset_peak() noexcept override { alloc_.reset_peak(); }
   void reset_accumulated() noexcept override { alloc_.reset_accumulated(); }
   oom_report explain(std::size_t bytes) override { return detail::make_oom_report(alloc_, bytes, request_alignment); }
+  void release_graph_pools() noexcept override { graph_pools_.release_closed(alloc_); }
+  graph_pool_figures graph_pools() const noexcept override {
+    if constexpr (graph_pooling_allocator<composition, Stream>) {
+      graph_pool_figures f = alloc_.pool_figures();
+      f.pools = graph_pools_.size();
+      return f;
+    } else {
+      return {};
+    }
+  }
 
  private:
   static Stream to_stream(void* stream) noexcept {
@@ -233,7 +286,8 @@ class heap_of final : public device_heap {
   }
 
   bool expandable_;
-  Backend backend_;  // before alloc_: the heap refers to it until its end
+  Backend backend_;                                 // before alloc_: the heap refers to it until its end
+  capture_pools<composition, Stream> graph_pools_;  // before alloc_: it names the pools by address
   composition alloc_;
 };
 

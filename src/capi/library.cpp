@@ -336,6 +336,10 @@ std::string statistics_json(device_slot& slot, device_heap& heap, int device) {
   out.add("num_device_alloc", s.num_device_alloc);
   out.add("num_device_free", s.num_device_free);
   out.add("num_bad_frees", slot.bad_frees);
+  const graph_pool_figures graphs = heap.graph_pools();
+  out.add("graph_pools", graphs.pools);
+  out.add("graph_pool_live_bytes", graphs.live_bytes);
+  out.add("graph_pool_free_bytes", graphs.free_bytes);
   out.add("device_total_bytes", slot.total_bytes);
   out.add("device_free_bytes", device_free_bytes(slot, heap.state(), device));
   return out.str();
@@ -503,6 +507,13 @@ size_t alloy_snapshot_json(char* buffer, size_t capacity) {
 void alloy_reset_peak(int device) {
   text_of_device(device, nullptr, 0, [](device_slot&, device_heap& heap) {
     heap.reset_peak();
+    return std::string();
+  });
+}
+
+void alloy_release_graph_pools(int device) {
+  text_of_device(device, nullptr, 0, [](device_slot&, device_heap& heap) {
+    heap.release_graph_pools();
     return std::string();
   });
 }

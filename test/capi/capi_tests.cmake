@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # liballoy's tests: the C interface over backend:host once per composition, and its exports.
+# capture_pools_test includes the library's sources (src/capi) and needs no library.
+if(TARGET capi_capture_pools_test)
+  target_include_directories(capi_capture_pools_test PRIVATE ${PROJECT_SOURCE_DIR}/src)
+endif()
 if(NOT TARGET alloy_capi)
   if(TARGET capi_capi_test)
     set_target_properties(capi_capi_test PROPERTIES EXCLUDE_FROM_ALL ON)

@@ -225,6 +225,19 @@ class Statistics(unittest.TestCase):
             for pointer, size in zip(held, (100, 5000, 2 << 20, 700_000)):
                 torch_free(pointer, size, 1)
 
+    def test_graph_pools_on_the_host(self):
+        """Host streams never capture: no private pool is ever made, and releasing them is a
+        harmless call on any valid device, a ValueError on an invalid one."""
+        for device in range(alloy.device_count()):
+            alloy.release_graph_pools(device)
+            figures = alloy.statistics(device)
+            self.assertEqual(
+                (figures["graph_pools"], figures["graph_pool_live_bytes"], figures["graph_pool_free_bytes"]),
+                (0, 0, 0),
+            )
+        with self.assertRaises(ValueError):
+            alloy.release_graph_pools(alloy.device_count())
+
     def test_reset_peak_and_accumulated(self):
         pointer = torch_malloc(3 << 20)
         torch_free(pointer, 3 << 20)
