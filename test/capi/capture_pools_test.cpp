@@ -27,8 +27,8 @@ struct fixture {
   model::runtime rt;
   model::stream_t capturing{};
   model::stream_t other{};
-  composition alloc{alloy::stream_ordered<arena, model::stream_t>{
-      arena{model::malloc_upstream{rt}, {.initial_size = 16_MiB}}}};
+  composition alloc{
+      alloy::stream_ordered<arena, model::stream_t>{arena{model::malloc_upstream{rt}, {.initial_size = 16_MiB}}}};
   pools_t pools;
 
   fixture() {
