@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -39,6 +40,9 @@ struct device_slot {
   std::string heap_error;  ///< why the heap could not be made
   std::unordered_map<void*, live_block> live;
   std::size_t bad_frees = 0;
+  /// Failed first attempts the library retried after giving the cache back: the composition
+  /// counted each as an out-of-memory, PyTorch counts it as a retry (`num_alloc_retries`).
+  std::size_t retried = 0;
   std::size_t total_bytes = 0;  ///< the device's memory
   std::size_t limit = std::numeric_limits<std::size_t>::max();
   char last_oom[1024] = {};
@@ -195,6 +199,7 @@ void* allocate(int device, std::size_t size, void* stream) {
   if (!b && size <= state.limit) {
     // As PyTorch does before it reports out of memory: give every cached byte back and retry
     // once (the composition's own retry may have released one part's cache, not another's).
+    ++slot->retried;
     heap->release();
     b = heap->allocate(size, stream);
   }
@@ -331,8 +336,8 @@ std::string statistics_json(device_slot& slot, device_heap& heap, int device) {
   out.add("requested_bytes", s.requested_bytes);
   out.add("largest_free_block", s.largest_free_block);
   out.add("fragmentation", s.fragmentation);
-  out.add("num_alloc_retries", s.num_alloc_retries);
-  out.add("num_ooms", s.num_ooms);
+  out.add("num_alloc_retries", s.num_alloc_retries + slot.retried);
+  out.add("num_ooms", s.num_ooms - std::min(s.num_ooms, slot.retried));
   out.add("num_device_alloc", s.num_device_alloc);
   out.add("num_device_free", s.num_device_free);
   out.add("num_bad_frees", slot.bad_frees);
@@ -466,9 +471,14 @@ void* alloy_cupy_malloc(void* /*param*/, size_t size, int device) { return alloc
 void alloy_cupy_free(void* /*param*/, void* ptr, int device) { free_block(ptr, 0, false, device, nullptr); }
 
 size_t alloy_memory_stats_json(int device, char* buffer, size_t capacity) {
-  return text_of_device(device, buffer, capacity, [](device_slot&, device_heap& heap) {
+  return text_of_device(device, buffer, capacity, [](device_slot& slot, device_heap& heap) {
+    std::map<std::string, std::int64_t> stats = heap.memory_stats();
+    // The library's own retries (see device_slot::retried), counted as PyTorch counts them.
+    const auto retried = static_cast<std::int64_t>(slot.retried);
+    stats["num_alloc_retries"] += retried;
+    stats["num_ooms"] -= std::min(stats["num_ooms"], retried);
     json_object out;
-    for (const auto& [name, value] : heap.memory_stats()) out.add(name, value);
+    for (const auto& [name, value] : stats) out.add(name, value);
     return out.str();
   });
 }
@@ -519,8 +529,9 @@ void alloy_release_graph_pools(int device) {
 }
 
 void alloy_reset_accumulated(int device) {
-  text_of_device(device, nullptr, 0, [](device_slot&, device_heap& heap) {
+  text_of_device(device, nullptr, 0, [](device_slot& slot, device_heap& heap) {
     heap.reset_accumulated();
+    slot.retried = 0;
     return std::string();
   });
 }

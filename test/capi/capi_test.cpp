@@ -282,9 +282,19 @@ BOOST_AUTO_TEST_CASE(out_of_memory_is_null_and_explained) {
   BOOST_TEST(thrown_not != nullptr);
   torch_free(thrown_not, 4096, 2, stream_key(0));
   BOOST_TEST(stat(2, "num_ooms") == ooms + 2);
-  // A smaller memory fraction takes effect at once; a larger one gives the room back.
+  // A smaller memory fraction takes effect at once; a larger one gives the room back. A failure
+  // below the limit is retried once with the cache given back: one OOM and one retry, as PyTorch
+  // counts them.
+  const double retries = stat(2, "num_alloc_retries");
+  const double ooms_before_fraction = stat(2, "num_ooms");
+  torch_set_fraction(0.3, 2);  // about 76.8 MiB, of which the live block takes some
+  BOOST_TEST(torch_malloc(std::size_t{76} << 20, 2, stream_key(0)) == nullptr);
+  BOOST_TEST(stat(2, "num_ooms") == ooms_before_fraction + 1);
+  BOOST_TEST(stat(2, "num_alloc_retries") >= retries + 1);
+  BOOST_TEST(seed_stats(2).at("num_ooms") == ooms_before_fraction + 1);
   torch_set_fraction(0.0, 2);
   BOOST_TEST(torch_malloc(std::size_t{64} << 20, 2, stream_key(0)) == nullptr);
+  BOOST_TEST(stat(2, "num_ooms") == ooms_before_fraction + 2);
   torch_set_fraction(1.0, 2);
   void* p = torch_malloc(std::size_t{64} << 20, 2, stream_key(0));
   BOOST_TEST(p != nullptr);
