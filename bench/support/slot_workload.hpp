@@ -12,7 +12,7 @@
 #include "replay/trace_reader.hpp"
 #include "support/pairs_workload.hpp"
 
-namespace bench {
+namespace alloy::bench {
 
 /// One operation of a workload: allocate `size` into `slot`, or free what `slot` holds.
 struct operation {
@@ -57,4 +57,4 @@ inline slot_workload from_trace(const rmm_trace& t) {
   return out;
 }
 
-}  // namespace bench
+}  // namespace alloy::bench
