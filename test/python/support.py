@@ -16,20 +16,21 @@ from alloy import _lib  # noqa: E402
 
 # torch.cuda.memory_stats()'s keys, as torch/csrc/cuda/Module.cpp (THCPModule_memoryStats) builds
 # them: nine statistics by pool and metric, two oversize ones by metric, six counters.
+TORCH_STAT_ARRAYS = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
 TORCH_MEMORY_STATS_KEYS = frozenset(
     [
         f"{stat}.{pool}.{metric}"
-        for stat in (
-            "allocation",
-            "segment",
-            "active",
-            "inactive_split",
-            "allocated_bytes",
-            "reserved_bytes",
-            "active_bytes",
-            "inactive_split_bytes",
-            "requested_bytes",
-        )
+        for stat in TORCH_STAT_ARRAYS
         for pool in ("all", "small_pool", "large_pool")
         for metric in ("current", "peak", "allocated", "freed")
     ]

@@ -14,6 +14,7 @@ import tempfile
 import unittest
 
 from support import (
+    TORCH_STAT_ARRAYS,
     TF_NAMES,
     TORCH_MEMORY_STATS_KEYS,
     _lib,
@@ -29,17 +30,7 @@ import snapshot_check
 COMPOSITION = os.environ.get("ALLOY_TEST_COMPOSITION", "virtual")
 CAPACITY = 64 << 20
 DEVICES = 2
-ARRAYS = (
-    "allocation",
-    "segment",
-    "active",
-    "inactive_split",
-    "allocated_bytes",
-    "reserved_bytes",
-    "active_bytes",
-    "inactive_split_bytes",
-    "requested_bytes",
-)
+ARRAYS = TORCH_STAT_ARRAYS
 
 
 def setUpModule():
