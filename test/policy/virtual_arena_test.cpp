@@ -26,6 +26,7 @@
 
 #include "support/conformance.hpp"
 #include "support/failing_vmm.hpp"
+#include "support/sanitizers.hpp"
 
 using namespace alloy::literals;
 using alloy::block;
@@ -1570,25 +1571,28 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
 
 }  // namespace
 
+// Under AddressSanitizer a quarter of each run (every rule still crosses its periodic release).
+constexpr std::size_t ops(std::size_t n) { return alloy::testing::under_asan ? n / 4 : n; }
+
 BOOST_AUTO_TEST_CASE(model_based_randomized) {
-  for (std::uint64_t seed : {1u, 2u}) run_model(seed, 1'000'000);
+  for (std::uint64_t seed : {1u, 2u}) run_model(seed, ops(1'000'000));
   // A threshold of 4 granules, below the share of 1/32 of up to 512 touched granules (16), and
   // the share turned off: both bounds hold exactly as the rule says.
-  run_model(3, 1'000'000, 256_KiB, 32, false);
-  run_model(4, 500'000, 256_KiB, 0, false);
+  run_model(3, ops(1'000'000), 256_KiB, 32, false);
+  run_model(4, ops(500'000), 256_KiB, 0, false);
   // The defaults: no threshold, no share, what stays under the peak of the touched granules.
-  run_model(5, 1'000'000, 0, 0, true);
+  run_model(5, ops(1'000'000), 0, 0, true);
   // keep_all (virtual_allocator's): no list of free granules; the pressure and release() find
   // them by a scan.
-  run_model(6, 1'000'000, host_arena::keep_all, 32, true);
+  run_model(6, ops(1'000'000), host_arena::keep_all, 32, true);
   // virtual_allocator's: keep_all with block-sized pieces.
-  run_model(7, 1'000'000, host_arena::keep_all, 32, true, true);
+  run_model(7, ops(1'000'000), host_arena::keep_all, 32, true, true);
   // ... and frontier growth (a granule ahead for every two mapped, while the backend holds at
   // most 2 MiB; every 50,000 operations the heap is emptied and released, and grows again).
-  run_model(8, 1'000'000, host_arena::keep_all, 32, true, true, 2);
+  run_model(8, ops(1'000'000), host_arena::keep_all, 32, true, true, 2);
   // ... and a free piece reused in part goes back first when more than 8 granules of it would
   // stay free (1/64 of 32 MiB), even while the backend holds little.
-  run_model(9, 500'000, host_arena::keep_all, 32, true, true, 2, 64);
+  run_model(9, ops(500'000), host_arena::keep_all, 32, true, true, 2, 64);
 }
 
 // ---- statistics ---------------------------------------------------------------------------------------

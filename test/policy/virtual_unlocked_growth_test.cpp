@@ -53,6 +53,7 @@ using namespace std::chrono_literals;
 using alloy::block;
 using alloy::testing::fill_pattern;
 using alloy::testing::has_pattern;
+using alloy::testing::under_asan;
 using alloy::testing::under_tsan;
 
 namespace {
@@ -755,7 +756,10 @@ void run_model(std::uint64_t seed, std::size_t steps, rule release_rule) {
 
 BOOST_AUTO_TEST_CASE(model_with_growths_pending_around_every_call) {
   for (std::uint64_t seed : {1u, 2u, 3u, 4u, 5u})
-    run_model(seed, under_tsan ? 20000 : 200000,
+    run_model(seed,
+              under_tsan   ? 20000
+              : under_asan ? 60000
+                           : 200000,
               seed == 1   ? rule::keep_free
               : seed == 4 ? rule::keep_all_in_runs
               : seed == 5 ? rule::frontier
@@ -903,7 +907,7 @@ BOOST_AUTO_TEST_CASE(threads_through_synchronized_stats_virtual_allocator) {
     using inner = alloy::stats<valloc>;
     alloy::synchronized<inner> alloc{inner{valloc{gated_vmm{s}}}};
     std::size_t served = 0, failed = 0;
-    hammer(alloc, under_tsan ? 10000 : 250000, served, failed);
+    hammer(alloc, under_tsan ? 10000 : under_asan ? 80000 : 250000, served, failed);
     const alloy::statistics st = alloc.with_lock([](auto& in) { return in.statistics(); });
     BOOST_TEST(st.num_allocs == served);
     BOOST_TEST(st.num_ooms == failed);
@@ -925,7 +929,7 @@ BOOST_AUTO_TEST_CASE(threads_through_sharded_arenas_over_one_backend) {
   {
     alloy::sharded<arena> alloc([&](std::size_t) { return arena{gated_vmm{s}}; }, {.shards = 2, .thread_cache = 0});
     std::size_t served = 0, failed = 0;
-    hammer(alloc, under_tsan ? 10000 : 250000, served, failed);
+    hammer(alloc, under_tsan ? 10000 : under_asan ? 80000 : 250000, served, failed);
     BOOST_TEST(served > failed);
     BOOST_TEST(alloc.bytes_in_use() == 0u);
     BOOST_TEST(alloc.reserved_bytes() == s->backend.physical_bytes());

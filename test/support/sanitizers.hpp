@@ -18,4 +18,18 @@ inline constexpr bool under_tsan = false;
 inline constexpr bool under_tsan = false;
 #endif
 
+/// Whether AddressSanitizer instruments this build (about 2-3x slower): the longest randomized
+/// runs shorten under it too (the release build runs them whole).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool under_asan = true;
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+inline constexpr bool under_asan = true;
+#  else
+inline constexpr bool under_asan = false;
+#  endif
+#else
+inline constexpr bool under_asan = false;
+#endif
+
 }  // namespace alloy::testing
