@@ -72,6 +72,28 @@ BOOST_AUTO_TEST_CASE(cuda_async_upstream_on_a_stream, ALLOY_GPU_TEST) {
   ALLOY_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
+// While its stream is capturing, the stream-less allocate (which needs a host wait) fails and the
+// capture survives; the stream-ordered one becomes a graph node.
+BOOST_AUTO_TEST_CASE(cuda_async_upstream_refuses_a_host_wait_under_capture, ALLOY_GPU_TEST) {
+  cudaStream_t stream{};
+  ALLOY_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  alloy::cuda_async_upstream up{{.stream = stream}};
+  ALLOY_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  BOOST_TEST(!up.allocate(4096, 256));
+  BOOST_TEST(up.last_error().code == cudaErrorStreamCaptureUnsupported);
+  const alloy::block node = up.allocate(4096, 256, stream);
+  BOOST_TEST(static_cast<bool>(node));
+  up.deallocate(node, stream);
+  cudaGraph_t graph = nullptr;
+  ALLOY_CUDA_TRY(cudaStreamEndCapture(stream, &graph));  // fails if the capture was invalidated
+  ALLOY_CUDA_TRY(cudaGraphDestroy(graph));
+  const alloy::block after = up.allocate(4096, 256);
+  BOOST_TEST(static_cast<bool>(after));
+  up.deallocate(after);
+  ALLOY_CUDA_TRY(cudaStreamSynchronize(stream));
+  ALLOY_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
 BOOST_AUTO_TEST_CASE(pinned_and_managed_memory_conform, ALLOY_GPU_TEST) {
   alloy::testing::conformance_options opts;
   opts.max_alignment = 256;

@@ -18,7 +18,8 @@ namespace alloy {
 ///   `stream`; `deallocate(block, stream)` frees it once the work enqueued on `stream` before the
 ///   call is done, so the caller may free right after enqueueing its last use on that stream.
 ///   The stream-less calls use `options::stream` (the legacy default stream unless set);
-///   `allocate` without a stream synchronizes that stream, so the memory is ready on any stream.
+///   `allocate` without a stream synchronizes that stream, so the memory is ready on any stream;
+///   while that stream is capturing (a host wait would invalidate the capture) it fails instead.
 /// - Alignment up to `max_alignment` (256 B); the device, zero bytes and failures as
 ///   `cuda_malloc_upstream` (every call runs with `options::device` current).
 /// - Thread safety: as the CUDA runtime (safe); `last_error()` too (`detail::cuda_error_slot`).
@@ -67,6 +68,22 @@ class cuda_async_upstream : public detail::cuda_error_slot {
   }
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    {
+      // Memory ready on every stream needs a host wait, which would invalidate a capture running on
+      // options.stream (or one the legacy stream is implicitly joined to): refused then instead.
+      const on_device on{options_.device};
+      if (!on) {
+        record(static_cast<cudaError_t>(on.status()), "cudaSetDevice", __FILE__, __LINE__);
+        return {};
+      }
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      const cudaError_t probe = cudaStreamIsCapturing(options_.stream, &capture);
+      if (probe != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+        record(probe != cudaSuccess ? probe : cudaErrorStreamCaptureUnsupported,
+               "cudaStreamIsCapturing(options.stream): a stream-less allocate needs a host wait", __FILE__, __LINE__);
+        return {};
+      }
+    }
     const block b = allocate(bytes, alignment, options_.stream);
     if (b) {
       const on_device on{options_.device};
