@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -164,8 +165,8 @@ class runtime {
   }
   error device_synchronize() {
     std::lock_guard lock(mutex_);
-    for (auto& [id, c] : captures_) {
-      if (c.active && c.device == me().device)
+    for (const unsigned long long id : active_captures_) {
+      if (const capture_state_& c = captures_[id]; c.device == me().device)
         return invalidate(id, "cudaDeviceSynchronize", error::stream_capture_unsupported,
                           "a stream of the device is capturing");
     }
@@ -276,6 +277,7 @@ class runtime {
     const unsigned long long id = next_capture_++;
     capture_state_& c = captures_[id];
     c.active = true;
+    active_captures_.insert(id);
     c.mode = mode;
     c.origin = s.id;
     c.device = st->device;
@@ -310,9 +312,11 @@ class runtime {
       streams_[other].capture = 0;
     }
     c.active = false;
+    active_captures_.erase(id);
     if (result != error::success) return result;
     graphs_.push_back({id, std::move(c.touched), false});
     *g = {this, static_cast<std::uint32_t>(graphs_.size() - 1)};
+    live_graphs_.insert(g->id);
     return error::success;
   }
   /// `cudaStreamGetCaptureInfo` (the mode too, which CUDA does not report).
@@ -348,6 +352,8 @@ class runtime {
       return fail("cudaGraphDestroy", error::invalid_resource_handle, "no such graph");
     }
     graphs_[g.id].destroyed = true;
+    graphs_[g.id].touched.clear();
+    live_graphs_.erase(g.id);
     return error::success;
   }
 
@@ -630,8 +636,8 @@ class runtime {
   error unsafe(const char* call) {
     const thread_state& t = me();
     const std::thread::id self = std::this_thread::get_id();
-    for (auto& [id, c] : captures_) {
-      if (!c.active) continue;
+    for (const unsigned long long id : active_captures_) {
+      const capture_state_& c = captures_[id];
       const bool own = c.thread == self && c.mode != capture_mode::relaxed && t.mode != capture_mode::relaxed;
       const bool other = c.thread != self && c.mode == capture_mode::global && t.mode == capture_mode::global;
       if (own || other)
@@ -650,21 +656,28 @@ class runtime {
     std::erase_if(st.waits, [&](const wait_on& w) { return w.at < st.done; });
   }
 
+  /// Whether [at, at + n) lies in one allocation, or in mappings that adjoin (virtual memory).
   bool allocated(std::uintptr_t at, std::size_t n) const {
     auto it = allocations_.upper_bound(at);
     if (it == allocations_.begin()) return false;
     --it;
-    return at + n <= it->first + it->second.size;
+    while (at + n > it->first + it->second.size) {
+      const auto next = std::next(it);
+      if (it->second.handle == 0 || next == allocations_.end() || next->second.handle == 0 ||
+          next->first != it->first + it->second.size)
+        return false;
+      it = next;
+    }
+    return true;
   }
   std::uint32_t graph_touching(std::uintptr_t at, std::size_t n) const {
-    for (std::uint32_t g = 1; g < graphs_.size(); ++g) {
-      if (graphs_[g].destroyed) continue;
+    for (const std::uint32_t g : live_graphs_) {
       for (const auto& [lo, size] : graphs_[g].touched) {
         if (lo < at + n && at < lo + size) return g;
       }
     }
-    for (const auto& [id, c] : captures_) {  // a capture running will be a graph
-      if (!c.active) continue;
+    for (const unsigned long long id : active_captures_) {  // a capture running will be a graph
+      const capture_state_& c = captures_.at(id);
       for (const auto& [lo, size] : c.touched) {
         if (lo < at + n && at < lo + size) return ~std::uint32_t{0};
       }
@@ -703,7 +716,9 @@ class runtime {
   std::vector<stream_state> streams_;
   std::vector<event_state> events_;
   std::map<unsigned long long, capture_state_> captures_;
+  std::set<unsigned long long> active_captures_;  ///< captures begun and not ended
   std::vector<graph_state> graphs_;
+  std::set<std::uint32_t> live_graphs_;  ///< graphs not destroyed, in creation order
   std::map<std::uintptr_t, allocation> allocations_;
   std::map<std::uintptr_t, std::size_t> reservations_;
   std::map<std::uint64_t, piece> pieces_;
