@@ -95,6 +95,11 @@ struct toy {
   {
     return {};
   }
+  alloy::block allocate_cached(std::size_t, std::size_t) noexcept
+    requires(on(capability::allocate_cached))
+  {
+    return {};
+  }
   bool try_deallocate(alloy::block) noexcept
     requires(on(capability::try_deallocate))
   {
@@ -402,8 +407,9 @@ constexpr unsigned stream_ordered_mismatch() {
   // documented: stream_ordered allocates through the part's keeping-cache call, which takes the
   // part's current tag, so a tag reaches it by `scoped_tag`, not per call
   constexpr unsigned passed =
-      m & ~(movable_group | bit(capability::allocate_keeping_cache) | bit(capability::try_deallocate_on_stream) |
-            bit(capability::planned_growth) | bit(capability::tagged_allocate) | bit(capability::graph_pools));
+      m & ~(movable_group | bit(capability::allocate_keeping_cache) | bit(capability::allocate_cached) |
+            bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth) |
+            bit(capability::tagged_allocate) | bit(capability::graph_pools));
   constexpr unsigned checked = (m & bit(capability::try_deallocate)) != 0
                                    ? bit(capability::try_deallocate) | bit(capability::try_deallocate_on_stream)
                                    : 0u;

@@ -93,6 +93,15 @@ concept cache_keeping_allocator = allocator<A> && requires(A& a, std::size_t byt
   { a.allocate_keeping_cache(bytes, alignment) } noexcept -> std::same_as<block>;
 };
 
+/// `allocate_cached(bytes, alignment)`: a block from memory the allocator already holds, with no
+/// call to its upstream or backend at all (no segment, slab, map or unmap), else an empty block
+/// with nothing changed and nothing counted as a failure. `stream_ordered` needs it while a CUDA
+/// graph is captured in a mode that forbids those calls (docs/design.md#cuda-graphs).
+template <class A>
+concept cache_serving_allocator = allocator<A> && requires(A& a, std::size_t bytes, std::size_t alignment) {
+  { a.allocate_cached(bytes, alignment) } noexcept -> std::same_as<block>;
+};
+
 /// An upstream that may be called from several threads at once (`U::thread_safe` is true:
 /// `host_upstream`, the CUDA runtime upstreams). Only over such an upstream may a policy offer
 /// `growth_planning_allocator`, whose upstream call runs outside the caller's lock.
@@ -213,8 +222,9 @@ struct growth_plan {
 
 namespace detail {
 /// How far an allocation may go for memory: keep the cache (fail when the upstream fails), give
-/// free segments back and retry, or (the caller made the upstream calls) not call the upstream.
-enum class growth_mode : unsigned char { keeping_cache, releasing, cache_only };
+/// free segments back and retry, (the caller made the upstream calls) not call the upstream, or
+/// (`allocate_cached`) not call the upstream and not count the failure.
+enum class growth_mode : unsigned char { keeping_cache, releasing, cache_only, without_upstream };
 }  // namespace detail
 
 /// Growth in two phases, so that a lock need not be held across a slow upstream call

@@ -28,11 +28,26 @@
 #include <alloy/concepts.hpp>
 #include <alloy/detail/walk.hpp>
 #include <alloy/error.hpp>
+#include <alloy/graph_pool.hpp>
 #include <alloy/policy/stats.hpp>
 
 namespace alloy {
 
 namespace detail {
+
+/// A composition that keeps private graph pools (`pool_figures()`, whatever its streams).
+template <class A>
+concept reports_graph_pools = requires(const A& a) {
+  { a.pool_figures() } noexcept -> std::same_as<graph_pool_figures>;
+};
+
+/// The graph-pool keys of `memory_stats` (alloy's; PyTorch reports its pools per segment only).
+inline void put_graph_pools(std::map<std::string, std::int64_t>& out, const graph_pool_figures& f) {
+  out["graph_pools.count"] = static_cast<std::int64_t>(f.pools);
+  out["graph_pools.allocated_bytes"] = static_cast<std::int64_t>(f.live_bytes);
+  out["graph_pools.reserved_bytes"] = static_cast<std::int64_t>(f.live_bytes + f.free_bytes);
+  out["graph_pools.deferred_frees"] = static_cast<std::int64_t>(f.deferred);
+}
 
 template <class A>
 concept stats_shaped = requires(A& a) {
@@ -124,10 +139,18 @@ std::map<std::string, std::int64_t> memory_stats_of(S& s) {
 /// the host wait for every stream (since construction: `reset_accumulated()` does not reset it;
 /// zero without such a part), and `oversize_segments` counts the segments larger than
 /// `max_split_size`, observed at queries (so its peak and totals are lower bounds).
+///
+/// A composition with private CUDA graph pools (a `stream_ordered` part) adds
+/// `graph_pools.{count, allocated_bytes, reserved_bytes, deferred_frees}`: pools holding memory,
+/// the bytes of their live blocks, those plus the free blocks kept for their graphs (both already
+/// counted in `allocated_bytes` and `reserved_bytes` above: graph memory apart, not extra), and
+/// frees of earlier blocks waiting for a capture's end.
 template <class A>
   requires detail::contains_stats<A>
 std::map<std::string, std::int64_t> memory_stats(A& a) {
-  return detail::with_stats(a, [](auto& s) { return detail::memory_stats_of(s); });
+  std::map<std::string, std::int64_t> out = detail::with_stats(a, [](auto& s) { return detail::memory_stats_of(s); });
+  if constexpr (detail::reports_graph_pools<A>) detail::put_graph_pools(out, a.pool_figures());
+  return out;
 }
 
 /// `statistics()` of the first `stats<>` part of `a` (locked when a `synchronized<>` is on the way).
@@ -201,7 +224,8 @@ virtual_memory_summary virtual_memory_of(S& s) {
 }
 
 /// The summary table, from one typed reading (nothing is read back from the `memory_stats` map).
-inline std::string make_memory_summary(const stats_reading& r, const virtual_memory_summary& vm = {}) {
+inline std::string make_memory_summary(const stats_reading& r, const virtual_memory_summary& vm = {},
+                                       const graph_pool_figures* graph_pools = nullptr) {
   const alloy::statistics& s = r.statistics;
   const bool pools = r.pools;
   constexpr std::size_t width = 79;
@@ -274,6 +298,12 @@ inline std::string make_memory_summary(const stats_reading& r, const virtual_mem
     two("Mapped memory: " + format_bytes(s.bytes_reserved), "Unmapped addresses: " + format_bytes(vm.unmapped_bytes));
     if (vm.offloaded_bytes != 0) two("Offloaded blocks: " + format_bytes(vm.offloaded_bytes), "");
   }
+  if (graph_pools != nullptr && (graph_pools->pools != 0 || graph_pools->deferred != 0)) {
+    two("Graph pools: " + std::to_string(graph_pools->pools),
+        "Deferred frees: " + std::to_string(graph_pools->deferred));
+    two("Graph memory: " + format_bytes(graph_pools->live_bytes + graph_pools->free_bytes),
+        "Of it allocated: " + format_bytes(graph_pools->live_bytes));
+  }
   if (s.bytes_active || s.bytes_inactive || s.peak_bytes_active || s.bytes_reclaimed || s.num_defragmentations) {
     two("Active (locked): " + format_bytes(s.bytes_active), "Inactive (unlocked): " + format_bytes(s.bytes_inactive));
     two("Peak active: " + format_bytes(s.peak_bytes_active), "Reclaimed: " + format_bytes(s.bytes_reclaimed));
@@ -288,13 +318,16 @@ inline std::string make_memory_summary(const stats_reading& r, const virtual_mem
 
 /// A readable table of the statistics of the first `stats<>` part of `a`, after PyTorch's
 /// `torch.cuda.memory_summary()`: current, peak, total allocated and total freed of memory,
-/// blocks and segments, per pool when there are pools, then limits, free space and movable memory.
+/// blocks and segments, per pool when there are pools, then limits, free space, virtual memory,
+/// graph pools and movable memory.
 template <class A>
   requires detail::contains_stats<A>
 std::string memory_summary(A& a) {
-  return detail::with_stats(a, [](auto& s) {
+  graph_pool_figures graph_pools{};
+  if constexpr (detail::reports_graph_pools<A>) graph_pools = a.pool_figures();
+  return detail::with_stats(a, [&](auto& s) {
     const detail::stats_reading r = s.reading();  // refreshed once
-    return detail::make_memory_summary(r, detail::virtual_memory_of(s, r));
+    return detail::make_memory_summary(r, detail::virtual_memory_of(s, r), &graph_pools);
   });
 }
 

@@ -198,7 +198,8 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   and `arena()` give the parts (no `parts()`, so no walker counts the slabs twice).
 /// - Capabilities: `try_deallocate`, `owns`, `release` (free slabs to the arena, then free
 ///   granules to the backend), `reserved_bytes`, `mapped_bytes`, `counters`, `bytes_in_use`,
-///   `requested_bytes`, `for_each_block`, tags and offload; over a `thread_safe_vmm`, planned
+///   `requested_bytes`, `for_each_block`, `allocate_keeping_cache` and `allocate_cached` (for
+///   `stream_ordered`), tags and offload; over a `thread_safe_vmm`, planned
 ///   growth above 128 KiB and `release_detached` (docs/design.md#threads).
 /// - Defaults chosen by measurement: bench/README.md#virtual-memory
 template <virtual_memory Vmm>
@@ -256,6 +257,12 @@ class virtual_allocator {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
     if (current_tag_.value != 0 || arena_->state(current_tag_) != tag_state::resident) return {};
     return heap_.allocate_keeping_cache(bytes, alignment);
+  }
+  /// From the pool's free slots or the arena's mapped granules only (`cache_serving_allocator`):
+  /// no slab taken, no granule mapped or unmapped, a failure not counted as an OOM.
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept {
+    if (current_tag_.value != 0 || arena_->state(current_tag_) != tag_state::resident) return {};
+    return heap_.allocate_cached(bytes, alignment);
   }
   /// Planned growth (`growth_planning_allocator`, over a `thread_safe_vmm`): requests above
   /// `threshold` plan their creates and maps as the arena does (`virtual_arena::allocate_or_plan`),

@@ -9,9 +9,9 @@ CUDA initialises), set_reset_fn (torch.cuda.empty_cache), set_memory_fraction_fn
 All four are set. Not set: set_base_alloc_fn (CUDA IPC of tensors shares the block itself) and
 the graph-pool hooks, whose std::function arguments no C function can take. So alloy gives each
 capture it sees a private pool of its own (docs/design.md#c-library-and-python), kept until
-alloy.release_graph_pools(); while a capture runs, the default and caching compositions serve it
-from what they have cached, and the virtual one refuses (an out-of-memory error that ends the
-capture): warm the cache, or allocate the graph's memory before capturing.
+alloy.release_graph_pools(); while a capture runs, every composition serves it only from what
+it holds (no cudaMalloc, no new mapping), and a request that needs more fails (an out-of-memory
+error that ends the capture): warm the cache, as PyTorch's warm-up iterations do.
 
 Out of memory: PyTorch does not check the pointer a pluggable allocator's malloc returns, so the
 global swap uses alloy_torch_malloc_or_throw, whose C++ exception PyTorch turns into a

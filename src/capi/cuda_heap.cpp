@@ -64,12 +64,11 @@ device_guard::~device_guard() {
   if (previous_ >= 0) cudaSetDevice(previous_);
 }
 
-// Under a capture CUDA does not say the mode, so stream_ordered assumes the global one and may serve
-// only what its composition has cached, through planned growth: the default and caching
-// compositions can (their upstream is thread-safe); the virtual one cannot (its backend is not),
-// and refuses requests while a capture runs.
-static_assert(growth_planning_allocator<default_allocator<capped_upstream<cuda_malloc_upstream>>>);
-static_assert(growth_planning_allocator<caching_allocator<capped_upstream<cuda_malloc_upstream>>>);
+// Under a capture CUDA does not say the mode, so stream_ordered assumes the global one and serves
+// the capture only from what the composition holds (`allocate_cached`: no cudaMalloc, no map).
+static_assert(cache_serving_allocator<default_allocator<capped_upstream<cuda_malloc_upstream>>>);
+static_assert(cache_serving_allocator<caching_allocator<capped_upstream<cuda_malloc_upstream>>>);
+static_assert(cache_serving_allocator<virtual_allocator<capped_vmm<cuda_vmm>>>);
 
 std::unique_ptr<device_heap> make_cuda_heap(const config& c, int device, std::size_t limit, std::string& why) {
   // The backend owns the device's virtual memory; its capacity is the device's limit when one is

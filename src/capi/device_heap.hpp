@@ -251,7 +251,12 @@ class heap_of final : public device_heap {
     }
   }
   void release() noexcept override { alloc_.release(); }
-  std::map<std::string, std::int64_t> memory_stats() override { return alloy::memory_stats(alloc_); }
+  std::map<std::string, std::int64_t> memory_stats() override {
+    std::map<std::string, std::int64_t> out = alloy::memory_stats(alloc_);
+    // PyTorch's key list exactly; the graph pools are in the statistics JSON (`graph_pools`, ...).
+    std::erase_if(out, [](const auto& kv) { return kv.first.starts_with("graph_pools."); });
+    return out;
+  }
   alloy::statistics statistics() override { return alloc_.statistics(); }
   std::string summary() override { return alloy::memory_summary(alloc_); }
   heap_picture picture() override {

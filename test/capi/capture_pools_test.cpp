@@ -11,6 +11,7 @@
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
+#include <alloy/showcase.hpp>
 
 #include "capi/capture_pools.hpp"
 
@@ -20,18 +21,28 @@ namespace model = alloy::cuda_model;
 namespace {
 
 using arena = alloy::best_fit_arena<model::malloc_upstream>;
-using composition = alloy::stats<alloy::stream_ordered<arena, model::stream_t>>;
-using pools_t = alloy::capi::capture_pools<composition, model::stream_t>;
 
-struct fixture {
+/// The heaps under test: a best-fit arena over `cudaMalloc`, and liballoy's `virtual` composition
+/// (virtual_allocator) over the model's virtual memory.
+struct over_arena {
+  using heap = arena;
+  static heap make(model::runtime& rt) { return heap{model::malloc_upstream{rt}, {.initial_size = 16_MiB}}; }
+};
+struct over_virtual_memory {
+  using heap = alloy::virtual_allocator<model::vmm>;
+  static heap make(model::runtime& rt) { return heap{model::vmm{rt, 256_MiB}}; }
+};
+
+template <class Over>
+struct fixture_of {
+  using composition = alloy::stats<alloy::stream_ordered<typename Over::heap, model::stream_t>>;
   model::runtime rt;
   model::stream_t capturing{};
   model::stream_t other{};
-  composition alloc{
-      alloy::stream_ordered<arena, model::stream_t>{arena{model::malloc_upstream{rt}, {.initial_size = 16_MiB}}}};
-  pools_t pools;
+  composition alloc{alloy::stream_ordered<typename Over::heap, model::stream_t>{Over::make(rt)}};
+  alloy::capi::capture_pools<composition, model::stream_t> pools;
 
-  fixture() {
+  fixture_of() {
     BOOST_REQUIRE(rt.stream_create(&capturing) == model::error::success);
     BOOST_REQUIRE(rt.stream_create(&other) == model::error::success);
     const alloy::block warm = alloc.allocate(8_MiB, 256, capturing);  // the cache the capture uses
@@ -73,6 +84,8 @@ struct fixture {
     return graph;
   }
 };
+using fixture = fixture_of<over_arena>;
+using virtual_fixture = fixture_of<over_virtual_memory>;
 
 }  // namespace
 
@@ -124,5 +137,23 @@ BOOST_FIXTURE_TEST_CASE(a_running_capture_keeps_its_pool_through_a_release, fixt
   BOOST_REQUIRE(rt.graph_destroy(graph) == model::error::success);
   pools.release_closed(alloc);
   BOOST_TEST(pools.size() == 0u);
+  BOOST_TEST(rt.clean(), rt.first_violation());
+}
+
+// liballoy's default composition, virtual_allocator: the capture is served from the granules the
+// warm-up mapped (no create or map under the global capture, which the model would report), and
+// its pool keeps the graph's memory from other work as over an arena.
+BOOST_FIXTURE_TEST_CASE(the_virtual_composition_serves_a_capture_from_its_mapped_granules, virtual_fixture) {
+  alloy::block output;
+  const model::graph_t graph = capture_and_replay(true, 5, output);
+  BOOST_TEST(rt.clean(), rt.first_violation());
+  BOOST_TEST(alloc.inner().order_counters().capture_refusals == 0u);
+  BOOST_TEST(pools.size() == 1u);
+  alloc.deallocate(output, capturing);
+  BOOST_REQUIRE(rt.graph_destroy(graph) == model::error::success);
+  pools.release_closed(alloc);
+  rt.run_all();
+  BOOST_TEST(alloc.pool_figures().pools == 0u);
+  BOOST_TEST(alloc.bytes_in_use() == 0u);
   BOOST_TEST(rt.clean(), rt.first_violation());
 }

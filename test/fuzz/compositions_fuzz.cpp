@@ -35,7 +35,8 @@
 // one) or the call's (stream-ordered ones: always the current tag, op & 0x20 the default stream), and
 // a check with arg % 8 of 1-6 offloads, discards or restores tag (arg >> 3) % 3, makes the host copy
 // fail or succeed, or schedules backend failures (bytes 1 and 2: which call, which kinds, whether
-// every call from then on fails).
+// every call from then on fails). For the others op & 0x20 allocates through `allocate_cached`
+// where there is one (only from what is held).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -354,6 +355,9 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
           } else {
             b = alloc.allocate(bytes, alignment, alloy::tag{tag});
           }
+        } else if constexpr (alloy::cache_serving_allocator<A>) {
+          // from what the allocator holds only, on some ops (what a CUDA graph's capture gets)
+          b = (op & 0x20) ? alloc.allocate_cached(bytes, alignment) : alloc.allocate(bytes, alignment);
         } else {
           b = alloc.allocate(bytes, alignment);
         }

@@ -2,13 +2,16 @@
 // Stream capture and private graph pools, over the host model of the CUDA runtime
 // (alloy/cuda_model.hpp): the model answering CUDA's rules itself; one test per call CUDA forbids
 // under capture, which fails if stream_ordered ever makes it; graph pools (isolation, sharing,
-// release, an aborted capture); randomized sequences of captures, allocations, frees, launches and
-// pool releases on several streams, checked after every step; two threads, one capturing.
+// release, an aborted capture); `allocate_cached`, through which captures are served; graph pools
+// in the statistics; randomized sequences of captures, allocations, frees, launches and pool
+// releases on several streams, over a best-fit arena and over virtual_allocator, checked after
+// every step; two threads, one capturing.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -19,11 +22,16 @@
 
 #include <alloy/cuda_model.hpp>
 #include <alloy/literals.hpp>
+#include <alloy/memory_stats.hpp>
 #include <alloy/policy/best_fit_arena.hpp>
 #include <alloy/policy/sharded.hpp>
+#include <alloy/policy/size_class_pool.hpp>
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
+#include <alloy/showcase.hpp>
+
+#include "support/sanitizers.hpp"
 
 using namespace alloy::literals;
 using alloy::block;
@@ -315,6 +323,111 @@ BOOST_AUTO_TEST_CASE(no_upstream_call_the_mode_forbids) {
   }
 }
 
+// virtual_allocator under a global capture: served from its pool's slots and the arena's mapped
+// granules (`allocate_cached`), with no create, map, unmap or reserve; a request that would map
+// fails cleanly (counted as a capture refusal, not as an out-of-memory), and is served once the
+// capture ended. The same through a stats<> decorator, whose counts stay exact.
+BOOST_AUTO_TEST_CASE(virtual_allocator_serves_a_capture_from_mapped_granules) {
+  using vheap = alloy::virtual_allocator<model::vmm>;
+  using vordered = alloy::stream_ordered<alloy::stats<vheap>, stream_t>;
+  static_assert(alloy::cache_serving_allocator<alloy::stats<vheap>>);
+  model::runtime rt;
+  const stream_t s = make_stream(rt);
+  vordered alloc{alloy::stats<vheap>{vheap{model::vmm{rt, 256_MiB}}}};
+  {  // warm: a large block (arena granules) and small ones (pool slabs), freed again
+    const block big = alloc.allocate(6_MiB, 256, s), small = alloc.allocate(1000, 256, s);
+    BOOST_REQUIRE((big && small));
+    alloc.deallocate(big, s);
+    alloc.deallocate(small, s);
+  }
+  auto& heap = alloc.inner();
+  const std::size_t mapped = heap.inner().mapped_bytes();
+  const auto counters = heap.inner().counters();
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::global) == error::success);
+  const block big = alloc.allocate(5_MiB, 256, s);
+  const block small = alloc.allocate(800, 256, s);
+  BOOST_TEST(static_cast<bool>(big));
+  BOOST_TEST(static_cast<bool>(small));
+  BOOST_TEST(!alloc.allocate(64_MiB, 256, s));  // would map: refused
+  BOOST_TEST(alloc.order_counters().capture_refusals == 1u);
+  REQUIRE_CLEAN(rt);
+  BOOST_TEST(heap.inner().mapped_bytes() == mapped);
+  BOOST_TEST(heap.inner().counters().num_maps == counters.num_maps);
+  BOOST_TEST(heap.inner().counters().num_ooms == counters.num_ooms);
+  BOOST_TEST(heap.statistics().num_ooms == 0u);
+  BOOST_TEST(heap.bytes_in_use() == 5_MiB + 800);
+  BOOST_REQUIRE(rt.use(s, big.ptr, big.size) == error::success);
+  alloc.deallocate(small, s);
+  alloc.deallocate(big, s);
+  model::graph_t g{};
+  BOOST_REQUIRE(rt.end_capture(s, &g) == error::success);
+  BOOST_REQUIRE(rt.graph_launch(g, s) == error::success);
+  rt.run_all();
+  BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
+  const block after = alloc.allocate(64_MiB, 256, s);  // the capture ended: it maps
+  BOOST_TEST(static_cast<bool>(after));
+  alloc.deallocate(after, s);
+  BOOST_TEST(heap.bytes_in_use() == 0u);
+  REQUIRE_CLEAN(rt);
+}
+
+// `allocate_cached` of every policy that has it, and of compositions and decorators that pass it
+// on, under a global capture (where the model fails any upstream call): a warm cache serves the
+// request; a request for memory given back by `release()` (for a virtual arena: addresses it
+// still knows, unmapped) gets an empty block, with no upstream call and no failure counted; once
+// the capture ended, `allocate` takes it again.
+template <class A, class Make>
+void check_allocate_cached(const char* name, Make make, std::size_t warm_bytes, std::size_t too_large) {
+  BOOST_TEST_CONTEXT(name) {
+    model::runtime rt;
+    const stream_t s = make_stream(rt);
+    A a = make(rt);
+    static_assert(alloy::cache_serving_allocator<A>);
+    // `big` held once, then given back (for a virtual arena: addresses below `w`'s, unmapped)
+    const block big = a.allocate(too_large, 256);
+    const block w = a.allocate(warm_bytes, 256);
+    BOOST_REQUIRE((big && w));
+    a.deallocate(big);
+    a.release();
+    a.deallocate(w);  // kept: the cache
+    const auto before = a.counters();
+    BOOST_REQUIRE(rt.begin_capture(s, capture_mode::global) == error::success);
+    const block served = a.allocate_cached(warm_bytes, 256);
+    BOOST_TEST(served.ptr == w.ptr);
+    BOOST_TEST(!a.allocate_cached(too_large, 256));
+    REQUIRE_CLEAN(rt);  // no cudaMalloc, cuMemCreate, cuMemMap, cuMemUnmap or reserve
+    BOOST_TEST(a.counters().num_ooms == before.num_ooms);
+    BOOST_TEST(a.counters().num_device_alloc == before.num_device_alloc);
+    model::graph_t g{};
+    BOOST_REQUIRE(rt.end_capture(s, &g) == error::success);
+    BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
+    const block grown = a.allocate(too_large, 256);
+    BOOST_TEST(static_cast<bool>(grown));
+    a.deallocate(grown);
+    a.deallocate(served);
+    REQUIRE_CLEAN(rt);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(allocate_cached_makes_no_upstream_call) {
+  using pool = alloy::size_class_pool<model::malloc_upstream>;
+  using varena = alloy::virtual_arena<model::vmm>;
+  using vheap = alloy::virtual_allocator<model::vmm>;
+  using dheap = alloy::default_allocator<model::malloc_upstream>;
+  check_allocate_cached<arena>("best_fit_arena", [](model::runtime& rt) { return make_arena(rt); }, 512_KiB, 8_MiB);
+  check_allocate_cached<pool>(
+      "size_class_pool", [](model::runtime& rt) { return pool{model::malloc_upstream{rt}}; }, 4096, 64_KiB);
+  check_allocate_cached<varena>(
+      "virtual_arena", [](model::runtime& rt) { return varena{model::vmm{rt, 256_MiB}}; }, 3_MiB, 64_MiB);
+  check_allocate_cached<vheap>(
+      "virtual_allocator (arena)", [](model::runtime& rt) { return vheap{model::vmm{rt, 256_MiB}}; }, 3_MiB, 64_MiB);
+  check_allocate_cached<vheap>(
+      "virtual_allocator (pool)", [](model::runtime& rt) { return vheap{model::vmm{rt, 256_MiB}}; }, 1000, 8_MiB);
+  check_allocate_cached<alloy::stats<dheap>>(
+      "stats<default_allocator>",
+      [](model::runtime& rt) { return alloy::stats<dheap>{dheap{model::malloc_upstream{rt}}}; }, 1000, 64_MiB);
+}
+
 // release() under capture gives nothing back (cudaFree is forbidden, and the graph uses it).
 BOOST_AUTO_TEST_CASE(no_memory_given_back_in_capture) {
   model::runtime rt;
@@ -500,6 +613,48 @@ BOOST_AUTO_TEST_CASE(through_sharded) {
   REQUIRE_CLEAN(rt);
 }
 
+// memory_stats and memory_summary report the private pools apart: bytes live in them, bytes kept
+// for their graphs, and deferred frees, through synchronized<stats<>> (whose lock the figures take).
+BOOST_AUTO_TEST_CASE(statistics_report_graph_pools_apart) {
+  model::runtime rt;
+  const stream_t s = make_stream(rt);
+  alloy::synchronized<alloy::stats<ordered>> alloc{alloy::stats<ordered>{ordered{make_arena(rt, 1_MiB)}}};
+  const block before = alloc.allocate(1024, 256, s);  // freed inside the capture: deferred
+  auto stats = alloy::memory_stats(alloc);
+  BOOST_TEST(stats.at("graph_pools.count") == 0);
+  BOOST_TEST(alloy::memory_summary(alloc).find("Graph pools") == std::string::npos);
+  graph_pool pool;
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::global) == error::success);
+  BOOST_REQUIRE(alloc.begin_allocate_to_pool(pool, s));
+  const block kept = alloc.allocate(4096, 256, s);
+  const block scratch = alloc.allocate(8192, 256, s);
+  alloc.deallocate(scratch, s);
+  alloc.deallocate(before, s);
+  stats = alloy::memory_stats(alloc);
+  BOOST_TEST(stats.at("graph_pools.count") == 1);
+  BOOST_TEST(stats.at("graph_pools.allocated_bytes") == 4096);
+  BOOST_TEST(stats.at("graph_pools.reserved_bytes") == 4096 + 8192);
+  BOOST_TEST(stats.at("graph_pools.deferred_frees") == 1);
+  // in the totals too (stats<> counts a free when it is asked for, deferred or kept in a pool)
+  BOOST_TEST(stats.at("allocated_bytes.all.current") == 4096);
+  BOOST_TEST(stats.at("reserved_bytes.all.current") >= 4096 + 8192 + 1024);
+  const std::string summary = alloy::memory_summary(alloc);
+  BOOST_TEST(summary.find("Graph pools: 1") != std::string::npos, summary);
+  BOOST_TEST(summary.find("Graph memory: 12.00 KiB") != std::string::npos, summary);
+  model::graph_t g{};
+  BOOST_REQUIRE(rt.end_capture(s, &g) == error::success);
+  alloc.end_allocate_to_pool(pool);
+  BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
+  alloc.deallocate(kept, s);
+  alloc.release_pool(pool);
+  stats = alloy::memory_stats(alloc);
+  BOOST_TEST(stats.at("graph_pools.count") == 0);
+  BOOST_TEST(stats.at("graph_pools.reserved_bytes") == 0);
+  BOOST_TEST(stats.at("graph_pools.deferred_frees") == 0);
+  BOOST_TEST(stats.at("allocated_bytes.all.current") == 0);
+  REQUIRE_CLEAN(rt);
+}
+
 BOOST_AUTO_TEST_CASE(aborted_capture_unwinds_its_pool) {
   model::runtime rt;
   const stream_t s = make_stream(rt);
@@ -533,12 +688,28 @@ BOOST_AUTO_TEST_SUITE_END()
 
 namespace {
 
+/// The compositions the randomized run covers: a best-fit arena over `cudaMalloc` (requests of 16 B
+/// to 128 KiB), and virtual_allocator over the model's virtual memory (16 B to 1 MiB, so that both
+/// its pool and its arena serve).
+struct over_arena {
+  using inner = arena;
+  static constexpr std::size_t largest_shift = 13;
+  static inner make(model::runtime& rt) { return make_arena(rt); }
+};
+struct over_virtual_allocator {
+  using inner = alloy::virtual_allocator<model::vmm>;
+  static constexpr std::size_t largest_shift = 16;
+  static inner make(model::runtime& rt) { return inner{model::vmm{rt, 256_MiB}}; }
+};
+
 /// Captures, allocations, frees, launches and pool releases at random on three streams; after
 /// every step the model saw no illegal call, no work outside graphs touched a live graph's
 /// memory, and no block handed out overlaps another live one or a live pool's memory.
+template <class Over>
 struct random_run {
+  using ordered = alloy::stream_ordered<typename Over::inner, stream_t>;
   model::runtime rt;
-  alloy::stats<ordered> alloc{ordered{make_arena(rt)}};
+  alloy::stats<ordered> alloc{ordered{Over::make(rt)}};
   std::vector<stream_t> streams;
   std::mt19937_64 rng;
 
@@ -588,21 +759,22 @@ struct random_run {
     for (const live_block& l : live) {
       const auto lo = reinterpret_cast<std::uintptr_t>(l.b.ptr);
       const auto x = reinterpret_cast<std::uintptr_t>(b.ptr);
-      BOOST_REQUIRE_MESSAGE(x + b.size <= lo || lo + l.b.size <= x, "a block overlaps a live block");
+      if (x + b.size > lo && lo + l.b.size > x) BOOST_FAIL("a block overlaps a live block");
     }
     for (const auto& [p, addresses] : pool_addresses) {
       if (p == pool) continue;
       if (!pool_has_graph(p)) continue;
-      BOOST_REQUIRE_MESSAGE(addresses.count(b.ptr) == 0, "an address of a live pool reached other work");
+      if (addresses.count(b.ptr) != 0) BOOST_FAIL("an address of a live pool reached other work");
     }
   }
 
   void step() {
     const std::size_t what = pick(100);
-    if (what < 35) {  // allocate
+    if (what < 35) {  // allocate (at most 512 blocks live, so that long runs stay linear)
+      if (live.size() >= 512) return;
       const stream_t s = running && pick(3) != 0 ? running->s : streams[pick(streams.size())];
       const bool in_capture = running && s == running->s;
-      const std::size_t bytes = std::size_t{1} << (4 + pick(14));
+      const std::size_t bytes = std::size_t{1} << (4 + pick(Over::largest_shift + 1));
       const block b = alloc.allocate(bytes, 256, s);
       if (!b) return;
       check_block(b, in_capture ? running->pool : nullptr);
@@ -625,7 +797,7 @@ struct random_run {
       BOOST_REQUIRE(rt.begin_capture(s, mode) == error::success);
       graph_pool* pool = nullptr;
       if (pick(4) != 0) {
-        if (pools.empty() || pick(3) == 0) pools.push_back(std::make_unique<graph_pool>());
+        if (pools.empty() || (pools.size() < 8 && pick(3) == 0)) pools.push_back(std::make_unique<graph_pool>());
         pool = pools[pick(pools.size())].get();
         BOOST_REQUIRE(alloc.begin_allocate_to_pool(*pool, s));
       }
@@ -723,13 +895,23 @@ struct random_run {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(randomized_captures) {
+/// Steps per seed: 100,000 (10,000 under ThreadSanitizer, which these one-thread runs do not
+/// need), or `ALLOY_CAPTURE_STEPS` (the million-step runs CHANGELOG.md reports).
+int capture_steps() {
+  const char* v = std::getenv("ALLOY_CAPTURE_STEPS");
+  if (v != nullptr && std::atoi(v) > 0) return std::atoi(v);
+  return alloy::testing::under_tsan ? 10'000 : 100'000;
+}
+
+template <class Over>
+void randomized_captures() {
+  const int steps = capture_steps();
   for (unsigned seed = 1; seed <= 12; ++seed) {
     BOOST_TEST_CONTEXT("seed " << seed) {
-      random_run run(seed);
-      for (int i = 0; i < 10000; ++i) {
+      random_run<Over> run(seed);
+      for (int i = 0; i < steps; ++i) {
         run.step();
-        REQUIRE_CLEAN(run.rt);
+        if (!run.rt.clean()) BOOST_FAIL(run.rt.first_violation());  // a plain check: millions of steps
       }
       run.finish();
       BOOST_TEST(run.captured_allocations > 100u);
@@ -745,6 +927,9 @@ BOOST_AUTO_TEST_CASE(randomized_captures) {
     }
   }
 }
+
+BOOST_AUTO_TEST_CASE(randomized_captures_over_an_arena) { randomized_captures<over_arena>(); }
+BOOST_AUTO_TEST_CASE(randomized_captures_over_virtual_allocator) { randomized_captures<over_virtual_allocator>(); }
 
 // ---- two threads, one capturing ----------------------------------------------------------------
 

@@ -14,6 +14,8 @@
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
+#include <alloy/showcase.hpp>
+#include <alloy/vmm/cuda_vmm.hpp>
 
 #include "support/gpu.hpp"
 
@@ -22,10 +24,14 @@ using namespace alloy::literals;
 namespace {
 
 using arena = alloy::best_fit_arena<alloy::cuda_malloc_upstream>;
-using composition = alloy::synchronized<alloy::stats<alloy::stream_ordered<arena, cudaStream_t>>>;
+using vheap = alloy::virtual_allocator<alloy::cuda_vmm>;
+template <class Heap>
+using composition_over = alloy::synchronized<alloy::stats<alloy::stream_ordered<Heap, cudaStream_t>>>;
 static_assert(alloy::capturable_stream<cudaStream_t>);
-static_assert(alloy::graph_pooling_allocator<composition, cudaStream_t>);
-static_assert(alloy::growth_planning_allocator<arena>);  // served from its cache under a global capture
+static_assert(alloy::graph_pooling_allocator<composition_over<arena>, cudaStream_t>);
+static_assert(alloy::graph_pooling_allocator<composition_over<vheap>, cudaStream_t>);
+// served from what they hold under a global capture, which forbids cudaMalloc and cuMemMap
+static_assert(alloy::cache_serving_allocator<arena> && alloy::cache_serving_allocator<vheap>);
 
 constexpr std::size_t n = 1 << 20;  // 4 MiB of uint32 per block
 
@@ -55,20 +61,17 @@ bool overlaps(const alloy::block& a, const std::vector<alloy::block>& set) {
   return false;
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_SUITE(graph_gpu)
-
-BOOST_AUTO_TEST_CASE(captured_allocations_replayed_100_times, ALLOY_GPU_TEST) {
+/// A graph that allocates, fills, transforms, frees and reuses through `alloc` (warm), replayed 100
+/// times with work outside it on another stream from the same composition; every replay's content
+/// is checked on the device.
+template <class Composition>
+void replay_100_times(Composition& alloc) {
   cudaStream_t s = nullptr, other = nullptr;
   ALLOY_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   ALLOY_CUDA_TRY(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
   unsigned* counters = nullptr;  // [0] round, [1] mismatches
   ALLOY_CUDA_TRY(cudaMallocManaged(&counters, 2 * sizeof(unsigned)));
   counters[0] = counters[1] = 0;
-  // A warm cache: the global capture mode forbids cudaMalloc, so the graph is served from it.
-  composition alloc{alloy::stats<alloy::stream_ordered<arena, cudaStream_t>>{
-      alloy::stream_ordered<arena, cudaStream_t>{arena{{}, {.initial_size = 64_MiB}}}}};
   alloy::graph_pool pool;
 
   std::vector<alloy::block> pool_blocks;
@@ -117,6 +120,27 @@ BOOST_AUTO_TEST_CASE(captured_allocations_replayed_100_times, ALLOY_GPU_TEST) {
   cudaFree(counters);
   cudaStreamDestroy(s);
   cudaStreamDestroy(other);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(graph_gpu)
+
+BOOST_AUTO_TEST_CASE(captured_allocations_replayed_100_times, ALLOY_GPU_TEST) {
+  // A warm cache: the global capture mode forbids cudaMalloc, so the graph is served from it.
+  composition_over<arena> alloc{alloy::stats<alloy::stream_ordered<arena, cudaStream_t>>{
+      alloy::stream_ordered<arena, cudaStream_t>{arena{{}, {.initial_size = 64_MiB}}}}};
+  replay_100_times(alloc);
+}
+
+BOOST_AUTO_TEST_CASE(captured_allocations_replayed_100_times_over_virtual_allocator, ALLOY_GPU_TEST) {
+  // Warm: blocks as large as the graph's mapped once and freed (granules stay mapped).
+  composition_over<vheap> alloc{alloy::stats<alloy::stream_ordered<vheap, cudaStream_t>>{
+      alloy::stream_ordered<vheap, cudaStream_t>{vheap{alloy::cuda_vmm{}}}}};
+  std::vector<alloy::block> warm;
+  for (int i = 0; i < 4; ++i) warm.push_back(alloc.allocate(n * 4, 256));
+  for (const alloy::block b : warm) alloc.deallocate(b);
+  replay_100_times(alloc);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

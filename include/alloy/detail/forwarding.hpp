@@ -108,13 +108,14 @@ enum class capability : unsigned {
   detaching_release,  ///< `release_detached(out)` (detaching_release_allocator)
   graph_pools,        ///< `begin_allocate_to_pool`, `end_allocate_to_pool`, `release_pool`, `pool_figures`
   try_free_handle,    ///< `try_deallocate(handle)` (has_try_deallocate_handle)
+  allocate_cached,    ///< `allocate_cached` (cache_serving_allocator)
   count_              ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 29;
+inline constexpr unsigned forwarded_capabilities = 30;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
@@ -135,6 +136,7 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::bytes_limit) return reports_bytes_limit<A>;
   else if constexpr (C == capability::bytes_reservable_limit) return reports_bytes_reservable_limit<A>;
   else if constexpr (C == capability::allocate_keeping_cache) return cache_keeping_allocator<A>;
+  else if constexpr (C == capability::allocate_cached) return cache_serving_allocator<A>;
   else if constexpr (C == capability::try_deallocate) return checked_deallocating_allocator<A>;
   else if constexpr (C == capability::stream_ordered) return stream_ordered_allocator<A, Stream>;
   else if constexpr (C == capability::try_deallocate_on_stream) return checked_stream_deallocating_allocator<A, Stream>;
@@ -397,6 +399,11 @@ class forwards_everything : public forwards_queries<Derived, Inner> {
   {
     return call([&](auto& in) { return in.allocate_keeping_cache(bytes, alignment); });
   }
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_serving_allocator<Inner>
+  {
+    return call([&](auto& in) { return in.allocate_cached(bytes, alignment); });
+  }
   block allocate_or_plan(std::size_t bytes, std::size_t alignment, growth_plan& plan) noexcept
     requires growth_planning_allocator<Inner>
   {
@@ -523,6 +530,15 @@ class decorates : public forwards_queries<Derived, Inner> {
     Inner& in = self().inner();
     return self().on_allocate(
         bytes, alignment, [&](std::size_t n) { return in.allocate_keeping_cache(n, alignment); },
+        [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
+  }
+  /// Counted as `allocate_keeping_cache` is: an empty block is not a failure yet.
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_serving_allocator<Inner>
+  {
+    Inner& in = self().inner();
+    return self().on_allocate(
+        bytes, alignment, [&](std::size_t n) { return in.allocate_cached(n, alignment); },
         [&](block b) { in.deallocate(b); }, allocation_kind::keeping_cache);
   }
   /// The planning phase is, to the decorator, a call that may fail without being a failure yet
@@ -803,6 +819,14 @@ class two_parts {
     requires cache_keeping_allocator<First> && cache_keeping_allocator<Second>
   {
     const auto call = [&](auto& part) { return part.allocate_keeping_cache(bytes, alignment); };
+    if (current_tag_refused()) [[unlikely]]
+      return refused_with_current_tag(call);
+    return self().route_allocation(bytes, alignment, call);
+  }
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_serving_allocator<First> && cache_serving_allocator<Second>
+  {
+    const auto call = [&](auto& part) { return part.allocate_cached(bytes, alignment); };
     if (current_tag_refused()) [[unlikely]]
       return refused_with_current_tag(call);
     return self().route_allocation(bytes, alignment, call);

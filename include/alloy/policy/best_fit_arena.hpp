@@ -61,8 +61,8 @@ using arena_misuse_counts = misuse_counts;
 /// - Memory kind: the upstream's. Capabilities: `owns`, `release`, `reserved_bytes`, `counters`,
 ///   `for_each_block`, `bytes_in_use` (rounded, so reserved = in use + free), `requested_bytes`,
 ///   `free_bytes`, `largest_free_block`, `bytes_reservable_limit`, `try_deallocate`,
-///   `allocate_at` and `chunk_size` (for `compacting_defragmenter`), `allocate_keeping_cache` (for
-///   `stream_ordered`), `check_invariants`; over a `thread_safe_upstream`, planned growth and
+///   `allocate_at` and `chunk_size` (for `compacting_defragmenter`), `allocate_keeping_cache` and
+///   `allocate_cached` (for `stream_ordered`), `check_invariants`; over a `thread_safe_upstream`, planned growth and
 ///   `release_detached`, so that `synchronized` and `sharded` call the upstream without their lock
 ///   (docs/design.md#threads). Zero bytes: a chunk of `rounding` bytes, returned with size 0.
 /// - Defaults chosen by measurement: bench/README.md#current-results
@@ -166,6 +166,11 @@ class best_fit_arena {
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
     return allocate_impl(bytes, alignment, detail::growth_mode::keeping_cache);
   }
+  /// A block from the free chunks only (`cache_serving_allocator`): no segment taken, none given
+  /// back, a failure not counted (for `stream_ordered` under a CUDA graph's capture).
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, detail::growth_mode::without_upstream);
+  }
 
   /// Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only): a block
   /// when a free chunk serves the request; else an empty block, the arena unchanged, with `plan`
@@ -218,7 +223,8 @@ class best_fit_arena {
       c = grow_for(rounded, need, mode);
     }
     if (c == detail::best_fit_npos) {
-      if (mode != detail::growth_mode::keeping_cache) ++counters_.num_ooms;  // else the caller retries with release
+      // keeping_cache: the caller retries with release; without_upstream: not a failure yet
+      if (mode == detail::growth_mode::releasing || mode == detail::growth_mode::cache_only) ++counters_.num_ooms;
       return {};
     }
     std::uintptr_t start = pool_[c].addr;
@@ -562,7 +568,8 @@ class best_fit_arena {
 
     bool upstream_failed = false;
     std::uint32_t c = detail::best_fit_npos;
-    if (mode != detail::growth_mode::cache_only) c = grow_by(preferred, need, upstream_failed);
+    if (mode != detail::growth_mode::cache_only && mode != detail::growth_mode::without_upstream)
+      c = grow_by(preferred, need, upstream_failed);
     if (c != detail::best_fit_npos) {
       if (advances && next_growth_ < opts_.max_growth_size)
         next_growth_ = next_growth_ > opts_.max_growth_size / 2 ? opts_.max_growth_size : next_growth_ * 2;

@@ -18,7 +18,7 @@ namespace alloy {
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes`, `counters` (the sums), `bytes_in_use` and `requested_bytes`
 ///   (the sums), introspection, checked frees (`try_deallocate`), stream-ordered calls,
-///   `allocate_keeping_cache`, `record_use`, `serves` and planned growth (`Primary`'s growth is
+///   `allocate_keeping_cache`, `allocate_cached`, `record_use`, `serves` and planned growth (`Primary`'s growth is
 ///   planned; `Secondary` is then called plainly, under the caller's lock, when `Primary` fails for
 ///   good). Not limits or movable handles. Memory kind: what both parts share.
 /// - Statistics (`detail::figures_of`, what `stats<>` reads): its parts' figures added up

@@ -76,7 +76,7 @@ struct alignas(64) thread_slot {
 ///   use in the shards, at most `thread_cache` bytes per class and thread; `release()` first
 ///   gives back the calling thread's cache.
 /// - Capabilities, each when `Inner` has it: the queries (answered by every shard under its lock
-///   and added up), `try_deallocate`, `allocate_keeping_cache`, `statistics()` (peaks summed: an
+///   and added up), `try_deallocate`, `allocate_keeping_cache`, `allocate_cached`, `statistics()` (peaks summed: an
 ///   upper bound), tags and offload (every shard; all or nothing for `offload` and `discard`),
 ///   stream-ordered calls, `release_detached`, movable handles (the handle names its shard) and
 ///   `max_split_size`; every capability but planned growth, which it uses inside. `Inner` must
@@ -187,6 +187,16 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires cache_keeping_allocator<Inner>
   {
     const auto call = [](Inner& in, std::size_t n, std::size_t a) { return in.allocate_keeping_cache(n, a); };
+    if (current_tag_apart()) [[unlikely]]
+      return refused_with_current_tag(bytes, alignment, call);
+    const slot* me = my_slot();
+    return allocate_direct<false>(shard_of(me), index_of(me), bytes, alignment, call);
+  }
+  /// As `allocate_keeping_cache`, through `Inner::allocate_cached`: no shard's upstream is called.
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept
+    requires cache_serving_allocator<Inner>
+  {
+    const auto call = [](Inner& in, std::size_t n, std::size_t a) { return in.allocate_cached(n, a); };
     if (current_tag_apart()) [[unlikely]]
       return refused_with_current_tag(bytes, alignment, call);
     const slot* me = my_slot();

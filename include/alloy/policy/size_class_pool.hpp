@@ -248,7 +248,7 @@ struct size_class_usage {
 /// - Memory kind: the upstream's. Capabilities: `try_deallocate`, `serves`, `owns`,
 ///   `may_hold_slab_of` (a filter of the slab sizes taken), `release`, `reserved_bytes`,
 ///   `counters`, `for_each_block` (free blocks too), `bytes_in_use` (class sizes),
-///   `requested_bytes`, `usage(class)`, `allocate_keeping_cache` (for `stream_ordered`); over a
+///   `requested_bytes`, `usage(class)`, `allocate_keeping_cache` and `allocate_cached` (for `stream_ordered`); over a
 ///   `thread_safe_upstream`, planned growth and `release_detached`, so that `synchronized` and
 ///   `sharded` call the upstream without their lock (docs/design.md#threads).
 /// - Defaults chosen by measurement: bench/README.md#current-results
@@ -360,6 +360,11 @@ class size_class_pool {
   /// then makes its streams' work finish and calls `allocate`).
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
     return allocate_impl(bytes, alignment, detail::growth_mode::keeping_cache);
+  }
+  /// A free or uncarved block of the class only (`cache_serving_allocator`): no slab taken, a
+  /// failure not counted (for `stream_ordered` under a CUDA graph's capture).
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, detail::growth_mode::without_upstream);
   }
 
   /// Planned growth (`growth_planning_allocator`, over a `thread_safe_upstream` only): a block
@@ -637,6 +642,7 @@ class size_class_pool {
   /// Takes a slab for class `ci` and makes it the class's bump slab. Leaves everything as it was
   /// on failure (upstream or host metadata).
   bool new_slab(std::size_t ci, detail::growth_mode mode) noexcept {
+    if (mode == detail::growth_mode::without_upstream) return false;
     if (mode == detail::growth_mode::cache_only) {  // the caller asked the upstream already
       ++counters_.num_ooms;
       return false;

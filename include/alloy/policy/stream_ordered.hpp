@@ -578,14 +578,14 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     return true;
   }
 
-  /// Memory `Inner` has cached: its upstream only when every known capture is relaxed.
+  /// Memory `Inner` has cached: its upstream only when every known capture is relaxed. Otherwise
+  /// `allocate_cached`, which makes no upstream call; an `Inner` without it serves nothing then.
   block cached(std::size_t bytes, std::size_t alignment) noexcept {
     bool relaxed = true;
     for (const typename book::capture& c : book_.captures) relaxed = relaxed && c.mode == capture_mode::relaxed;
     if (relaxed) return inner_.allocate_keeping_cache(bytes, alignment);
-    if constexpr (growth_planning_allocator<Inner>) {
-      growth_plan plan;
-      return inner_.allocate_or_plan(bytes, alignment, plan);
+    if constexpr (cache_serving_allocator<Inner>) {
+      return inner_.allocate_cached(bytes, alignment);
     } else {
       return {};
     }

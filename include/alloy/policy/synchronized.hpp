@@ -25,7 +25,7 @@ namespace alloy {
 ///   segments or granules off the books under the lock and gives them back without it.
 /// - Still under the lock: every free, a growth `Inner` does not plan (host metadata, the last
 ///   resorts after a failure, a virtual arena's trims, `virtual_allocator`'s new slabs),
-///   `allocate_keeping_cache`, tagged, stream-ordered and movable calls; over an upstream that is
+///   `allocate_keeping_cache`, `allocate_cached`, tagged, stream-ordered and movable calls; over an upstream that is
 ///   not thread safe, every call (docs/design.md#threads).
 /// - Complexity: `Inner`'s, plus one lock and unlock per call (two or three for a planned growth).
 /// - Failure: as `Inner`; the mutex's own failure (`std::system_error`) ends the program, since

@@ -55,7 +55,7 @@ namespace alloy {
 ///   arenas share one backend through `vmm_ref`. Destruction gives every granule and address back.
 /// - Memory kind: the backend's. Capabilities: `owns`, `release`, `counters`, `for_each_block`,
 ///   the byte figures (`reserved_bytes` = mapped), `largest_free_block`, `bytes_reservable_limit`,
-///   `allocate_keeping_cache`, tags and offload, planned growth, and for `granule_segregator`
+///   `allocate_keeping_cache`, `allocate_cached`, tags and offload, planned growth, and for `granule_segregator`
 ///   `granules_added`, `allocate_in_held_granules`, `release_free_beyond`, `set_free_keep_limit`.
 ///   Alignment: any power of two. Zero bytes: a chunk of `rounding` bytes, returned with size 0.
 /// - Tags and offload (docs/design.md#offload): chunks of different tags never share a granule.
@@ -185,6 +185,12 @@ class virtual_arena {
   /// retrying: the request fails instead, not counted as an OOM (for `stream_ordered`).
   block allocate_keeping_cache(std::size_t bytes, std::size_t alignment) noexcept {
     return allocate_impl(bytes, alignment, false, current_tag_.value);
+  }
+  /// A block on granules already mapped (`cache_serving_allocator`): no create, map, unmap or
+  /// reserve, a failure not counted (for `stream_ordered` under a CUDA graph's capture). Tag 0
+  /// only, while no other tag is in use.
+  block allocate_cached(std::size_t bytes, std::size_t alignment) noexcept {
+    return allocate_impl(bytes, alignment, false, current_tag_.value, nullptr, false, true);
   }
 
   /// Planned growth (`growth_planning_allocator`, over a `thread_safe_vmm` only), so that
@@ -399,9 +405,12 @@ class virtual_arena {
   /// counted (the caller calls `allocate`). With `only_held` (`allocate_in_held_granules`, no tags
   /// in use, no growth pending): an empty block, nothing changed and nothing counted, when the
   /// block would add a granule to those live chunks touch.
+  /// With `cached_only` (`allocate_cached`): a place on mapped granules only (best fit's, else
+  /// `allocate_on_mapped_granules`), no backend call, no piece given back; else an empty block,
+  /// nothing changed and nothing counted.
   [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
-                                             std::uint16_t t, growth_plan* plan = nullptr,
-                                             bool only_held = false) noexcept;
+                                             std::uint16_t t, growth_plan* plan = nullptr, bool only_held = false,
+                                             bool cached_only = false) noexcept;
   /// The last resort before a request fails for want of physical memory: best fit's chunk needed
   /// more new granules than the backend can give, so every free chunk is tried (its front and
   /// back, each also on a granule boundary) for the place that adds the fewest granules no live
@@ -410,6 +419,11 @@ class virtual_arena {
                                                                         std::size_t alignment, std::uint16_t t,
                                                                         bool may_release,
                                                                         std::uintptr_t tried) noexcept;
+  /// `allocate_cached` when best fit's place needs a granule mapped: the first free chunk's front or
+  /// back, or run of whole granules inside it, that lies on mapped granules only; else an empty
+  /// block. O(chunks + granules), only on this path.
+  [[gnu::cold]] [[gnu::noinline]] block allocate_on_mapped_granules(std::size_t rounded, std::size_t bytes,
+                                                                    std::size_t alignment) noexcept;
   /// What placing a block on granules [first, last] costs, compared in this order: granules no
   /// live chunk touches yet (physical memory the block adds), granules spanned (a block that
   /// straddles one more granule than it must keeps it after its neighbours go), granules

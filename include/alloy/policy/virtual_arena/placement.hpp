@@ -143,8 +143,10 @@ inline void virtual_arena<Vmm>::reserve_initial() noexcept {
 
 template <virtual_memory Vmm>
 inline block virtual_arena<Vmm>::allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
-                                               std::uint16_t t, growth_plan* plan, bool only_held) noexcept {
+                                               std::uint16_t t, growth_plan* plan, bool only_held,
+                                               bool cached_only) noexcept {
   if (!detail::is_power_of_two(alignment)) return {};
+  if (cached_only && (t != 0 || tags_in_use_ || ranges_.empty())) return {};
   if (t < tags_.size() && tags_[t].state != tag_state::resident) [[unlikely]] {
     ++offload_stats_.num_refused_allocations;
     return {};
@@ -159,16 +161,16 @@ inline block virtual_arena<Vmm>::allocate_impl(std::size_t bytes, std::size_t al
   }
   if (ranges_.empty()) reserve_initial();
   if (ranges_.empty() || !reserve_metadata()) [[unlikely]] {
-    if (plan == nullptr) ++counters_.num_ooms;
+    if (plan == nullptr && !cached_only) ++counters_.num_ooms;
     return {};
   }
   std::uint32_t c = find_fit(rounded, need, alignment);
   if (c == detail::best_fit_npos) {
-    if (only_held) return {};  // new addresses hold no live chunk
+    if (only_held || cached_only) return {};  // new addresses hold no live chunk, nor mapped granules
     c = grow_for(rounded, need, alignment);
   }
   if (c == detail::best_fit_npos) {
-    if (plan == nullptr) ++counters_.num_ooms;
+    if (plan == nullptr && !cached_only) ++counters_.num_ooms;
     return {};
   }
   std::uintptr_t start = place_in(c, rounded, alignment);
@@ -200,7 +202,7 @@ inline block virtual_arena<Vmm>::allocate_impl(std::size_t bytes, std::size_t al
     if (pending_granule(granule_of(start)) || pending_granule(granule_of(start + rounded - 1))) {
       c = find_isolated(rounded, alignment);
       if (c == detail::best_fit_npos) {
-        if (plan == nullptr) ++counters_.num_ooms;
+        if (plan == nullptr && !cached_only) ++counters_.num_ooms;
         return {};
       }
       const std::size_t step = std::max(alignment, opts_.granularity);
@@ -210,11 +212,13 @@ inline block virtual_arena<Vmm>::allocate_impl(std::size_t bytes, std::size_t al
   const std::size_t first = granule_of(start), last = granule_of(start + rounded - 1);
   if (batch_.active) [[unlikely]]
     wait_if_releasing(first, last);
+  if (cached_only && (last >= granules_.size() || count_unmapped(start, rounded) != 0)) [[unlikely]]
+    return allocate_on_mapped_granules(rounded, bytes, alignment);
   if (!cover_granules(last + 1)) [[unlikely]] {
     if (plan == nullptr && may_release) ++counters_.num_ooms;
     return {};
   }
-  if (opts_.block_sized_pieces) release_pieces_partly_reused(start, rounded);
+  if (opts_.block_sized_pieces && !cached_only) release_pieces_partly_reused(start, rounded);
   if (const std::size_t to_map = add_user(first, last, t); to_map != 0) {
     if (plan != nullptr) return plan_mapping(*plan, c, start, rounded, bytes, first, last, to_map);
     if (!map_new_granules(first, last, may_release, to_map, start, rounded)) {
@@ -266,6 +270,39 @@ block virtual_arena<Vmm>::allocate_on_fewest_new_granules(std::size_t rounded, s
     if (!map_new_granules(first, last, may_release, to_map, best, rounded)) return {};
   ++counters_.num_alloc_retries;
   return carve(best_chunk, best, rounded, bytes);
+}
+
+template <virtual_memory Vmm>
+block virtual_arena<Vmm>::allocate_on_mapped_granules(std::size_t rounded, std::size_t bytes,
+                                                      std::size_t alignment) noexcept {
+  const std::uintptr_t fine = std::max(alignment, opts_.rounding) - 1;
+  for (std::uint32_t c = head_; c != none; c = pool_[c].next()) {
+    const detail::best_fit_chunk& node = pool_[c];
+    if (!node.free() || node.size() < rounded) continue;
+    const std::uintptr_t last_start = node.addr + (node.size() - rounded);
+    const auto take = [&](std::uintptr_t start) {
+      (void)add_user(granule_of(start), granule_of(start + rounded - 1), 0);  // nothing to map
+      return carve(c, start, rounded, bytes);
+    };
+    for (const std::uintptr_t start : {(node.addr + fine) & ~fine, last_start & ~fine}) {
+      if (start < node.addr || start > last_start) continue;
+      if (granule_of(start + rounded - 1) >= granules_.size() || count_unmapped(start, rounded) != 0)
+        continue;  // pending granules count as unmapped too
+      return take(start);
+    }
+    // Inside the chunk: the first run of whole mapped granules long enough (a block of a free
+    // chunk's middle, which best fit never picks).
+    if (alignment > opts_.granularity) continue;
+    const std::size_t wanted = (rounded + opts_.granularity - 1) / opts_.granularity;
+    std::size_t g = granule_of(node.addr);
+    if (granule_address(g) < reinterpret_cast<void*>(node.addr)) ++g;
+    const std::size_t end = std::min(granule_of(node.addr + node.size()), granules_.size());
+    for (std::size_t run = 0; g < end; ++g) {
+      run = granules_[g].piece != 0 ? run + 1 : 0;
+      if (run == wanted) return take(reinterpret_cast<std::uintptr_t>(granule_address(g + 1 - wanted)));
+    }
+  }
+  return {};
 }
 
 template <virtual_memory Vmm>
