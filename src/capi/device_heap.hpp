@@ -251,11 +251,10 @@ class heap_of final : public device_heap {
     }
   }
   void release() noexcept override { alloc_.release(); }
+  // PyTorch's key list exactly: the `stats<>` part's map, without `alloy::memory_stats`'s graph-pool
+  // keys (the pools are in the statistics JSON: `graph_pools`, ...).
   std::map<std::string, std::int64_t> memory_stats() override {
-    std::map<std::string, std::int64_t> out = alloy::memory_stats(alloc_);
-    // PyTorch's key list exactly; the graph pools are in the statistics JSON (`graph_pools`, ...).
-    std::erase_if(out, [](const auto& kv) { return kv.first.starts_with("graph_pools."); });
-    return out;
+    return detail::with_stats(alloc_, [](auto& s) { return detail::memory_stats_of(s); });
   }
   alloy::statistics statistics() override { return alloc_.statistics(); }
   std::string summary() override { return alloy::memory_summary(alloc_); }

@@ -899,7 +899,7 @@ struct random_run {
 /// need), or `ALLOY_CAPTURE_STEPS` (the million-step runs CHANGELOG.md reports).
 int capture_steps() {
   const char* v = std::getenv("ALLOY_CAPTURE_STEPS");
-  if (v != nullptr && std::atoi(v) > 0) return std::atoi(v);
+  if (const int steps = v != nullptr ? std::atoi(v) : 0; steps > 0) return steps;
   return alloy::testing::under_tsan ? 10'000 : 100'000;
 }
 

@@ -68,25 +68,24 @@ class cuda_async_upstream : public detail::cuda_error_slot {
   }
 
   block allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    {
-      // Memory ready on every stream needs a host wait, which would invalidate a capture running on
-      // options.stream (or one the legacy stream is implicitly joined to): refused then instead.
-      const on_device on{options_.device};
-      if (!on) {
-        record(static_cast<cudaError_t>(on.status()), "cudaSetDevice", __FILE__, __LINE__);
-        return {};
-      }
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      const cudaError_t probe = cudaStreamIsCapturing(options_.stream, &capture);
-      if (probe != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-        record(probe != cudaSuccess ? probe : cudaErrorStreamCaptureUnsupported,
-               "cudaStreamIsCapturing(options.stream): a stream-less allocate needs a host wait", __FILE__, __LINE__);
-        return {};
-      }
+    // One device scope for the probe, the allocation (whose own scope then makes no call) and the
+    // synchronize.
+    const on_device on{options_.device};
+    if (!on) {
+      record(static_cast<cudaError_t>(on.status()), "cudaSetDevice", __FILE__, __LINE__);
+      return {};
+    }
+    // Memory ready on every stream needs a host wait, which would invalidate a capture running on
+    // options.stream (or one the legacy stream is implicitly joined to): refused then instead.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const cudaError_t probe = cudaStreamIsCapturing(options_.stream, &capture);
+    if (probe != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+      record(probe != cudaSuccess ? probe : cudaErrorStreamCaptureUnsupported,
+             "cudaStreamIsCapturing(options.stream): a stream-less allocate needs a host wait", __FILE__, __LINE__);
+      return {};
     }
     const block b = allocate(bytes, alignment, options_.stream);
     if (b) {
-      const on_device on{options_.device};
       const cudaError_t status = cudaStreamSynchronize(options_.stream);
       if (status != cudaSuccess) {
         record(status, "cudaStreamSynchronize(options.stream)", __FILE__, __LINE__);
