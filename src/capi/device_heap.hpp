@@ -259,12 +259,8 @@ class heap_of final : public device_heap {
   alloy::statistics statistics() override { return alloc_.statistics(); }
   std::string summary() override { return alloy::memory_summary(alloc_); }
   heap_picture picture() override {
-    if (!expandable_) return {alloy::snapshot(alloc_), false};
-    // The virtual composition's own picture (the arena's, each slab shown as its blocks): the
-    // snapshot's walk would list the pool's slabs beside the arena's chunks that hold them.
-    heap_picture out{{}, true};
-    detail::add_snapshot_pieces(alloc_.inner().inner(), "", out.snapshot.segments);
-    return out;
+    // The virtual composition's picture is its arena's, each slab shown as the pool's blocks.
+    return {alloy::snapshot(alloc_), expandable_};
   }
   void reset_peak() noexcept override { alloc_.reset_peak(); }
   void reset_accumulated() noexcept override { alloc_.reset_accumulated(); }
