@@ -39,12 +39,10 @@
 // size the capacity.
 #if ALLOY_HAS_RMM
 #  include <algorithm>
-#  include <chrono>
-#  include <cmath>
 #  include <cstdio>
 #  include <cstdlib>
 #  include <exception>
-#  include <optional>
+#  include <span>
 #  include <string>
 #  include <vector>
 
@@ -62,9 +60,7 @@
 #  include <alloy/upstream/cuda_malloc_upstream.hpp>
 #  include <alloy/vmm/cuda_vmm.hpp>
 
-#  include "replay/trace_reader.hpp"
-#  include "support/pairs_workload.hpp"
-#  include "support/slot_workload.hpp"
+#  include "support/gpu_replay.hpp"
 
 // RMM's headers need the CCCL its wheel ships, newer than the toolkit's: cmake/alloy-rmm.cmake
 // puts it first on the include path.
@@ -73,26 +69,7 @@ static_assert(CCCL_VERSION >= 3005000, "RMM's CCCL must come before the toolkit'
 namespace {
 
 using namespace alloy;
-using clock_type = std::chrono::steady_clock;
-constexpr std::size_t alignment = 256;
-
-using bench::from_pairs;
-using bench::from_trace;
-using bench::operation;
-using workload = bench::slot_workload;
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "rmm_peers_gpu: %s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
-
-std::size_t device_taken() {
-  std::size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return total - free;
-}
+using namespace alloy::bench::gpu;
 
 std::size_t half_of_free() {
   std::size_t free = 0, total = 0;
@@ -102,20 +79,9 @@ std::size_t half_of_free() {
 
 std::size_t round_down(std::size_t bytes) { return bytes / alignment * alignment; }
 
-/// A peer: `allocate(bytes) -> block` (empty when refused), `deallocate(block)`, `finish()`
-/// (waits for the device, gives back what it can). Its `capacity` constructor, where it has one,
-/// caps the device memory it takes.
-template <class A>
-struct alloy_peer {
-  A a;
-  alloy_peer() : a{} {}
-  explicit alloy_peer(A inner) : a(std::move(inner)) {}
-  block allocate(std::size_t n) { return a.allocate(n, alignment); }
-  void deallocate(block b) { a.deallocate(b); }
-  void finish() { a.release(); }
-};
+// A peer's `capacity` constructor, where it has one, caps the device memory it takes.
 
-struct default_peer : alloy_peer<default_allocator<cuda_malloc_upstream>> {};
+using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
 
 struct default_capped_peer : alloy_peer<default_allocator<limited<cuda_malloc_upstream>>> {
   explicit default_capped_peer(std::size_t capacity)
@@ -123,7 +89,7 @@ struct default_capped_peer : alloy_peer<default_allocator<limited<cuda_malloc_up
             limited<cuda_malloc_upstream>{cuda_malloc_upstream{}, {.bytes_limit = capacity}}}} {}
 };
 
-struct virtual_peer : alloy_peer<virtual_allocator<cuda_vmm>> {};
+using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
 
 struct virtual_capped_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
   static cuda_vmm::options with(std::size_t capacity) {
@@ -133,36 +99,6 @@ struct virtual_capped_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
   }
   explicit virtual_capped_peer(std::size_t capacity)
       : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{with(capacity)}}} {}
-};
-
-struct cuda_async_peer {
-  cudaMemPool_t pool{};
-  cudaStream_t stream{};
-  cuda_async_peer() {
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location = {cudaMemLocationTypeDevice, device};
-    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
-    std::uint64_t unlimited = ~std::uint64_t{0};
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &unlimited), "release threshold");
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  cuda_async_peer(const cuda_async_peer&) = delete;
-  cuda_async_peer& operator=(const cuda_async_peer&) = delete;
-  ~cuda_async_peer() {
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-    cudaMemPoolDestroy(pool);
-  }
-  block allocate(std::size_t n) {
-    void* p = nullptr;
-    if (cudaMallocFromPoolAsync(&p, n, pool, stream) != cudaSuccess) return {};
-    return {p, n};
-  }
-  void deallocate(block b) { check(cudaFreeAsync(b.ptr, stream), "cudaFreeAsync"); }
-  void finish() { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
 };
 
 /// Any RMM resource, called as its users call it: stream-ordered on the default stream; a
@@ -209,60 +145,6 @@ struct rmm_async_peer : rmm_peer<rmm::mr::cuda_async_memory_resource> {
   rmm_async_peer() : rmm_peer{rmm::mr::cuda_async_memory_resource{}} {}
 };
 
-struct figures {
-  double cold = 0, warm = 0, memory = 0;
-  std::size_t failed = 0;
-};
-
-/// Runs `w` once (cold) or twice (cold, then warm) on `peer`; with `sample`, the peak of
-/// cudaMemGetInfo beyond `baseline` after every request.
-template <class Peer>
-figures run_on(Peer& peer, const workload& w, bool sample, bool warm, std::size_t baseline) {
-  figures f;
-  std::size_t peak = 0;
-  std::vector<block> held(w.slots);
-  auto apply = [&](const operation& op) {
-    if (op.size == 0) {
-      if (held[op.slot]) peer.deallocate(held[op.slot]);
-      held[op.slot] = {};
-      return;
-    }
-    if (held[op.slot]) peer.deallocate(held[op.slot]);  // a trace's slot reused without a free
-    held[op.slot] = peer.allocate(op.size);
-    if (!held[op.slot]) ++f.failed;
-    if (sample) peak = std::max(peak, device_taken() - baseline);
-  };
-  auto pass = [&] {
-    for (const operation& op : w.setup) apply(op);
-    const auto start = clock_type::now();
-    for (const operation& op : w.timed) apply(op);
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // what was queued counts too
-    const auto stop = clock_type::now();
-    for (block& b : held) {
-      if (b) peer.deallocate(b);
-      b = {};
-    }
-    return std::chrono::duration<double, std::nano>(stop - start).count() / static_cast<double>(w.timed.size());
-  };
-  f.cold = pass();
-  if (warm) f.warm = pass();
-  peer.finish();
-  f.memory = static_cast<double>(peak) / static_cast<double>(std::max<std::size_t>(w.peak_live, 1));
-  return f;
-}
-
-template <class Peer>
-figures run_once(const workload& w, bool sample) {
-  const std::size_t baseline = device_taken();
-  Peer peer;
-  return run_on(peer, w, sample, true, baseline);
-}
-
-struct peer_kind {
-  const char* name;
-  figures (*run)(const workload&, bool sample);
-};
-
 constexpr peer_kind peers[] = {
     {"cudaMallocAsync", run_once<cuda_async_peer>},        {"default_allocator", run_once<default_peer>},
     {"virtual_allocator", run_once<virtual_peer>},         {"rmm pool, 50 %", run_once<rmm_pool_peer>},
@@ -271,66 +153,40 @@ constexpr peer_kind peers[] = {
 };
 constexpr std::size_t peer_count = std::size(peers);
 
-/// Per peer, the logs of its ratios to default_allocator over the workloads (time: the median of
-/// each round's ratio, the two having run side by side; device memory: the sampled runs').
-struct ratio_logs {
+/// Per peer, its ratios to default_allocator over the workloads (time: the median of each round's
+/// ratio, the two having run side by side; device memory: the sampled runs').
+struct ratios {
   std::vector<double> cold[peer_count], warm[peer_count], memory[peer_count];
 };
 constexpr std::size_t default_index = 1;
 
-void row(const std::string& name, const workload& w, int rounds, ratio_logs& logs) {
-  std::vector<figures> runs[peer_count];
-  for (int r = 0; r < rounds; ++r) {
-    for (std::size_t i = 0; i < peer_count; ++i) {
-      const std::size_t k = (i + static_cast<std::size_t>(r)) % peer_count;
-      runs[k].push_back(peers[k].run(w, false));
-    }
-  }
-  double memory[peer_count] = {};
+void row(const std::string& name, const workload& w, int rounds, ratios& logs) {
+  const measured m = measure(peers, w, rounds);
   for (std::size_t k = 0; k < peer_count; ++k) {
-    std::vector<double> cold, warm;
-    std::size_t failed = 0;
-    for (const figures& f : runs[k]) {
-      cold.push_back(f.cold);
-      warm.push_back(f.warm);
-      failed = std::max(failed, f.failed);
-    }
-    const figures sampled = peers[k].run(w, true);
-    failed = std::max(failed, sampled.failed);
+    const figures& f = m.median[k];
     char live[32] = "";
     if (k == 0) std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
-    std::printf("| %s | %s | %s | %.0f | %.0f | %.3f |", k == 0 ? name.c_str() : "", live, peers[k].name,
-                bench::median(cold), bench::median(warm), sampled.memory);
-    if (failed != 0) std::printf(" %zu requests failed", failed);
+    std::printf("| %s | %s | %s | %.0f | %.0f | %.3f |", k == 0 ? name.c_str() : "", live, peers[k].name, f.cold,
+                f.warm, f.memory);
+    if (f.failed != 0) std::printf(" %zu requests failed", f.failed);
     std::printf("\n");
-    memory[k] = sampled.memory;
   }
+  const double base_memory = m.median[default_index].memory;
   for (std::size_t k = 0; k < peer_count; ++k) {
-    std::vector<double> cold, warm;
-    for (std::size_t r = 0; r < runs[k].size(); ++r) {
-      cold.push_back(runs[k][r].cold / runs[default_index][r].cold);
-      warm.push_back(runs[k][r].warm / runs[default_index][r].warm);
-    }
-    logs.cold[k].push_back(std::log(bench::median(cold)));
-    logs.warm[k].push_back(std::log(bench::median(warm)));
-    if (memory[k] > 0 && memory[default_index] > 0)
-      logs.memory[k].push_back(std::log(memory[k] / memory[default_index]));
+    logs.cold[k].push_back(paired_ratio(m.runs[k], m.runs[default_index], &figures::cold));
+    logs.warm[k].push_back(paired_ratio(m.runs[k], m.runs[default_index], &figures::warm));
+    if (m.median[k].memory > 0 && base_memory > 0) logs.memory[k].push_back(m.median[k].memory / base_memory);
   }
   std::fflush(stdout);
 }
 
-void summary(const ratio_logs& logs) {
-  const auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (double x : v) sum += x;
-    return v.empty() ? 0.0 : std::exp(sum / static_cast<double>(v.size()));
-  };
+void summary(const ratios& logs) {
   std::printf(
       "\nEach peer ÷ default_allocator, geometric mean over the workloads\n\n"
       "| peer | time cold | time warm | device memory |\n|---|---:|---:|---:|\n");
   for (std::size_t k = 0; k < peer_count; ++k) {
-    std::printf("| %s | %.2f | %.2f | %.2f |\n", peers[k].name, mean(logs.cold[k]), mean(logs.warm[k]),
-                mean(logs.memory[k]));
+    std::printf("| %s | %.2f | %.2f | %.2f |\n", peers[k].name, geomean(logs.cold[k]), geomean(logs.warm[k]),
+                geomean(logs.memory[k]));
   }
 }
 
@@ -396,7 +252,7 @@ int min_capacities(int argc, char** argv) {
   std::printf("\n|---|---:|");
   for (std::size_t i = 0; i < std::size(kinds); ++i) std::printf("---:|");
   std::printf("\n");
-  std::vector<double> logs[std::size(kinds)];
+  std::vector<double> found[std::size(kinds)];
   for (int i = 0; i < argc; ++i) {
     const bench::rmm_trace t = bench::read_trace(argv[i]);
     const workload w = from_trace(t);
@@ -405,7 +261,7 @@ int min_capacities(int argc, char** argv) {
       const double r = kinds[k].search(w);
       if (r > 0) {
         std::printf(" %.3f |", r);
-        logs[k].push_back(std::log(r));
+        found[k].push_back(r);
       } else {
         std::printf(" - |");
       }
@@ -414,11 +270,7 @@ int min_capacities(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("| geometric mean | |");
-  for (const std::vector<double>& l : logs) {
-    double sum = 0;
-    for (double x : l) sum += x;
-    std::printf(l.empty() ? " - |" : " %.3f |", l.empty() ? 0.0 : std::exp(sum / static_cast<double>(l.size())));
-  }
+  for (const std::vector<double>& f : found) std::printf(f.empty() ? " - |" : " %.3f |", geomean(f));
   std::printf("\n");
   return 0;
 }
@@ -426,46 +278,21 @@ int min_capacities(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  program = "rmm_peers_gpu";
   int rounds = 5;
   if (argc > 2 && std::string(argv[1]) == "--rounds") {
     rounds = std::max(1, std::atoi(argv[2]));
     argc -= 2;
     argv += 2;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("rmm_peers_gpu: no CUDA device here; nothing measured\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  check(cudaFree(nullptr), "context");
-  std::printf("device: %s, %.1f GiB; RMM %s\n\n", prop.name, static_cast<double>(prop.totalGlobalMem) / (1 << 30),
-              ALLOY_RMM_VERSION_STRING);
+  if (!open_device("; RMM " ALLOY_RMM_VERSION_STRING)) return 0;
   const std::string what = argc > 1 ? argv[1] : "";
-  if (what == "w1") {
-    const int seeds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 10;
-    const std::size_t pairs = argc > 3 ? static_cast<std::size_t>(std::atoll(argv[3])) : 100'000;
-    const int first_seed = argc > 4 ? std::atoi(argv[4]) : 0;
+  const std::span<char*> args(argv + 1, static_cast<std::size_t>(argc - 1));
+  if (names_workloads(args)) {
     header(rounds);
-    ratio_logs logs;
-    for (int s = first_seed; s < first_seed + seeds; ++s) {
-      bench::workload_params p = bench::w1_params();
-      p.seed += 1000 * static_cast<std::uint64_t>(s);
-      p.pairs = pairs;
-      row("W1 seed " + std::to_string(p.seed), from_pairs(bench::make_workload(p)), rounds, logs);
-    }
-    summary(logs);
-    return 0;
-  }
-  if (what == "traces" && argc > 2) {
-    header(rounds);
-    ratio_logs logs;
-    for (int i = 2; i < argc; ++i) {
-      const bench::rmm_trace t = bench::read_trace(argv[i]);
-      row(t.name, from_trace(t), rounds, logs);
-    }
-    summary(logs);
+    ratios r;
+    for_each_workload(args, 10, [&](const std::string& name, const workload& w) { row(name, w, rounds, r); });
+    summary(r);
     return 0;
   }
   if (what == "min-capacity" && argc > 2) return min_capacities(argc - 2, argv + 2);

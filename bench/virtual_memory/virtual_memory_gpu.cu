@@ -43,7 +43,6 @@
 // then back in and the host memory freed. Every weight byte is checked after the restore.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
@@ -56,42 +55,21 @@
 #include <alloy/upstream/cuda_malloc_upstream.hpp>
 #include <alloy/vmm/cuda_vmm.hpp>
 
-#include "replay/trace_reader.hpp"
-#include "support/pairs_workload.hpp"
+#include "support/gpu_replay.hpp"
 #include "support/sleep_wake_workload.hpp"
-#include "support/slot_workload.hpp"
 
 namespace {
 
 using namespace alloy;
-using clock_type = std::chrono::steady_clock;
+using namespace alloy::bench::gpu;
 
-using bench::from_pairs;
-using bench::from_trace;
-using bench::operation;
-using workload = bench::slot_workload;
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "virtual_memory_gpu: %s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
-
-std::size_t device_taken() {
-  std::size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return total - free;
-}
-
-/// A peer: `allocate(bytes) -> block`, `deallocate(block)`, `driver_calls()`, and `finish()`
-/// (waits for the device, gives everything back).
+/// One cudaMalloc / cudaFree per request, each counted as a driver call.
 struct cuda_malloc_peer {
   cuda_malloc_upstream up;
   std::size_t calls = 0;
   block allocate(std::size_t n) {
     ++calls;
-    return up.allocate(n, 256);
+    return up.allocate(n, alignment);
   }
   void deallocate(block b) {
     ++calls;
@@ -101,45 +79,17 @@ struct cuda_malloc_peer {
   void finish() {}
 };
 
-struct cuda_async_peer {
-  cudaMemPool_t pool{};
-  cudaStream_t stream{};
-  cuda_async_peer() {
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location = {cudaMemLocationTypeDevice, device};
-    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
-    std::uint64_t unlimited = ~std::uint64_t{0};
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &unlimited), "release threshold");
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  ~cuda_async_peer() {
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-    cudaMemPoolDestroy(pool);
-  }
-  block allocate(std::size_t n) {
-    void* p = nullptr;
-    if (cudaMallocFromPoolAsync(&p, n, pool, stream) != cudaSuccess) return {};
-    return {p, n};
-  }
-  void deallocate(block b) { check(cudaFreeAsync(b.ptr, stream), "cudaFreeAsync"); }
-  std::size_t driver_calls() const { return 0; }  // not counted: the pool's own
-  void finish() { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
-};
+using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
+using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
 
-template <class A>
-struct alloy_peer {
-  A a{};
-  block allocate(std::size_t n) { return a.allocate(n, 256); }
-  void deallocate(block b) { a.deallocate(b); }
-  std::size_t driver_calls() const {
-    const allocator_counters c = a.counters();
-    return c.num_device_alloc + c.num_device_free + c.num_maps + c.num_unmaps;
+/// virtual_allocator with block-sized pieces but no frontier growth.
+struct virtual_no_frontier_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
+  virtual_no_frontier_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
+  static virtual_allocator<cuda_vmm>::options options() {
+    virtual_allocator<cuda_vmm>::options o;
+    o.arena.frontier_growth_divisor = 0;
+    return o;
   }
-  void finish() { a.release(); }
 };
 
 /// virtual_allocator with one physical piece per granule of `MiB` (`options.arena.granularity`,
@@ -156,74 +106,6 @@ struct virtual_granule_pieces_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
   }
 };
 
-struct figures {
-  double cold = 0, warm = 0, memory = 0, calls_per_1k = 0;
-  std::size_t failed = 0;
-};
-
-/// Runs `w` twice on a fresh `Peer`; with `sample`, the peak of cudaMemGetInfo after every
-/// request.
-template <class Peer>
-figures run_once(const workload& w, bool sample) {
-  figures f;
-  const std::size_t baseline = device_taken();
-  std::size_t peak = 0;
-  {
-    Peer peer;
-    std::vector<block> held(w.slots);
-    auto apply = [&](const operation& op) {
-      if (op.size == 0) {
-        if (held[op.slot]) peer.deallocate(held[op.slot]);
-        held[op.slot] = {};
-        return;
-      }
-      held[op.slot] = peer.allocate(op.size);
-      if (!held[op.slot]) ++f.failed;
-      if (sample) peak = std::max(peak, device_taken() - baseline);
-    };
-    auto pass = [&] {
-      for (const operation& op : w.setup) apply(op);
-      const auto start = clock_type::now();
-      for (const operation& op : w.timed) apply(op);
-      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // what was queued counts too
-      const auto stop = clock_type::now();
-      for (block& b : held) {
-        if (b) peer.deallocate(b);
-        b = {};
-      }
-      return std::chrono::duration<double, std::nano>(stop - start).count() / static_cast<double>(w.timed.size());
-    };
-    const std::size_t calls_before = peer.driver_calls();
-    f.cold = pass();
-    f.calls_per_1k =
-        1000.0 * static_cast<double>(peer.driver_calls() - calls_before) / static_cast<double>(w.timed.size());
-    f.warm = pass();
-    peer.finish();
-  }
-  f.memory = static_cast<double>(peak) / static_cast<double>(w.peak_live);
-  return f;
-}
-
-using default_peer = alloy_peer<default_allocator<cuda_malloc_upstream>>;
-using virtual_peer = alloy_peer<virtual_allocator<cuda_vmm>>;
-
-/// virtual_allocator with block-sized pieces but no frontier growth.
-struct virtual_no_frontier_peer : alloy_peer<virtual_allocator<cuda_vmm>> {
-  virtual_no_frontier_peer() : alloy_peer{virtual_allocator<cuda_vmm>{cuda_vmm{}, options()}} {}
-  static virtual_allocator<cuda_vmm>::options options() {
-    virtual_allocator<cuda_vmm>::options o;
-    o.arena.frontier_growth_divisor = 0;
-    return o;
-  }
-};
-
-struct peer_kind {
-  const char* name;
-  figures (*run)(const workload&, bool sample);
-  bool counts_calls;
-  bool every_round;  // false: timed once (cudaMalloc per request, 100-1000x the others' time)
-};
-
 /// The peers in the order they are printed; `default_index` is the baseline of the ratios and
 /// the three after it are virtual_allocator's variants.
 constexpr peer_kind peers[] = {
@@ -235,40 +117,6 @@ constexpr peer_kind peers[] = {
     {"virtual_allocator, a piece per 16 MiB granule", run_once<virtual_granule_pieces_peer<16>>, true, true},
 };
 constexpr std::size_t peer_count = std::size(peers), default_index = 2, variants = 3;
-
-/// Each peer's timed runs, one a round (cudaMalloc per request: one), and its medians.
-struct measured {
-  figures median[peer_count];
-  std::vector<figures> runs[peer_count];
-};
-
-/// Every peer's figures on `w`: `rounds` rounds, each running every peer once on a fresh allocator,
-/// starting one peer later each round, so that the machine's drift (its clocks, another tenant)
-/// falls on every peer alike; then one untimed run each with device memory sampled.
-measured measure(const workload& w, int rounds) {
-  measured m;
-  for (int r = 0; r < rounds; ++r) {
-    for (std::size_t i = 0; i < peer_count; ++i) {
-      const std::size_t k = (i + static_cast<std::size_t>(r)) % peer_count;
-      if (peers[k].every_round || r == 0) m.runs[k].push_back(peers[k].run(w, false));
-    }
-  }
-  for (std::size_t k = 0; k < peer_count; ++k) {
-    std::vector<double> cold, warm;
-    for (const figures& f : m.runs[k]) {
-      cold.push_back(f.cold);
-      warm.push_back(f.warm);
-      m.median[k].failed = std::max(m.median[k].failed, f.failed);
-    }
-    const figures sampled = peers[k].run(w, true);
-    m.median[k].cold = bench::median(cold);
-    m.median[k].warm = bench::median(warm);
-    m.median[k].calls_per_1k = m.runs[k].front().calls_per_1k;
-    m.median[k].memory = sampled.memory;
-    m.median[k].failed = std::max(m.median[k].failed, sampled.failed);
-  }
-  return m;
-}
 
 /// Ratios of virtual_allocator's variants to default_allocator, per workload: time the median
 /// of each round's ratio (the two ran side by side), device memory the sampled runs'.
@@ -297,27 +145,15 @@ void print(const std::string& workload, const std::string& live, const peer_kind
 void row(const std::string& name, const workload& w, int rounds, ratios& r) {
   char live[32];
   std::snprintf(live, sizeof live, "%.1f MiB", static_cast<double>(w.peak_live) / (1 << 20));
-  const measured m = measure(w, rounds);
+  const measured m = measure(peers, w, rounds);
   for (std::size_t k = 0; k < peer_count; ++k) print(k == 0 ? name : "", k == 0 ? live : "", peers[k], m.median[k]);
-  const std::vector<figures>& base = m.runs[default_index];
   for (std::size_t v = 0; v < variants; ++v) {
-    const std::vector<figures>& runs = m.runs[default_index + 1 + v];
-    std::vector<double> cold, warm;
-    for (std::size_t i = 0; i < runs.size(); ++i) {
-      cold.push_back(runs[i].cold / base[i].cold);
-      warm.push_back(runs[i].warm / base[i].warm);
-    }
-    r.cold[v].push_back(bench::median(cold));
-    r.warm[v].push_back(bench::median(warm));
-    r.memory[v].push_back(m.median[default_index + 1 + v].memory / m.median[default_index].memory);
+    const std::size_t k = default_index + 1 + v;
+    r.cold[v].push_back(paired_ratio(m.runs[k], m.runs[default_index], &figures::cold));
+    r.warm[v].push_back(paired_ratio(m.runs[k], m.runs[default_index], &figures::warm));
+    r.memory[v].push_back(m.median[k].memory / m.median[default_index].memory);
   }
   std::fflush(stdout);
-}
-
-double geomean(const std::vector<double>& v) {
-  double log_sum = 0;
-  for (double x : v) log_sum += std::log(x);
-  return v.empty() ? 0.0 : std::exp(log_sum / static_cast<double>(v.size()));
 }
 
 void summary(const ratios& r) {
@@ -550,48 +386,23 @@ int offload(int seeds) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  program = "virtual_memory_gpu";
   int rounds = 7;
   if (argc > 2 && std::string(argv[1]) == "--rounds") {
     rounds = std::max(1, std::atoi(argv[2]));
     argc -= 2;
     argv += 2;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("virtual_memory_gpu: no CUDA device here; nothing measured\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  check(cudaFree(nullptr), "context");
-  std::printf("device: %s, %.1f GiB\n\n", prop.name, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
+  if (!open_device()) return 0;
   const std::string what = argc > 1 ? argv[1] : "";
+  const std::span<char*> args(argv + 1, static_cast<std::size_t>(argc - 1));
   if (what == "calls") return calls(512);
   if (what == "offload") return offload(argc > 2 ? std::max(1, std::atoi(argv[2])) : 3);
-  if (what == "w1") {
-    const int seeds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
-    const std::size_t pairs = argc > 3 ? static_cast<std::size_t>(std::atoll(argv[3])) : 100'000;
-    const int first_seed = argc > 4 ? std::atoi(argv[4]) : 0;
+  if (names_workloads(args)) {
     std::printf("%d rounds\n\n", rounds);
     header();
     ratios r;
-    for (int s = first_seed; s < first_seed + seeds; ++s) {
-      bench::workload_params p = bench::w1_params();
-      p.seed += 1000 * static_cast<std::uint64_t>(s);
-      p.pairs = pairs;
-      row("W1 seed " + std::to_string(p.seed), from_pairs(bench::make_workload(p)), rounds, r);
-    }
-    summary(r);
-    return 0;
-  }
-  if (what == "traces" && argc > 2) {
-    std::printf("%d rounds\n\n", rounds);
-    header();
-    ratios r;
-    for (int i = 2; i < argc; ++i) {
-      const bench::rmm_trace t = bench::read_trace(argv[i]);
-      row(t.name, from_trace(t), rounds, r);
-    }
+    for_each_workload(args, 3, [&](const std::string& name, const workload& w) { row(name, w, rounds, r); });
     summary(r);
     return 0;
   }
