@@ -35,8 +35,6 @@
 //   rmm_threads_gpu [--quick] [SCENARIO [ALLOCATOR]]   # names containing these
 #if ALLOY_HAS_RMM
 #  include <algorithm>
-#  include <atomic>
-#  include <chrono>
 #  include <cstdio>
 #  include <cstdlib>
 #  include <exception>
@@ -61,6 +59,7 @@
 #  include <alloy/upstream/cuda_malloc_upstream.hpp>
 
 #  include "support/pairs_workload.hpp"
+#  include "support/thread_pairs.hpp"
 
 // RMM's headers need the CCCL its wheel ships, newer than the toolkit's: cmake/alloy-rmm.cmake
 // puts it first on the include path.
@@ -69,151 +68,20 @@ static_assert(CCCL_VERSION >= 3005000, "RMM's CCCL must come before the toolkit'
 namespace {
 
 using namespace alloy::bench;
-using wall_clock = std::chrono::steady_clock;
 using D = alloy::default_allocator<alloy::cuda_malloc_upstream>;
 
 constexpr std::size_t alignment = 256;
 constexpr int thread_counts[] = {1, 2, 4, 8, 16};
 constexpr int max_threads = 16;
 
-enum class mode { own_live_set, producer_consumer };
-
-struct scenario {
-  std::string name;
-  mode how;
-  std::size_t largest_pooled;  // the std::pmr pool's largest pooled block
-  std::vector<workload> per_thread;
-};
-
-std::vector<scenario> scenarios(std::size_t divisor) {
-  std::vector<scenario> out;
-  out.push_back({"W2", mode::own_live_set, std::size_t{64} << 10, {}});
-  out.push_back({"W1", mode::own_live_set, std::size_t{4} << 20, {}});
-  out.push_back({"producer/consumer", mode::producer_consumer, std::size_t{64} << 10, {}});
-  for (int t = 0; t < max_threads; ++t) {
-    const auto seed = static_cast<std::uint64_t>(20261124 + t);
-    out[0].per_thread.push_back(make_workload(
-        {.live_blocks = 1'000, .pairs = 200'000 / divisor, .log2_smallest = 8, .log2_largest = 16, .seed = seed}));
-    out[1].per_thread.push_back(make_workload(
-        {.live_blocks = 1'000, .pairs = 50'000 / divisor, .log2_smallest = 8, .log2_largest = 22, .seed = seed}));
-  }
-  out[2].per_thread = out[0].per_thread;
-  return out;
-}
-
-[[noreturn]] void failed(const std::string& what) {
-  std::fprintf(stderr, "rmm_threads_gpu: %s failed a request; the figures would mean nothing\n", what.c_str());
-  std::exit(1);
-}
+using scenario = thread_scenario;
+using mode = thread_mode;
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
     std::fprintf(stderr, "rmm_threads_gpu: %s: %s\n", what, cudaGetErrorString(status));
     std::exit(1);
   }
-}
-
-/// One producer, one consumer, 1,024 blocks; indices published every 16 blocks and whenever a
-/// side would wait, so that passing blocks costs little next to the allocators.
-struct ring {
-  static constexpr std::size_t capacity = 1024, batch = 16;
-  alignas(64) std::atomic<std::size_t> head{0};
-  std::size_t head_local = 0, tail_seen = 0;
-  alignas(64) std::atomic<std::size_t> tail{0};
-  std::size_t tail_local = 0, head_seen = 0;
-  alignas(64) alloy::block slots[capacity];
-
-  bool push(alloy::block b) noexcept {
-    if (tail_local - head_seen == capacity) {
-      tail.store(tail_local, std::memory_order_release);
-      head_seen = head.load(std::memory_order_acquire);
-      if (tail_local - head_seen == capacity) return false;
-    }
-    slots[tail_local++ % capacity] = b;
-    if (tail_local % batch == 0) tail.store(tail_local, std::memory_order_release);
-    return true;
-  }
-  bool pop(alloy::block& b) noexcept {
-    if (head_local == tail_seen) {
-      head.store(head_local, std::memory_order_release);
-      tail_seen = tail.load(std::memory_order_acquire);
-      if (head_local == tail_seen) return false;
-    }
-    b = slots[head_local++ % capacity];
-    if (head_local % batch == 0) head.store(head_local, std::memory_order_release);
-    return true;
-  }
-};
-
-/// M pairs/s of `threads` threads over `env` (`allocate(thread, bytes)`, `deallocate(thread, b)`).
-template <class Env>
-double run_threads(Env& env, const scenario& sc, int threads, const std::string& name) {
-  std::atomic<int> ready{0}, done{0};
-  std::atomic<bool> go{false};
-  std::vector<wall_clock::time_point> finish(static_cast<std::size_t>(threads));
-  std::vector<std::unique_ptr<ring>> rings;
-  for (int t = 0; sc.how == mode::producer_consumer && t < threads; ++t) rings.push_back(std::make_unique<ring>());
-  auto body = [&](int t) {
-    const workload& w = sc.per_thread[static_cast<std::size_t>(t)];
-    auto allocate = [&](std::size_t bytes) {
-      const alloy::block b = env.allocate(t, bytes);
-      if (!b) failed(name);
-      return b;
-    };
-    if (sc.how == mode::own_live_set) {
-      std::vector<alloy::block> held(w.initial.size());
-      for (std::size_t i = 0; i < held.size(); ++i) held[i] = allocate(w.initial[i]);
-      ready.fetch_add(1, std::memory_order_release);
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      for (std::size_t i = 0; i < w.pairs(); ++i) {
-        const std::uint32_t v = w.victim[i];
-        env.deallocate(t, held[v]);
-        held[v] = allocate(w.size[i]);
-      }
-      finish[static_cast<std::size_t>(t)] = wall_clock::now();
-      done.fetch_add(1, std::memory_order_release);
-      while (done.load(std::memory_order_acquire) < threads) std::this_thread::yield();
-      for (const alloy::block& b : held) env.deallocate(t, b);
-      return;
-    }
-    ring& out = *rings[static_cast<std::size_t>(t)];
-    ring& in = *rings[static_cast<std::size_t>((t + threads - 1) % threads)];
-    for (std::size_t i = 0; i < ring::capacity / 2; ++i) out.push(allocate(w.initial[i]));
-    out.tail.store(out.tail_local, std::memory_order_release);
-    ready.fetch_add(1, std::memory_order_release);
-    while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-    alloy::block b;
-    for (std::size_t i = 0; i < w.pairs(); ++i) {
-      const alloy::block mine = allocate(w.size[i]);
-      while (!out.push(mine)) {
-        if (in.pop(b)) {
-          env.deallocate(t, b);
-        } else {
-          std::this_thread::yield();
-        }
-      }
-      if (in.pop(b)) env.deallocate(t, b);
-    }
-    out.tail.store(out.tail_local, std::memory_order_release);
-    finish[static_cast<std::size_t>(t)] = wall_clock::now();
-    done.fetch_add(1, std::memory_order_release);
-    while (done.load(std::memory_order_acquire) < threads) {
-      if (in.pop(b)) {
-        env.deallocate(t, b);
-      } else {
-        std::this_thread::yield();
-      }
-    }
-    while (in.pop(b)) env.deallocate(t, b);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(body, t);
-  while (ready.load(std::memory_order_acquire) < threads) std::this_thread::yield();
-  const auto start = wall_clock::now();
-  go.store(true, std::memory_order_release);
-  for (std::thread& th : pool) th.join();
-  const double seconds = std::chrono::duration<double>(*std::max_element(finish.begin(), finish.end()) - start).count();
-  return static_cast<double>(sc.per_thread[0].pairs()) * threads / seconds * 1e-6;
 }
 
 // ---- the contenders ------------------------------------------------------------------------------
@@ -305,7 +173,7 @@ contender make(std::string name, bool cross) {
             double rate = 0;
             {
               Env env(sc);
-              rate = run_threads(env, sc, threads, name);
+              rate = run_threads(env, sc, threads, "rmm_threads_gpu", name.c_str()).wall;
             }
             check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
             return rate;
@@ -345,7 +213,8 @@ int main(int argc, char** argv) {
   const int repetitions = quick ? 1 : 3;
   std::printf("device: %s; RMM %s; %u hardware threads; M pairs/s, all threads together, median of %d\n\n", prop.name,
               ALLOY_RMM_VERSION_STRING, std::thread::hardware_concurrency(), repetitions);
-  const std::vector<scenario> all = scenarios(quick ? 4 : 1);
+  const std::vector<scenario> all =
+      thread_scenarios(max_threads, (quick ? 50'000 : 200'000), (quick ? 12'500 : 50'000));
   const std::vector<contender> cs = contenders();
   for (const scenario& sc : all) {
     if (only.size() > 0 && sc.name.find(only[0]) == std::string::npos) continue;
