@@ -340,6 +340,9 @@ class virtual_allocator {
     return c;
   }
   std::size_t bytes_in_use() const noexcept {
+    // While tag 0 is not resident the arena counts none of its chunks, the slabs among them.
+    if (arena_->state(tag{0}) != tag_state::resident) [[unlikely]]
+      return arena_->bytes_in_use();
     const small_type& s = heap_.small();
     return arena_->bytes_in_use() - s.reserved_bytes() + s.bytes_in_use();
   }

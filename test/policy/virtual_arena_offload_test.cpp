@@ -607,6 +607,36 @@ BOOST_AUTO_TEST_CASE(virtual_allocator_passes_tags_through) {
   BOOST_TEST(a.arena().check_invariants());
 }
 
+BOOST_AUTO_TEST_CASE(virtual_allocator_with_tag_0_offloaded_counts_no_bytes_in_use) {
+  // The pool's slabs are tag 0: offloaded with it, its small blocks are no more in use than the
+  // large ones, and a small free then changes nothing the figures show.
+  alloy::virtual_allocator<host_vmm> a{host_vmm{{.granularity = granule}}};
+  const block small1 = a.allocate(100, 8), small2 = a.allocate(200, 8), large = a.allocate(3_MiB, 256);
+  const block other = a.allocate(5000, 8, tag{1});
+  BOOST_REQUIRE((small1.ptr && small2.ptr && large.ptr && other.ptr));
+  fill_pattern(small2, 2);
+  fill_pattern(large, 3);
+  fill_pattern(other, 4);
+  const std::size_t in_use = a.bytes_in_use(), requested = a.requested_bytes();
+  BOOST_TEST(a.offload(tag{0}) == offload_status::done);
+  BOOST_TEST(a.bytes_in_use() == a.arena().bytes_in_use(), "only tag 1's block is in use");
+  BOOST_TEST(a.bytes_in_use() < in_use);
+  BOOST_TEST(a.requested_bytes() == requested);
+  a.deallocate(small1);  // allowed while offloaded
+  BOOST_TEST(a.bytes_in_use() == a.arena().bytes_in_use());
+  BOOST_TEST(a.requested_bytes() == requested - 100);
+  BOOST_TEST(a.allocate(100, 8).ptr == nullptr);
+  BOOST_TEST(a.restore(tag{0}) == offload_status::done);
+  BOOST_TEST(a.bytes_in_use() < in_use, "small1 went");
+  BOOST_TEST(a.bytes_in_use() >= in_use - 1024);
+  BOOST_TEST(has_pattern(small2, 2));
+  BOOST_TEST(has_pattern(large, 3));
+  BOOST_TEST(has_pattern(other, 4));
+  for (const block b : {small2, large, other}) BOOST_TEST(a.try_deallocate(b));
+  BOOST_TEST(a.bytes_in_use() == 0u);
+  BOOST_TEST(a.arena().check_invariants());
+}
+
 BOOST_AUTO_TEST_CASE(introspection_shows_offloaded_ranges) {
   host_arena a{host_vmm{{.granularity = granule}}, {.release_threshold = 0, .keep_up_to_peak = false}};
   const block w = a.allocate(3 * granule + 1000, 256, tag{1});
