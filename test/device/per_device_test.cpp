@@ -35,6 +35,7 @@
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
+#include <alloy/policy/tracked.hpp>
 #include <alloy/showcase.hpp>
 #include <alloy/simulated_devices.hpp>
 #include <alloy/snapshot.hpp>
@@ -330,6 +331,30 @@ BOOST_AUTO_TEST_CASE(without_owns_the_registry_remembers_the_owner) {
   BOOST_TEST(devices.refused_frees() == 0u);
   devices.deallocate(live.front().first);
   BOOST_TEST(devices.refused_frees() == 1u, "a double free is refused: the block is no longer live");
+  BOOST_TEST(seen.wrong() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(without_owns_a_free_of_another_size_is_refused_and_the_block_stays_live) {
+  // tracked<> over an upstream refuses such a free without saying so: the registry must not
+  // forget the block, or its valid free would be refused and the block leaked.
+  using bare = alloy::tracked<device_checked_upstream>;
+  logs seen;
+  alloy::per_device<bare, sim> devices{{0, 3}, [&](int d) { return bare{device_checked_upstream{d, seen[d]}}; }};
+  static_assert(!decltype(devices)::finds_owner_by_owns);
+  start_on(3);
+  const alloy::block b = devices.allocate(1000, 8);
+  BOOST_REQUIRE(static_cast<bool>(b));
+  start_on(0);
+  devices.deallocate(alloy::block{b.ptr, 999});
+  devices.deallocate(alloy::block{b.ptr, 0});
+  BOOST_TEST(devices.refused_frees() == 2u);
+  BOOST_TEST(devices.device_of(b) == 3, "still live");
+  BOOST_TEST(devices.on(3).outstanding_count() == 1u);
+  devices.deallocate(b);
+  BOOST_TEST(devices.refused_frees() == 2u);
+  BOOST_TEST(devices.device_of(b) == -1);
+  BOOST_TEST(devices.on(3).outstanding_count() == 0u);
+  BOOST_TEST(seen[3]->allocations.load() == seen[3]->frees.load());
   BOOST_TEST(seen.wrong() == 0u);
 }
 

@@ -35,7 +35,8 @@ namespace alloy {
 /// - Complexity: `allocate`, one `Context::get` and `A`'s allocate (plus, without `owns`, a map
 ///   insert under the lock); a free, up to one `owns` per device (two device switches each one
 ///   not current), or a map lookup under the lock, then `A`'s free on its device.
-/// - Failure: noexcept calls; a free no device owns is refused and counted (`refused_frees()`).
+/// - Failure: noexcept calls; a free no device owns is refused and counted (`refused_frees()`),
+///   and so, without `owns`, is one whose size is not the block's (the map keeps it live).
 ///   Throwing edges: the constructor (`alloy::logic_error` for a negative or repeated device or
 ///   one that cannot be made current; what the factory throws), `on(d)` and `current()` for a
 ///   device not in the registry (`try_on(d)` returns null instead).
@@ -196,7 +197,7 @@ class per_device {
       if (b) {
         try {
           const std::lock_guard lock(live_lock_);
-          live_.insert_or_assign(b.ptr, s);
+          live_.insert_or_assign(b.ptr, live_block{s, b.size});
         } catch (...) {  // no room to remember it: not handed out
           a.deallocate(b);
           return {};
@@ -216,8 +217,8 @@ class per_device {
       s = owner_slot(b);
     } else {
       const std::lock_guard lock(live_lock_);
-      if (const auto it = live_.find(b.ptr); it != live_.end()) {
-        s = it->second;
+      if (const auto it = live_.find(b.ptr); it != live_.end() && it->second.size == b.size) {
+        s = it->second.slot;
         live_.erase(it);  // before the free: the address may be handed out again at once
       }
     }
@@ -236,7 +237,7 @@ class per_device {
         if (!accepted) {  // refused (a wrong size, say): the block stays live
           try {
             const std::lock_guard lock(live_lock_);
-            live_.emplace(b.ptr, s);
+            live_.emplace(b.ptr, live_block{s, b.size});
           } catch (...) {}
         }
       }
@@ -259,7 +260,7 @@ class per_device {
     } else {
       const std::lock_guard lock(live_lock_);
       const auto it = live_.find(b.ptr);
-      return it == live_.end() ? none : it->second;
+      return it == live_.end() ? none : it->second.slot;
     }
   }
 
@@ -277,7 +278,12 @@ class per_device {
   std::vector<entry> parts_;
   std::vector<int> slot_of_;  ///< by device: index into `parts_`, or `none`
   mutable std::mutex live_lock_;
-  std::unordered_map<void*, int> live_;  ///< live blocks and their slots, when `A` has no `owns`
+  /// A live block's slot and size (a free of another size is refused here: `A` may not check).
+  struct live_block {
+    int slot;
+    std::size_t size;
+  };
+  std::unordered_map<void*, live_block> live_;  ///< live blocks, when `A` has no `owns`
   std::atomic<std::size_t> refused_{0};
 };
 
