@@ -76,7 +76,8 @@ struct capture_book {
     std::vector<void*> taken;  ///< blocks of a user pool it took
   };
   struct pooled {
-    std::size_t size = 0;  ///< as `Inner` handed it out
+    std::size_t size = 0;    ///< as `Inner` handed it out
+    std::size_t handed = 0;  ///< as the caller holds it (a pool block may serve fewer bytes)
     key pool = 0;
     std::uint32_t takers = 0;  ///< captures that took it (not unwound)
     unsigned long long last_taker = 0;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -652,6 +653,65 @@ BOOST_AUTO_TEST_CASE(statistics_report_graph_pools_apart) {
   BOOST_TEST(stats.at("graph_pools.reserved_bytes") == 0);
   BOOST_TEST(stats.at("graph_pools.deferred_frees") == 0);
   BOOST_TEST(stats.at("allocated_bytes.all.current") == 0);
+  REQUIRE_CLEAN(rt);
+}
+
+BOOST_AUTO_TEST_CASE(bad_frees_in_a_capture_and_of_pool_blocks_are_refused) {
+  // Such frees do not reach the arena at once (deferred, or kept in a pool): they are checked
+  // when made, so that the decorators above never count a free the arena would refuse later.
+  model::runtime rt;
+  const stream_t s = make_stream(rt);
+  alloy::stats<ordered> alloc{ordered{make_arena(rt, 1_MiB)}};
+  const block before = alloc.allocate(4096, 256, s);
+  BOOST_REQUIRE(before);
+  std::memset(before.ptr, 0x5A, before.size);
+  const auto intact = [&] {
+    const auto* p = static_cast<const unsigned char*>(before.ptr);
+    return std::all_of(p, p + before.size, [](unsigned char c) { return c == 0x5A; });
+  };
+  graph_pool pool;
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::global) == error::success);
+  BOOST_REQUIRE(alloc.begin_allocate_to_pool(pool, s));
+  const auto in_use = [&] { return alloy::statistics_of(alloc).bytes_in_use; };
+  int on_stack = 0;
+  BOOST_TEST(!alloc.try_deallocate(block{&on_stack, sizeof on_stack}, s));
+  BOOST_TEST(!alloc.try_deallocate(block{static_cast<char*>(before.ptr) + 256, 100}, s));
+  BOOST_TEST(!alloc.try_deallocate(block{before.ptr, 4000}, s));
+  BOOST_TEST(in_use() == 4096u);
+  BOOST_TEST(intact());
+  BOOST_TEST(alloc.try_deallocate(before, s));  // deferred
+  BOOST_TEST(!alloc.try_deallocate(before, s));
+  BOOST_TEST(alloc.inner().pool_figures().deferred == 1u);
+
+  const block big = alloc.allocate(8192, 256, s);
+  BOOST_REQUIRE(big);
+  BOOST_TEST(!alloc.try_deallocate(block{big.ptr, 4096}, s));
+  BOOST_TEST(!alloc.try_deallocate(block{static_cast<char*>(big.ptr) + 256, 4096}, s));
+  BOOST_TEST(alloc.try_deallocate(big, s));
+  BOOST_TEST(!alloc.try_deallocate(big, s));
+  const block reused = alloc.allocate(4096, 256, s);  // the pool's 8 KiB block, for 4 KiB
+  BOOST_TEST(reused.ptr == big.ptr);
+  BOOST_TEST(!alloc.try_deallocate(block{reused.ptr, 8192}, s), "the caller holds 4 KiB of it");
+  BOOST_TEST(in_use() == 4096u);
+  const alloy::misuse_counts m = alloc.inner().misuses();
+  BOOST_TEST(m.foreign_pointers == 3u);
+  BOOST_TEST(m.wrong_sizes == 3u);
+  BOOST_TEST(m.double_frees == 2u);
+  BOOST_TEST(alloc.inner().inner().misuses().total() == 0u, "none reached the arena");
+
+  model::graph_t g{};
+  BOOST_REQUIRE(rt.end_capture(s, &g) == error::success);
+  alloc.end_allocate_to_pool(pool);
+  BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
+  alloc.release_pool(pool);  // `reused` is an ordinary block now, still held at 4 KiB
+  BOOST_TEST(!alloc.try_deallocate(block{reused.ptr, 8192}, s));
+  BOOST_TEST(alloc.try_deallocate(reused, s));
+  const block after = alloc.allocate(4096, 256, s);  // settles the capture: the deferred free runs
+  BOOST_TEST(alloc.inner().pool_figures().deferred == 0u);
+  BOOST_TEST(alloc.try_deallocate(after, s));
+  BOOST_TEST(in_use() == 0u);
+  BOOST_TEST(alloc.inner().inner().bytes_in_use() == 0u);
+  BOOST_TEST(alloc.inner().inner().misuses().total() == 0u);
   REQUIRE_CLEAN(rt);
 }
 

@@ -15,6 +15,7 @@
 #include <alloy/concepts.hpp>
 #include <alloy/detail/forwarding.hpp>
 #include <alloy/graph_pool.hpp>
+#include <alloy/misuse.hpp>
 #include <alloy/stream.hpp>
 
 namespace alloy {
@@ -57,7 +58,9 @@ struct stream_order_counters {
 ///   one event record per free (complete ranges are pruned when the map doubles).
 /// - Failure: as `Inner`. When an event cannot be created, recorded or waited on, or host metadata
 ///   cannot grow, the host synchronizes instead: slower, never unsafe. A free `Inner` refuses
-///   (checked frees) records no pending range, and `try_deallocate` (both forms) says so.
+///   (checked frees) records no pending range, and `try_deallocate` (both forms) says so; frees
+///   that do not reach `Inner` at once (under a capture, of a pool's block) are checked here and
+///   refused bad (`misuses()`).
 /// - CUDA graphs (a `capturable_stream`; docs/design.md#cuda-graphs): each call probes its stream
 ///   once; while a capture is known, no event is queried or synchronized, `Inner` grows only in
 ///   the relaxed mode (else it serves from its cache or the request fails), nothing is released,
@@ -94,6 +97,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
         uses_(std::move(other.uses_)),
         prune_at_(other.prune_at_),
         counters_(other.counters_),
+        misuses_(other.misuses_),
         book_(std::move(other.book_)) {
     other.pending_.clear();
     other.slots_.clear();
@@ -181,6 +185,11 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   }
 
   const stream_order_counters& order_counters() const noexcept { return counters_; }
+  /// Bad frees refused here, not by `Inner`: a graph pool's block freed twice or at another size;
+  /// under a capture, a block freed again while its free waits for the capture's end, one `Inner`
+  /// does not own, or (`ALLOY_CHECKED` builds, `Inner` introspectable) one `Inner` does not hold
+  /// live at that size. `Inner` counts the others.
+  misuse_counts misuses() const noexcept { return misuses_; }
   /// Address ranges freed on a stream whose events were not yet seen complete.
   std::size_t pending_ranges() const noexcept { return pending_.size(); }
 
@@ -312,6 +321,8 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   [[gnu::noinline]] bool free_aware(block b, const Stream* stream, capture_state cs) noexcept {
     if (cs.capturing() || !book_.captures.empty()) settle(stream, cs);
     if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
+      if (found->second.free) return refused(misuse::double_free, b);  // only a pool keeps free blocks
+      if (b.size != found->second.handed) return refused(misuse::wrong_size, b);
       if (found->second.pool != book::ordinary) return pool_free(found->second, b, stream, cs.capturing() ? cs.id : 0);
       b.size = found->second.size;  // a pool's block that left it: freed at the size `Inner` gave
       book_.blocks.erase(found);
@@ -663,7 +674,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       const block b = cached(bytes, alignment);
       if (!b) return refuse();
       try {
-        book_.blocks.emplace(b.ptr, typename book::pooled{b.size, c->pool, 1, c->id, 0, stream, false, false});
+        book_.blocks.emplace(b.ptr, typename book::pooled{b.size, b.size, c->pool, 1, c->id, 0, stream, false, false});
         if (c->pool != book::own_pool(c->id)) c->taken.push_back(b.ptr);
       } catch (const std::bad_alloc&) {
         book_.blocks.erase(b.ptr);
@@ -704,6 +715,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       pb.last_taker = c.id;
       pool.free.erase(it);
       pb.free = false;
+      pb.handed = bytes;
       pool.free_bytes -= pb.size;
       pool.live_bytes += pb.size;
       return {p, bytes};
@@ -713,7 +725,6 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
 
   /// A free of a block of a private pool: it stays in the pool.
   bool pool_free(typename book::pooled& pb, block b, const Stream* stream, unsigned long long capture) noexcept {
-    if (pb.free) return false;  // freed twice
     typename book::pool& pool = book_.pools[pb.pool];
     pb.free = true;
     pb.freed_in = capture;
@@ -730,8 +741,11 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     return true;
   }
 
-  /// A free of a block from before the capture `cs`: kept until it ends.
+  /// A free of a block from before the capture `cs`: kept until it ends, unless it is bad
+  /// (`Inner`, which would tell, sees it only then).
   bool defer(block b, Stream stream, capture_state cs) noexcept {
+    if (b.ptr == nullptr) return true;
+    if (const misuse bad = bad_deferred_free(b); bad != misuse::none) return refused(bad, b);
     try {
       (void)capture_for(cs, stream);
       book_.deferred.push_back({b, stream, cs.id});
@@ -740,6 +754,29 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       // the block stays out of use: safe, lost to this allocator
     }
     return true;
+  }
+
+  misuse bad_deferred_free(block b) const noexcept {
+    if constexpr (owning_allocator<Inner>) {
+      if (!inner_.owns(b)) return misuse::foreign_pointer;
+    }
+    for (const typename book::deferred_free& d : book_.deferred) {
+      if (d.b.ptr == b.ptr) return misuse::double_free;
+    }
+    if constexpr (ALLOY_CHECKED != 0 && introspectable_allocator<Inner>) {  // O(blocks): checked builds only
+      misuse found = misuse::foreign_pointer;
+      inner_.for_each_block([&](const block_info& i) {
+        if (i.ptr != b.ptr || found == misuse::none) return;
+        if (i.state == block_state::allocated) found = i.requested == b.size ? misuse::none : misuse::wrong_size;
+        else if (found == misuse::foreign_pointer) found = misuse::double_free;
+      });
+      return found;
+    }
+    return misuse::none;
+  }
+  [[gnu::cold]] bool refused(misuse kind, block b) noexcept {
+    detail::report_misuse(misuses_, kind, b, nullptr, nullptr, "stream_ordered");
+    return false;
   }
 
   /// Finishes the captures seen ended (the probe of one of their streams no longer names them).
@@ -861,6 +898,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   std::unordered_map<void*, std::vector<Stream>> uses_;  // record_use, by block address
   std::size_t prune_at_ = min_prune;
   stream_order_counters counters_;
+  misuse_counts misuses_{};
   book book_;
   bool settling_ = false;
 };
