@@ -16,7 +16,8 @@
  * reused by that stream at once, and by other streams only after the streams named by
  * alloy_torch_record_stream are past its last use. Nothing here throws or aborts: a bad call is
  * refused and counted (alloy_last_error says why), and out of memory is a NULL result
- * (alloy_last_oom says why). Only the functions below are exported. */
+ * (alloy_last_oom says why). Every call but alloy_last_error and alloy_last_error_code sets the
+ * calling thread's error: ALLOY_OK when it succeeded. Only the functions below are exported. */
 #ifndef ALLOY_CAPI_H
 #define ALLOY_CAPI_H
 
@@ -42,42 +43,57 @@ enum alloy_status {
   ALLOY_OK = 0,
   ALLOY_ERROR_UNKNOWN_KEY = 1,        /* a configuration key alloy does not know */
   ALLOY_ERROR_BAD_VALUE = 2,          /* a value that cannot be read, or out of range */
-  ALLOY_ERROR_ALREADY_CONFIGURED = 3, /* the allocators exist already: configure before any use */
+  ALLOY_ERROR_ALREADY_CONFIGURED = 3, /* the library has started (or could not): configure first */
   ALLOY_ERROR_BAD_DEVICE = 4,         /* a device index out of range */
-  ALLOY_ERROR_BAD_POINTER = 5,        /* a free of a pointer not live in this library, or with the wrong device */
+  ALLOY_ERROR_BAD_POINTER = 5,        /* a pointer not live on that device, or a wrong size */
   ALLOY_ERROR_UNAVAILABLE = 6         /* the backend cannot start (no CUDA driver or device) */
 };
 
 /* ---- configuration and errors ---------------------------------------------------------------- */
 
 /* Sets the configuration before first use (0 on success; else an alloy_status, and
- * alloy_last_error names the bad key or value). A NULL or empty string means the defaults. */
+ * alloy_last_error names the bad key or value). A NULL or empty string means the defaults. Until
+ * the library starts (at the first call of a function other than alloy_configure,
+ * alloy_last_error and alloy_last_error_code), a later call replaces an earlier one; after it,
+ * ALLOY_ERROR_ALREADY_CONFIGURED, even when the library could not start. */
 ALLOY_CAPI_EXPORT int alloy_configure(const char* conf);
 /* The configuration in force, normalized ("backend:cuda,composition:virtual,..."), starting the
- * library if it has not started. */
+ * library if it has not started; "" if it cannot start (alloy_last_error says why). */
 ALLOY_CAPI_EXPORT const char* alloy_configuration(void);
-/* The calling thread's last error message ("" if none); valid until that thread's next call. */
+/* Why the calling thread's last call failed ("" if it did not); valid until that thread's next call. */
 ALLOY_CAPI_EXPORT const char* alloy_last_error(void);
-/* The calling thread's last error code (an alloy_status; ALLOY_OK if none). */
+/* The calling thread's last call's error (an alloy_status; ALLOY_OK if it succeeded). */
 ALLOY_CAPI_EXPORT int alloy_last_error_code(void);
 /* Devices served (the CUDA device count, or backend:host's `devices`); -1 if the backend cannot start. */
 ALLOY_CAPI_EXPORT int alloy_device_count(void);
 
-/* ---- PyTorch's CUDAPluggableAllocator, exactly its types -------------------------------------- */
+/* ---- PyTorch's CUDAPluggableAllocator, exactly its types --------------------------------------
+ * Size 0 gives a valid block of its own (freed as any other). NULL: out of memory (alloy_last_oom
+ * says why, alloy_last_error_code is ALLOY_OK), or a refused call (a bad device, a backend that
+ * cannot start: alloy_last_error says why). */
 
 ALLOY_CAPI_EXPORT void* alloy_torch_malloc(size_t size, int device, cudaStream_t stream);
 #ifdef __cplusplus
 /* As alloy_torch_malloc, but out of memory throws a C++ exception derived from std::bad_alloc
- * whose what() is alloy_last_oom's explanation, instead of returning NULL. This is the entry point
- * to give torch.cuda.memory.CUDAPluggableAllocator: PyTorch does not check the pointer its
- * allocation function returns, and turns the exception into a Python RuntimeError. Call it only
- * from C++ frames that let exceptions through (never through ctypes or a C caller). */
+ * whose what() is alloy_last_oom's explanation, instead of returning NULL (a refused call throws
+ * it too, with alloy_last_error's message). This is the entry point to give
+ * torch.cuda.memory.CUDAPluggableAllocator: PyTorch does not check the pointer its allocation
+ * function returns, and turns the exception into a Python RuntimeError. Call it only from C++
+ * frames that let exceptions through (never through ctypes or a C caller). */
 ALLOY_CAPI_EXPORT void* alloy_torch_malloc_or_throw(size_t size, int device, cudaStream_t stream);
 #endif
+/* `size` and `device` are the allocation's; `stream` is the one the block's last use was enqueued
+ * on (PyTorch passes the allocating stream; other streams that used it are named by
+ * alloy_torch_record_stream). A free of NULL does nothing. A pointer not live on `device` (never
+ * given, interior, freed already, another device's) or a wrong size is refused, counted
+ * (num_bad_frees) and changes nothing: ALLOY_ERROR_BAD_POINTER. */
 ALLOY_CAPI_EXPORT void alloy_torch_free(void* ptr, size_t size, int device, cudaStream_t stream);
 ALLOY_CAPI_EXPORT void alloy_torch_init(int device_count);
 ALLOY_CAPI_EXPORT void alloy_torch_empty_cache(void);
+/* Limits the device to `fraction` (0 to 1) of its memory, at once; anything else (NaN included) is
+ * refused with ALLOY_ERROR_BAD_VALUE and changes nothing. */
 ALLOY_CAPI_EXPORT void alloy_torch_set_memory_fraction(double fraction, int device);
+/* NULL does nothing; a pointer that is not a live block: ALLOY_ERROR_BAD_POINTER. */
 ALLOY_CAPI_EXPORT void alloy_torch_record_stream(void* ptr, cudaStream_t stream);
 
 /* ---- CuPy's CFunctionAllocator (no size, no stream: the legacy default stream) -------------- */
@@ -110,7 +126,8 @@ ALLOY_CAPI_EXPORT void alloy_reset_peak(int device);
 ALLOY_CAPI_EXPORT void alloy_release_graph_pools(int device);
 ALLOY_CAPI_EXPORT void alloy_reset_accumulated(int device);
 /* Why the device's last request failed (asked, limit, in use, reserved, largest free block,
- * fragmentation); "" if none has. Valid until the next failure on that device. */
+ * fragmentation); "" if none has, or for a bad device. A copy, valid until the calling thread's
+ * next call. */
 ALLOY_CAPI_EXPORT const char* alloy_last_oom(int device);
 
 #ifdef __cplusplus

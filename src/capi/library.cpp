@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -65,6 +66,9 @@ library the_library;
 
 thread_local std::string t_error;
 thread_local int t_error_code = ALLOY_OK;
+// The calling thread's copy of an out-of-memory explanation: what alloy_last_oom returns and
+// alloy_torch_malloc_or_throw throws, read while other threads may write the device's.
+thread_local char t_oom[sizeof device_slot::last_oom];
 
 void set_error(int code, std::string message) {
   t_error_code = code;
@@ -86,7 +90,10 @@ std::size_t host_memory_bytes() {
 bool start() {
   library& lib = the_library;
   if (lib.started.load(std::memory_order_acquire)) {
-    if (lib.status == ALLOY_OK) return true;
+    if (lib.status == ALLOY_OK) {
+      clear_error();  // each call's error is its own, never an earlier call's
+      return true;
+    }
     set_error(lib.status, lib.status_message);
     return false;
   }
@@ -117,7 +124,10 @@ bool start() {
     lib.conf_text = lib.conf.to_string();
     lib.started.store(true, std::memory_order_release);
   }
-  if (lib.status == ALLOY_OK) return true;
+  if (lib.status == ALLOY_OK) {
+    clear_error();
+    return true;
+  }
   set_error(lib.status, lib.status_message);
   return false;
 }
@@ -221,8 +231,8 @@ void* allocate(int device, std::size_t size, void* stream) {
       why = "alloy: out of memory on device " + std::to_string(device);
     }
     std::snprintf(slot->last_oom, sizeof slot->last_oom, "%s", why.c_str());
+    std::memcpy(t_oom, slot->last_oom, sizeof t_oom);
     state.events.add("oom", 0, size, key(stream), device_free_bytes(*slot, state, device));
-    set_error(ALLOY_OK, "");
     return nullptr;
   }
   state.events.add("alloc", key(b.ptr), size, key(stream));
@@ -242,7 +252,10 @@ int owner_elsewhere(void* ptr, int device) {
 
 // Frees `ptr` on `device`; `size` is checked when `check_size` (PyTorch passes it, CuPy does not).
 void free_block(void* ptr, std::size_t size, bool check_size, int device, void* stream) {
-  if (ptr == nullptr) return;
+  if (ptr == nullptr) {  // nothing, as free(NULL)
+    clear_error();
+    return;
+  }
   device_slot* slot = slot_of(device);
   if (slot == nullptr) return;
   const device_guard on_device(the_library.conf.backend == backend_kind::cuda, device);
@@ -367,8 +380,12 @@ int alloy_configure(const char* conf) {
   }
   std::lock_guard guard(lib.start_lock);
   if (lib.started.load(std::memory_order_acquire)) {
-    set_error(ALLOY_ERROR_ALREADY_CONFIGURED,
-              "alloy: already configured and in use (" + lib.conf_text + "); configure before the first allocation");
+    set_error(
+        ALLOY_ERROR_ALREADY_CONFIGURED,
+        lib.status == ALLOY_OK
+            ? "alloy: already configured and in use (" + lib.conf_text + "); configure before the first allocation"
+            : "alloy: configuration is read once, at the first call, and the library could not start then (" +
+                  lib.status_message + ")");
     return ALLOY_ERROR_ALREADY_CONFIGURED;
   }
   lib.conf = parsed;
@@ -377,10 +394,7 @@ int alloy_configure(const char* conf) {
   return ALLOY_OK;
 }
 
-const char* alloy_configuration(void) {
-  start();
-  return the_library.conf_text.c_str();
-}
+const char* alloy_configuration(void) { return start() ? the_library.conf_text.c_str() : ""; }
 
 const char* alloy_last_error(void) { return t_error.c_str(); }
 int alloy_last_error_code(void) { return t_error_code; }
@@ -403,13 +417,7 @@ class capi_out_of_memory : public std::bad_alloc {
 
 void* alloy_torch_malloc_or_throw(size_t size, int device, cudaStream_t stream) {
   void* p = allocate(device, size, stream);
-  if (p == nullptr) {
-    const device_slot* slot = device >= 0 && device < the_library.device_count
-                                  ? &the_library.devices[static_cast<std::size_t>(device)]
-                                  : nullptr;
-    throw capi_out_of_memory(slot != nullptr && slot->last_oom[0] != '\0' ? std::string(slot->last_oom)
-                                                                          : std::string(alloy_last_error()));
-  }
+  if (p == nullptr) throw capi_out_of_memory(t_error_code != ALLOY_OK ? t_error : std::string(t_oom));
   return p;
 }
 
@@ -439,7 +447,9 @@ void alloy_torch_set_memory_fraction(double fraction, int device) {
   device_slot* slot = slot_of(device);
   if (slot == nullptr) return;
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
-    set_error(ALLOY_ERROR_BAD_VALUE, "alloy: memory fraction " + std::to_string(fraction) + " is not within [0, 1]");
+    char shown[32] = {};  // the shortest text that reads back as `fraction` (1.0000001, not 1.000000)
+    std::to_chars(shown, shown + sizeof shown - 1, fraction);
+    set_error(ALLOY_ERROR_BAD_VALUE, std::string("alloy: memory fraction ") + shown + " is not within [0, 1]");
     return;
   }
   const device_guard on_device(the_library.conf.backend == backend_kind::cuda, device);
@@ -452,7 +462,7 @@ void alloy_torch_set_memory_fraction(double fraction, int device) {
 }
 
 void alloy_torch_record_stream(void* ptr, cudaStream_t stream) {
-  if (ptr == nullptr || !start()) return;
+  if (!start() || ptr == nullptr) return;
   for (int d = 0; d < the_library.device_count; ++d) {
     device_slot& slot = the_library.devices[static_cast<std::size_t>(d)];
     const device_guard on_device(the_library.conf.backend == backend_kind::cuda, d);
@@ -538,7 +548,10 @@ void alloy_reset_accumulated(int device) {
 
 const char* alloy_last_oom(int device) {
   device_slot* slot = slot_of(device);
-  return slot == nullptr ? "" : slot->last_oom;
+  if (slot == nullptr) return "";
+  std::lock_guard guard(slot->lock);
+  std::memcpy(t_oom, slot->last_oom, sizeof t_oom);
+  return t_oom;
 }
 
 }  // extern "C"

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -256,6 +257,73 @@ BOOST_AUTO_TEST_CASE(bad_frees_are_refused_counted_and_change_nothing) {
   BOOST_TEST(std::string(alloy_last_oom(99)).empty());
   torch_set_fraction(1.5, 0);
   BOOST_TEST(alloy_last_error_code() == ALLOY_ERROR_BAD_VALUE);
+}
+
+BOOST_AUTO_TEST_CASE(every_call_sets_its_own_error) {
+  int stranger = 0;
+  torch_init(0);
+  BOOST_TEST(alloy_last_error_code() == ALLOY_ERROR_BAD_DEVICE);
+  torch_init(devices);  // an error of an earlier call is not this one's
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  BOOST_TEST(std::string(alloy_last_error()).empty());
+  torch_free(&stranger, 4, 0, stream_key(1));
+  void* p = torch_malloc(64, 0, stream_key(1));
+  BOOST_TEST_REQUIRE(p != nullptr);
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  torch_record_stream(&stranger, stream_key(2));
+  torch_record_stream(nullptr, stream_key(2));  // nothing, as free(NULL)
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  torch_free(p, 64, 9, stream_key(1));
+  torch_empty_cache();
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  torch_free(&stranger, 4, 0, stream_key(1));
+  BOOST_TEST(std::string(alloy_last_oom(0)).find("device 1") == std::string::npos);
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  torch_free(&stranger, 4, 0, stream_key(1));
+  torch_free(nullptr, 0, 0, stream_key(1));
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  torch_free(p, 64, 0, stream_key(1));
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+}
+
+BOOST_AUTO_TEST_CASE(size_zero_is_a_block_of_its_own) {
+  const double live = stat(0, "allocation.all.current");
+  const double ooms = stat(0, "num_ooms");
+  void* a = torch_malloc(0, 0, stream_key(1));
+  void* b = torch_malloc(0, 0, stream_key(1));
+  void* c = cupy_malloc(nullptr, 0, 0);
+  BOOST_TEST_REQUIRE((a != nullptr && b != nullptr && c != nullptr));
+  BOOST_TEST((a != b && b != c && a != c));
+  BOOST_TEST(stat(0, "allocation.all.current") == live + 3);
+  torch_free(a, 0, 0, stream_key(1));
+  torch_free(b, 0, 0, stream_key(1));
+  cupy_free(nullptr, c, 0);
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  BOOST_TEST(stat(0, "allocation.all.current") == live);
+  BOOST_TEST(stat(0, "num_ooms") == ooms);
+}
+
+BOOST_AUTO_TEST_CASE(a_refused_memory_fraction_changes_nothing_and_names_itself) {
+  const double limit = seed_stats(0).at("bytes_limit");
+  for (double f : {std::numeric_limits<double>::quiet_NaN(), -0.5, 1.0000001, std::numeric_limits<double>::infinity(),
+                   -std::numeric_limits<double>::infinity()}) {
+    torch_set_fraction(f, 0);
+    BOOST_TEST(alloy_last_error_code() == ALLOY_ERROR_BAD_VALUE, f);
+  }
+  torch_set_fraction(1.0000001, 0);
+  BOOST_TEST(std::string(alloy_last_error()).find("1.0000001 ") != std::string::npos, alloy_last_error());
+  BOOST_TEST(seed_stats(0).at("bytes_limit") == limit);
+}
+
+BOOST_AUTO_TEST_CASE(last_oom_is_the_calling_threads_copy) {
+  BOOST_TEST(torch_malloc(capacity + 1, 1, stream_key(0)) == nullptr);
+  const char* mine = alloy_last_oom(1);
+  const std::string seen = mine;
+  BOOST_TEST(seen.find("256.00 MiB (alignment") != std::string::npos, seen);
+  // Another thread's failure on the device leaves this thread's text as it was.
+  std::thread([] { BOOST_TEST(torch_malloc(2 * capacity, 1, stream_key(0)) == nullptr); }).join();
+  BOOST_TEST(std::string(mine) == seen);
+  BOOST_TEST(std::string(alloy_last_oom(1)).find("512.00 MiB (alignment") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(out_of_memory_is_null_and_explained) {
