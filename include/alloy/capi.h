@@ -5,12 +5,15 @@
  * ("composition:virtual,capacity:8GiB"), read from the environment variable ALLOY_CONF at the
  * first call or set by alloy_configure() before it. Keys:
  *   composition  virtual (default: virtual_allocator on CUDA virtual memory), default, caching
- *   capacity     device memory at most: bytes with a unit (512MiB, 8GiB, 1.5GB) or a fraction of
- *                the device (0.75); 0 or absent: the device's memory
+ *   capacity     device memory at most: bytes with a unit (512MiB, 8GiB, 1.5GB), a whole number
+ *                of bytes above 1, or a fraction of the device above 0 (0.75, 1); absent: the
+ *                device's memory
  *   history      allocation events kept per device for snapshots; 0 (default) = off
  *   backend      cuda (default) or host: host memory and N simulated devices, no CUDA call at
  *                all, stream handles are opaque keys (for tests on machines without a GPU)
  *   devices      with backend:host, how many simulated devices (default 1)
+ * Keys and units are case-insensitive, spaces around keys and values are ignored, and so are empty
+ * entries (",,"); a key given twice takes its last value.
  *
  * Every call is thread-safe. Stream-ordered as PyTorch expects: a block freed on its stream is
  * reused by that stream at once, and by other streams only after the streams named by

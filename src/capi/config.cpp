@@ -50,6 +50,14 @@ bool parse_count(std::string_view s, std::size_t& out) {
   return ec == std::errc{} && end == s.data() + s.size();
 }
 
+// A key or value as a message quotes it: a very long one cut, so that the message stays readable.
+std::string shown(std::string_view s) {
+  std::size_t most = 64;
+  if (s.size() <= most) return std::string(s);
+  while (most > 0 && (static_cast<unsigned char>(s[most]) & 0xC0) == 0x80) --most;  // not inside a UTF-8 character
+  return std::string(s.substr(0, most)) + "...";
+}
+
 void fail(config_error& error, int status, std::string message) {
   error.status = status;
   error.message = std::move(message);
@@ -91,15 +99,14 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
     if (entry.empty()) continue;
     const std::size_t colon = entry.find(':');
     if (colon == std::string_view::npos) {
-      fail(error, ALLOY_ERROR_BAD_VALUE,
-           "alloy: configuration entry '" + std::string(entry) + "' has no value (key:value)");
+      fail(error, ALLOY_ERROR_BAD_VALUE, "alloy: configuration entry '" + shown(entry) + "' has no value (key:value)");
       return false;
     }
     const std::string key = lower(trim(entry.substr(0, colon)));
     const std::string_view raw = trim(entry.substr(colon + 1));
     const std::string value = lower(raw);
     const auto bad = [&](const std::string& why) {
-      fail(error, ALLOY_ERROR_BAD_VALUE, "alloy: bad value '" + std::string(raw) + "' for " + key + ": " + why);
+      fail(error, ALLOY_ERROR_BAD_VALUE, "alloy: bad value '" + shown(raw) + "' for " + key + ": " + why);
       return false;
     };
     if (key == "composition") {
@@ -119,6 +126,9 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
         if (fraction <= 0.0) return bad("a fraction of the device must be above 0");
         c.capacity_fraction = fraction;
         c.capacity_bytes = 0;
+      } else if (parse_decimal(value, fraction) && value.find('.') != std::string::npos) {
+        // 1.5 is neither a fraction nor a count of bytes: most likely a unit was left out.
+        return bad("a plain number above 1 counts bytes and must be whole; with a unit (1.5GiB) it may have a point");
       } else if (parse_bytes(value, bytes) && bytes > 0) {
         c.capacity_bytes = bytes;
         c.capacity_fraction = 0.0;
@@ -137,7 +147,7 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
       c.devices_given = true;
     } else {
       fail(error, ALLOY_ERROR_UNKNOWN_KEY,
-           "alloy: unknown configuration key '" + std::string(trim(entry.substr(0, colon))) +
+           "alloy: unknown configuration key '" + shown(trim(entry.substr(0, colon))) +
                "' (known: composition, capacity, history, backend, devices)");
       return false;
     }

@@ -382,6 +382,11 @@ BOOST_AUTO_TEST_CASE(configuration_errors_name_the_key_or_value) {
   BOOST_TEST(alloy_configure("devices:0,backend:host") == ALLOY_ERROR_BAD_VALUE);
   BOOST_TEST(alloy_configure("devices:2") == ALLOY_ERROR_BAD_VALUE);  // cuda counts its own
   BOOST_TEST(alloy_configure("composition") == ALLOY_ERROR_BAD_VALUE);
+  BOOST_TEST(alloy_configure("capacity:1.5") == ALLOY_ERROR_BAD_VALUE);  // not 1 byte: a unit left out
+  BOOST_TEST(alloy_configure("capacity:0") == ALLOY_ERROR_BAD_VALUE);
+  const std::string long_value = "capacity:" + std::string(100000, '9');
+  BOOST_TEST(alloy_configure(long_value.c_str()) == ALLOY_ERROR_BAD_VALUE);
+  BOOST_TEST(std::string(alloy_last_error()).size() < 300u);  // the value cut short
   // A valid configuration after the first allocation is refused, and nothing changes.
   const std::string before = alloy_configuration();
   BOOST_TEST(alloy_configure("composition:caching,backend:host") == ALLOY_ERROR_ALREADY_CONFIGURED);
