@@ -17,7 +17,9 @@ The contract: (docs/design.md#c-library-and-python).
 
 import collections
 import operator
+import os
 import pickle
+import reprlib
 import sys
 
 from . import _lib
@@ -60,25 +62,45 @@ def _fail(what, code):
     raise (ValueError if code in (_lib.UNKNOWN_KEY, _lib.BAD_VALUE) else RuntimeError)(message)
 
 
+def _checked(function, *args):
+    """Calls one of liballoy's functions that returns nothing, raising the error it set."""
+    function(*args)
+    code = _lib.lib().alloy_last_error_code()
+    if code != _lib.OK:
+        _fail(function.__name__, code)
+
+
+def _entry(key, value):
+    # One key:value of a dict configuration; a comma or colon would smuggle in another entry.
+    entry = f"{key}:{value}"
+    if any(mark in f"{key}{value}" for mark in ",:"):
+        raise ValueError(f"alloy.configure: {entry!r}: a key or value holds ',' or ':'")
+    return entry
+
+
 def configure(conf=None):
     """Configures alloy before its first use, as PYTORCH_CUDA_ALLOC_CONF does PyTorch's allocator.
 
     ``conf`` is a string ("composition:virtual,capacity:8GiB,history:10000") or a dict of the
     same keys; None means the defaults. Until alloy serves its first call, a later configure()
     replaces an earlier one; after it, RuntimeError (configuration is once per process).
-    ValueError names an unknown key or a bad value.
+    ValueError names an unknown key or a bad value; TypeError, a ``conf`` of another type.
     """
     if isinstance(conf, dict):
-        conf = ",".join(f"{key}:{value}" for key, value in conf.items())
+        conf = ",".join(_entry(key, value) for key, value in conf.items())
+    if conf is not None and not isinstance(conf, str):
+        raise TypeError(f"alloy.configure: conf is a str or a dict, not {type(conf).__name__}")
+    if conf is not None and "\0" in conf:  # C would read only up to it
+        raise ValueError("alloy.configure: embedded null character in conf")
     code = _lib.lib().alloy_configure(None if conf is None else conf.encode())
     if code != _lib.OK:
-        _fail(f"alloy.configure({conf!r})", code)
+        _fail(f"alloy.configure({reprlib.repr(conf)})", code)
 
 
 def configuration():
     """The configuration in force, normalized ("backend:cuda,composition:virtual,...")."""
     value = _lib.lib().alloy_configuration()
-    if value is None:
+    if not value:  # the library cannot start
         _fail("alloy.configuration()", _lib.lib().alloy_last_error_code())
     return value.decode()
 
@@ -98,14 +120,21 @@ def _device_index(device):
         device = framework.cuda.current_device() if initialised else 0
     elif isinstance(device, str):  # "cuda:1", as torch accepts
         kind, _, index = device.partition(":")
-        if kind != "cuda" or (index and not index.isdigit()):
+        if kind != "cuda" or (index and not (index.isascii() and index.isdigit())):
             raise ValueError(f"alloy: {device!r} is not a CUDA device")
         return _device_index(int(index) if index else None)
-    elif getattr(device, "type", None) == "cuda":  # torch.device
+    elif isinstance(getattr(device, "type", None), str):  # torch.device
+        if device.type != "cuda":
+            raise ValueError(f"alloy: {device!r} is not a CUDA device")
         return _device_index(device.index)
     if isinstance(device, bool):
         raise TypeError("alloy: a device is an index, not a bool")
-    device = operator.index(device)
+    try:
+        device = operator.index(device)
+    except TypeError:
+        raise TypeError(
+            f"alloy: a device is an int, 'cuda:N' or a torch.device, not {type(device).__name__}"
+        ) from None
     count = device_count()
     if not 0 <= device < count:
         raise ValueError(f"alloy: device {device} out of range: alloy serves {count} device(s)")
@@ -133,11 +162,11 @@ def memory_summary(device=None, abbreviated=False):
 
 
 def reset_peak_memory_stats(device=None):
-    _lib.lib().alloy_reset_peak(_device_index(device))
+    _checked(_lib.lib().alloy_reset_peak, _device_index(device))
 
 
 def reset_accumulated_memory_stats(device=None):
-    _lib.lib().alloy_reset_accumulated(_device_index(device))
+    _checked(_lib.lib().alloy_reset_accumulated, _device_index(device))
 
 
 def release_graph_pools(device=None):
@@ -147,7 +176,7 @@ def release_graph_pools(device=None):
     captured (blocks it freed inside the capture included, which its replays reuse) stays its own
     until this call: make it once those graphs will not be replayed again.
     """
-    _lib.lib().alloy_release_graph_pools(_device_index(device))
+    _checked(_lib.lib().alloy_release_graph_pools, _device_index(device))
 
 
 def snapshot():
@@ -157,6 +186,10 @@ def snapshot():
 
 def dump_snapshot(path="dump_snapshot.pickle"):
     """Pickles snapshot() (protocol 4) for pytorch.org/memory_viz and torch/cuda/_memory_viz.py."""
+    if not isinstance(path, (str, bytes, os.PathLike)):  # open() would take an int as a descriptor
+        raise TypeError(
+            f"alloy.dump_snapshot: path is a str or os.PathLike, not {type(path).__name__}"
+        )
     state = snapshot()
     with open(path, "wb") as file:
         pickle.dump(state, file, protocol=4)

@@ -112,12 +112,19 @@ def address(name):
 
 
 def last_error():
-    return lib().alloy_last_error().decode()
+    # The message may quote bytes of a configuration that are not UTF-8 (ALLOY_CONF is any bytes).
+    return lib().alloy_last_error().decode(errors="replace")
 
 
 def text(function, *args):
-    """The whole text a sizing function writes (it may grow between the two calls)."""
+    """The whole text a sizing function writes (it may grow between the two calls); ValueError or
+    RuntimeError, with the library's message, when the function refused the call (a text is
+    never empty)."""
     needed = function(*args, None, 0)
+    if needed == 0:
+        code = lib().alloy_last_error_code()
+        bad_input = code in (UNKNOWN_KEY, BAD_VALUE, BAD_DEVICE)
+        raise (ValueError if bad_input else RuntimeError)(f"{function.__name__}: {last_error()}")
     while True:
         buffer = ctypes.create_string_buffer(needed + 1)
         length = function(*args, buffer, needed + 1)

@@ -22,6 +22,7 @@ from support import (
     cupy_free,
     cupy_malloc,
     lib,
+    run_python,
     torch_free,
     torch_malloc,
 )
@@ -572,6 +573,64 @@ class BadInput(unittest.TestCase):
     def test_configure_after_use(self):
         with self.assertRaisesRegex(RuntimeError, "configure"):
             alloy.configure("backend:host")
+
+    def test_configure_refuses_what_the_library_would_misread(self):
+        for conf in (5, b"backend:host", ["backend:host"]):
+            with self.assertRaisesRegex(TypeError, "str or a dict", msg=repr(conf)):
+                alloy.configure(conf)
+        with self.assertRaisesRegex(ValueError, "null"):  # C would stop reading at the NUL
+            alloy.configure("composition:caching\0,colour:blue")
+        with self.assertRaisesRegex(ValueError, "','"):  # one value smuggling in another key
+            alloy.configure({"capacity": "1GiB,backend:cuda"})
+
+    def test_device_arguments_of_the_wrong_kind(self):
+        class Device:  # what alloy reads of a torch.device
+            def __init__(self, kind, index):
+                self.type, self.index = kind, index
+
+        for device in ("cuda:\u00b2", "cuda:\uff11", Device("cpu", 0)):
+            with self.assertRaisesRegex(ValueError, "not a CUDA device", msg=repr(device)):
+                alloy.memory_stats(device)
+        self.assertEqual(alloy.memory_stats(Device("cuda", 1)), alloy.memory_stats(1))
+        for device in (1.0, [0], object()):
+            with self.assertRaisesRegex(TypeError, "^alloy: a device is", msg=repr(device)):
+                alloy.memory_stats(device)
+
+    def test_a_refused_text_call_raises_with_the_librarys_message(self):
+        with self.assertRaisesRegex(ValueError, "out of range"):
+            _lib.text(lib().alloy_memory_stats_json, DEVICES)
+
+    def test_dump_snapshot_takes_a_path_not_a_descriptor(self):
+        read, write = os.pipe()
+        try:
+            with self.assertRaises(TypeError):
+                alloy.dump_snapshot(write)
+            os.fstat(write)  # still open
+        finally:
+            os.close(read)
+            os.close(write)
+
+    def test_a_library_that_cannot_start_says_why_everywhere(self):
+        """A bad ALLOY_CONF (here not even UTF-8) fails the start: every call says why, and a
+        later configure() says the configuration was read already."""
+        code = (
+            "import alloy, json\n"
+            "out = []\n"
+            "for call in (alloy.device_count, alloy.configuration, alloy.snapshot,\n"
+            "             lambda: alloy.configure('backend:host')):\n"
+            "    try:\n"
+            "        out.append(['returned', repr(call())])\n"
+            "    except Exception as e:\n"
+            "        out.append([type(e).__name__, str(e)])\n"
+            "print(json.dumps(out))"
+        )
+        value, result = run_python(code, conf=os.fsdecode(b"backend:host,capacity:\xff"))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for kind, message in value[:3]:
+            self.assertEqual(kind, "ValueError", message)
+            self.assertIn("capacity", message)
+        self.assertEqual(value[3][0], "RuntimeError")
+        self.assertIn("could not start", value[3][1])
 
     def test_gpu_mem_get(self):
         memory = alloy.gpu_mem_get(0)
