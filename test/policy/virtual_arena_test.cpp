@@ -1442,6 +1442,13 @@ BOOST_AUTO_TEST_CASE(a_free_piece_reused_in_part_goes_back_first_when_much_of_it
   }
 }
 
+// The model run's checks, made tens of millions of times: Boost.Test is entered only when one
+// fails (its bookkeeping per assertion was most of the run's time).
+#define MODEL_REQUIRE(condition)                \
+  do {                                          \
+    if (!(condition)) BOOST_REQUIRE(condition); \
+  } while (false)
+
 /// `threshold`: the arena's release_threshold; `divisor` its release_threshold_divisor;
 /// `up_to_peak` its keep_up_to_peak (free mapped granules kept: the most of the threshold, the
 /// touched bytes ÷ divisor and the most granules touched at once since the last release() less
@@ -1478,15 +1485,15 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
     auto check_accounting = [&] {
       // Mapped bytes == the granules live chunks touch + the free mapped granules kept.
       const std::size_t touched = m.touched.size() * g;
-      BOOST_REQUIRE(a.mapped_bytes() == touched + a.free_mapped_bytes());
+      MODEL_REQUIRE(a.mapped_bytes() == touched + a.free_mapped_bytes());
       const std::size_t share = divisor == 0 ? 0 : (touched / divisor) / g * g;
       const std::size_t peak = std::max(peak_touched * g, touched);
       const std::size_t below_peak = up_to_peak ? peak - touched : 0;
-      BOOST_REQUIRE(a.free_mapped_bytes() <= std::max({threshold, share, below_peak}));
+      MODEL_REQUIRE(a.free_mapped_bytes() <= std::max({threshold, share, below_peak}));
       const std::size_t with_threshold = touched + std::min(threshold, capacity);  // keep_all: no bound but capacity
-      BOOST_REQUIRE(a.mapped_bytes() <= std::max({with_threshold, touched + share, up_to_peak ? peak : 0}));
-      BOOST_REQUIRE(v.physical_bytes() == a.mapped_bytes());
-      BOOST_REQUIRE(a.allocated_chunk_count() == m.live.size());
+      MODEL_REQUIRE(a.mapped_bytes() <= std::max({with_threshold, touched + share, up_to_peak ? peak : 0}));
+      MODEL_REQUIRE(v.physical_bytes() == a.mapped_bytes());
+      MODEL_REQUIRE(a.allocated_chunk_count() == m.live.size());
     };
     for (std::size_t op = 0; op < operations; ++op) {
       if (op % 100'000 == 0) target_live = 50 + rng() % 800;  // phases of growing and shrinking
@@ -1502,14 +1509,14 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
           // Only when the granules of live chunks plus those this request needs (at most its
           // span plus two partial granules), and the free ones stranded in pieces in use,
           // exceed the capacity.
-          BOOST_REQUIRE(m.touched.size() * g + a.stranded_free_bytes() + chunk + 2 * g > capacity);
+          MODEL_REQUIRE(m.touched.size() * g + a.stranded_free_bytes() + chunk + 2 * g > capacity);
           continue;
         }
         ++served;
         const auto at = reinterpret_cast<std::uintptr_t>(b.ptr);
-        BOOST_REQUIRE(b.size == bytes);
-        BOOST_REQUIRE(at % alignment == 0);
-        BOOST_REQUIRE(!m.overlaps(at, chunk));
+        MODEL_REQUIRE(b.size == bytes);
+        MODEL_REQUIRE(at % alignment == 0);
+        MODEL_REQUIRE(!m.overlaps(at, chunk));
         model::entry e{b, chunk, next_id++, rng() % 16 == 0};
         write_marks(e);
         m.live.emplace(at, e);
@@ -1521,7 +1528,7 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         m.addresses[pick] = m.addresses.back();
         m.addresses.pop_back();
         const auto found = m.live.find(at);
-        BOOST_REQUIRE(marks_hold(found->second));
+        MODEL_REQUIRE(marks_hold(found->second));
         peak_touched = std::max(peak_touched, m.touched.size());  // a peak ends with a free
         a.deallocate(found->second.b);
         m.touch(at, found->second.chunk, -1);
@@ -1530,14 +1537,14 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
       check_accounting();
       if (op % 50'000 == 0) {
         ++checks;
-        BOOST_REQUIRE(a.check_invariants());
-        for (const auto& [at, e] : m.live) BOOST_REQUIRE(marks_hold(e));
+        MODEL_REQUIRE(a.check_invariants());
+        for (const auto& [at, e] : m.live) MODEL_REQUIRE(marks_hold(e));
       }
       if (frontier_divisor != 0 && op % 50'000 == 25'000) {
         // Everything goes and is released, so that the heap grows from nothing again: the
         // frontier growth below 1/16 of the capacity happens many times a run.
         for (const auto& [at, e] : m.live) {
-          BOOST_REQUIRE(marks_hold(e));
+          MODEL_REQUIRE(marks_hold(e));
           peak_touched = std::max(peak_touched, m.touched.size());
           a.deallocate(e.b);
           m.touch(at, e.chunk, -1);
@@ -1545,14 +1552,14 @@ void run_model(std::uint64_t seed, std::size_t operations, std::size_t threshold
         m.live.clear();
         m.addresses.clear();
         a.release();
-        BOOST_REQUIRE(a.mapped_bytes() == 0u);
+        MODEL_REQUIRE(a.mapped_bytes() == 0u);
         peak_touched = 0;
         check_accounting();
       }
       if (op % 250'000 == 249'999) {
         a.release();
-        BOOST_REQUIRE(a.free_mapped_bytes() == a.stranded_free_bytes());
-        if (!block_sized) BOOST_REQUIRE(a.stranded_free_bytes() == 0u);
+        MODEL_REQUIRE(a.free_mapped_bytes() == a.stranded_free_bytes());
+        if (!block_sized) MODEL_REQUIRE(a.stranded_free_bytes() == 0u);
         peak_touched = m.touched.size();
         check_accounting();
       }
