@@ -244,6 +244,27 @@ BOOST_AUTO_TEST_CASE(empty_slabs_go_back_before_a_large_request_fails) {
   check_books(a, d);
 }
 
+// A tagged block whose best-fit place shares a granule with the piece mapped ahead of tag 0's heap
+// goes just past that piece, not to the top of the reservation (where the granule table would
+// have covered the whole terabyte: hundreds of MiB of bookkeeping for 64 KiB granules).
+BOOST_AUTO_TEST_CASE(a_tagged_block_stays_beside_the_heap) {
+  constexpr std::size_t granularity = 64_KiB;
+  host_allocator a{alloy::host_vmm{{.granularity = granularity}}};
+  const alloy::block small = a.allocate(1000, 16);
+  const alloy::block tagged = a.allocate(100'000, 256, alloy::tag{1});
+  const alloy::block other = a.allocate(1000, 256, alloy::tag{2});
+  BOOST_TEST_REQUIRE((small && tagged && other));
+  BOOST_TEST(a.arena().used_address_space() <= 16 * granularity, a.arena().used_address_space()
+                                                                     << " bytes in use of the range");
+  BOOST_TEST(a.arena().check_invariants());
+  std::memset(tagged.ptr, 0x5a, tagged.size);
+  BOOST_TEST((a.offload(alloy::tag{1}) == alloy::offload_status::done));
+  BOOST_TEST((a.restore(alloy::tag{1}) == alloy::offload_status::done));
+  BOOST_TEST(static_cast<const unsigned char*>(tagged.ptr)[tagged.size - 1] == 0x5a);
+  for (const alloy::block& b : {small, tagged, other}) a.deallocate(b);
+  BOOST_TEST(a.bytes_in_use() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(moving_keeps_the_arena_in_place) {
   simulated_vm_device d;
   sim_allocator a{sim_vm{d}};

@@ -411,14 +411,21 @@ class virtual_arena {
   [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, bool may_release,
                                              std::uint16_t t, growth_plan* plan = nullptr, bool only_held = false,
                                              bool cached_only = false) noexcept;
-  /// The last resort before a request fails for want of physical memory: best fit's chunk needed
-  /// more new granules than the backend can give, so every free chunk is tried (its front and
-  /// back, each also on a granule boundary) for the place that adds the fewest granules no live
-  /// chunk touches; the block goes there when those fit. O(chunks), only on this path.
+  /// The last resort before a request fails for want of physical memory, and a tagged block's
+  /// when its usual places share a granule with another tag: every free chunk is tried (its front
+  /// and back, each also on a granule boundary, and with tags the front past other tags' pieces)
+  /// for the place that adds the fewest granules no live chunk touches, the lowest of equals; the
+  /// block goes there when those fit. O(chunks), only on this path.
   [[gnu::cold]] [[gnu::noinline]] block allocate_on_fewest_new_granules(std::size_t rounded, std::size_t bytes,
                                                                         std::size_t alignment, std::uint16_t t,
                                                                         bool may_release,
                                                                         std::uintptr_t tried) noexcept;
+  /// The first start in free chunk `node`, on a `coarse + 1` boundary, past the block-sized pieces
+  /// of other tags at its front (a piece mapped ahead of a tag's heap); 0 when a live chunk of
+  /// another tag is in the way. Else the last chunk's back would be the only place left: the top
+  /// of the reservation, with a granule table spanning all of it.
+  std::uintptr_t past_foreign_pieces(const detail::best_fit_chunk& node, std::uint16_t t,
+                                     std::uintptr_t coarse) const noexcept;
   /// `allocate_cached` when best fit's place needs a granule mapped: the first free chunk's front or
   /// back, or run of whole granules inside it, that lies on mapped granules only; else an empty
   /// block. O(chunks + granules), only on this path.

@@ -258,6 +258,7 @@ block virtual_arena<Vmm>::allocate_on_fewest_new_granules(std::size_t rounded, s
     };
     consider((node.addr + fine) & ~fine);
     consider((node.addr + coarse) & ~coarse);
+    if (tags_in_use_) consider(past_foreign_pieces(node, t, coarse));
     consider(last_start & ~fine);
     consider(last_start & ~coarse);
   }
@@ -270,6 +271,18 @@ block virtual_arena<Vmm>::allocate_on_fewest_new_granules(std::size_t rounded, s
     if (!map_new_granules(first, last, may_release, to_map, best, rounded)) return {};
   ++counters_.num_alloc_retries;
   return carve(best_chunk, best, rounded, bytes);
+}
+
+template <virtual_memory Vmm>
+std::uintptr_t virtual_arena<Vmm>::past_foreign_pieces(const detail::best_fit_chunk& node, std::uint16_t t,
+                                                       std::uintptr_t coarse) const noexcept {
+  std::uintptr_t start = (node.addr + coarse) & ~coarse;
+  for (std::size_t g = granule_of(start); start < node.addr + node.size() && foreign(g, t); g = granule_of(start)) {
+    if (touched(g) || !in_block_sized_piece(g)) return 0;  // a live chunk of another tag: no piece to pass
+    const granule& r = granules_[g];
+    start = (base_ + (std::uintptr_t{r.piece_first + r.piece_granules} << granule_shift_) + coarse) & ~coarse;
+  }
+  return start;
 }
 
 template <virtual_memory Vmm>
