@@ -186,9 +186,8 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
 
   const stream_order_counters& order_counters() const noexcept { return counters_; }
   /// Bad frees refused here, not by `Inner`: a graph pool's block freed twice or at another size;
-  /// under a capture, a block freed again while its free waits for the capture's end, one `Inner`
-  /// does not own, or (`ALLOY_CHECKED` builds, `Inner` introspectable) one `Inner` does not hold
-  /// live at that size. `Inner` counts the others.
+  /// under a capture, a block freed again while its free waits for the capture's end, or one
+  /// `Inner` does not own. `Inner` counts the others.
   misuse_counts misuses() const noexcept { return misuses_; }
   /// Address ranges freed on a stream whose events were not yet seen complete.
   std::size_t pending_ranges() const noexcept { return pending_.size(); }
@@ -763,16 +762,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     for (const typename book::deferred_free& d : book_.deferred) {
       if (d.b.ptr == b.ptr) return misuse::double_free;
     }
-    if constexpr (ALLOY_CHECKED != 0 && introspectable_allocator<Inner>) {  // O(blocks): checked builds only
-      misuse found = misuse::foreign_pointer;
-      inner_.for_each_block([&](const block_info& i) {
-        if (i.ptr != b.ptr || found == misuse::none) return;
-        if (i.state == block_state::allocated) found = i.requested == b.size ? misuse::none : misuse::wrong_size;
-        else if (found == misuse::foreign_pointer) found = misuse::double_free;
-      });
-      return found;
-    }
-    return misuse::none;
+    return misuse::none;  // an interior or wrong-size free: `Inner` refuses it at the capture's end
   }
   [[gnu::cold]] bool refused(misuse kind, block b) noexcept {
     detail::report_misuse(misuses_, kind, b, nullptr, nullptr, "stream_ordered");
