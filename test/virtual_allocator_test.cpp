@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -201,6 +202,17 @@ BOOST_AUTO_TEST_CASE(capacity_runs_out_then_serves_again) {
   for (const auto& b : live) BOOST_TEST_REQUIRE(static_cast<bool>(b));
   BOOST_TEST(!a.allocate(1, 256), "every granule holds a live block");
   BOOST_TEST(!a.allocate(2_MiB, 256));
+  BOOST_TEST(a.counters().num_ooms == 2u);
+  // Bad requests and a tag that is not resident fail without being out of memory.
+  constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+  for (const std::size_t bytes : {std::size_t{64}, 2_MiB}) {
+    BOOST_TEST(!a.allocate(bytes, 0));
+    BOOST_TEST(!a.allocate(bytes, 3));
+  }
+  BOOST_TEST(!a.allocate(max, 8));
+  BOOST_TEST(!a.allocate(max - 100, 1_MiB));
+  BOOST_TEST((a.discard(alloy::tag{5}) == alloy::offload_status::done));
+  BOOST_TEST(!a.allocate(64, 8, alloy::tag{5}));
   BOOST_TEST(a.counters().num_ooms == 2u);
   a.deallocate(live[1]);
   a.deallocate(live[2]);                            // kept mapped (below the threshold) ...

@@ -238,6 +238,7 @@ class virtual_allocator {
   /// Tag 0 goes through the pool (its slabs are tag 0); any other tag straight to the arena, so
   /// that no slab mixes tags (a small tagged block then takes a chunk of the arena).
   block allocate(std::size_t bytes, std::size_t alignment, tag t) noexcept {
+    const std::size_t arena_ooms = arena_->counters().num_ooms;
     block b;
     if (t.value == 0 && arena_->state(t) == tag_state::resident) [[likely]] {
       b = heap_.allocate(bytes, alignment);
@@ -248,7 +249,7 @@ class virtual_allocator {
       b = arena_->allocate(bytes, alignment, t);
       if (b && b.size <= threshold) tagged_small_ = true;
     }
-    if (!b) ++ooms_;
+    if (!b) count_oom(arena_ooms);
     return b;
   }
   /// As `allocate`, but nothing cached is given back to serve it (no free granule unmapped, no
@@ -280,9 +281,10 @@ class virtual_allocator {
   block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
     requires growth_planning_allocator<arena_type>
   {
+    const std::size_t arena_ooms = arena_->counters().num_ooms;
     block b = arena_->allocate_planned(plan, bytes, alignment);
     if (!b && release_empty_slabs()) b = arena_->allocate(bytes, alignment);
-    if (!b) ++ooms_;
+    if (!b) count_oom(arena_ooms);
     return b;
   }
   void deallocate(block b) noexcept {
@@ -404,6 +406,11 @@ class virtual_allocator {
     return b.size <= threshold ? arena_->try_deallocate(b) : heap_.small().try_deallocate(b);
   }
 
+  /// A request failed: an OOM when the arena ran out of memory during it (not for an alignment
+  /// that is no power of two, a size no rounding holds, or a tag that is not resident).
+  void count_oom(std::size_t arena_ooms_before) noexcept {
+    if (arena_->counters().num_ooms != arena_ooms_before) ++ooms_;
+  }
   /// A request failed: the pool's wholly free slabs go back to the arena, where they merge with
   /// their neighbours and their granules can be unmapped for the retry. True when any went.
   [[gnu::cold]] bool release_empty_slabs() noexcept {
