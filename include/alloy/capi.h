@@ -127,6 +127,8 @@ ALLOY_CAPI_EXPORT void alloy_reset_peak(int device);
  * reuse) from all other work. This gives back the pools of every ended capture on `device`: call
  * it once none of those graphs will be replayed again. */
 ALLOY_CAPI_EXPORT void alloy_release_graph_pools(int device);
+/* Zeroes the device's accumulated counts (torch.cuda.reset_accumulated_memory_stats: the num_*
+ * and allocated/freed totals, num_bad_frees too); current and peak figures stay. */
 ALLOY_CAPI_EXPORT void alloy_reset_accumulated(int device);
 /* Why the device's last request failed (asked, limit, in use, reserved, largest free block,
  * fragmentation); "" if none has, or for a bad device. A copy, valid until the calling thread's

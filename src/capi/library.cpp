@@ -542,6 +542,7 @@ void alloy_reset_accumulated(int device) {
   text_of_device(device, nullptr, 0, [](device_slot& slot, device_heap& heap) {
     heap.reset_accumulated();
     slot.retried = 0;
+    slot.bad_frees = 0;
     return std::string();
   });
 }
