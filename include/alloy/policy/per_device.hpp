@@ -31,7 +31,7 @@ namespace alloy {
 ///   `A` (an empty block when that device is not in the registry); `deallocate` goes to the `A`
 ///   that owns the block, whatever device is current; every call into an `A` runs with its device
 ///   current. The owner is found by `A::owns` when `A` has it (the current device's first), else
-///   in a map of live blocks to devices kept here behind a mutex.
+///   in a map of live blocks to devices and sizes kept here behind a mutex.
 /// - Complexity: `allocate`, one `Context::get` and `A`'s allocate (plus, without `owns`, a map
 ///   insert under the lock); a free, up to one `owns` per device (two device switches each one
 ///   not current), or a map lookup under the lock, then `A`'s free on its device.

@@ -24,8 +24,10 @@ namespace alloy {
 ///   overflows `std::size_t` fails with an empty block; `Inner` is not asked.
 /// - `requested_bytes()` counts what callers asked for and still hold. Frees are counted only when
 ///   `Inner` accepted them (over a part with `try_deallocate`, e.g. `best_fit_arena`, a double,
-///   foreign, interior or wrong-size free changes nothing here); over a part that cannot tell, a
-///   free is counted unless it is larger than the count (which would make it wrap).
+///   foreign, interior or wrong-size free changes nothing here, except a wrong size that rounds to
+///   the block's rounded size: `Inner` sees a valid free, the caller's own size is not kept); over
+///   a part that cannot tell, a free is counted unless it is larger than the count (which would
+///   make it wrap).
 /// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
 ///   and checked frees rounded the same way, the queries passed on), plus `requested_bytes`, its
 ///   own. Movable handles are not passed on (a handle's size is not rounded).
