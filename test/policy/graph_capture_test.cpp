@@ -30,6 +30,7 @@
 #include <alloy/policy/stats.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/policy/synchronized.hpp>
+#include <alloy/policy/virtual_arena.hpp>
 #include <alloy/showcase.hpp>
 
 #include "support/sanitizers.hpp"
@@ -453,6 +454,49 @@ BOOST_AUTO_TEST_CASE(no_memory_given_back_in_capture) {
   alloc.deallocate(b, s);
   alloc.release();  // the capture ended: now it goes
   BOOST_TEST(rt.bytes_in_use() == 0u);
+  REQUIRE_CLEAN(rt);
+}
+
+// An arena that gives granules back on free: a free on another stream while a global capture runs,
+// and the pool of a relaxed capture that ended, reach it only after that capture (an unmap during
+// it would invalidate the graph).
+BOOST_AUTO_TEST_CASE(no_give_back_through_a_free_in_capture) {
+  using varena = alloy::virtual_arena<model::vmm>;
+  model::runtime rt;
+  const stream_t s1 = make_stream(rt), s2 = make_stream(rt);
+  alloy::stream_ordered<varena, stream_t> alloc{
+      varena{model::vmm{rt, 64_MiB}, {.release_threshold = 0, .keep_up_to_peak = false}}};
+  const block w = alloc.allocate(4_MiB, 256, s1);
+  BOOST_REQUIRE(w);
+  alloc.deallocate(alloc.allocate(4096, 256, s1), s1);
+  BOOST_REQUIRE(rt.begin_capture(s1, capture_mode::relaxed) == error::success);
+  const block x = alloc.allocate(3_MiB, 256, s1);  // relaxed: may map
+  BOOST_REQUIRE(x);
+  BOOST_REQUIRE(rt.use(s1, x.ptr, x.size) == error::success);
+  alloc.deallocate(x, s1);  // kept in the capture's pool
+  model::graph_t g1{};
+  BOOST_REQUIRE(rt.end_capture(s1, &g1) == error::success);
+  BOOST_REQUIRE(rt.graph_destroy(g1) == error::success);
+  const std::size_t mapped = alloc.inner().mapped_bytes();
+
+  BOOST_REQUIRE(rt.begin_capture(s2, capture_mode::global) == error::success);
+  const block y = alloc.allocate(4096, 256, s2);  // settles the relaxed capture: its pool goes back
+  alloc.deallocate(w, s1);                        // outside the capture, on another stream
+  BOOST_TEST(alloc.pool_figures().deferred >= 2u, "the pool's block and w wait for the capture's end");
+  BOOST_TEST(alloc.inner().mapped_bytes() == mapped, "nothing unmapped during the global capture");
+  REQUIRE_CLEAN(rt);
+  if (y) {
+    BOOST_REQUIRE(rt.use(s2, y.ptr, y.size) == error::success);
+    alloc.deallocate(y, s2);
+  }
+  model::graph_t g2{};
+  BOOST_REQUIRE(rt.end_capture(s2, &g2) == error::success);
+  BOOST_REQUIRE(rt.graph_destroy(g2) == error::success);
+  BOOST_REQUIRE(rt.stream_synchronize(s1) == error::success);
+  alloc.deallocate(alloc.allocate(256, 256, s1), s1);  // the first call after the end settles it
+  BOOST_TEST(alloc.pool_figures().deferred == 0u);
+  BOOST_TEST(alloc.inner().bytes_in_use() == 0u);
+  BOOST_TEST(alloc.inner().mapped_bytes() < mapped, "given back once the capture ended");
   REQUIRE_CLEAN(rt);
 }
 

@@ -64,7 +64,8 @@ struct stream_order_counters {
 /// - CUDA graphs (a `capturable_stream`; docs/design.md#cuda-graphs): each call probes its stream
 ///   once; while a capture is known, no event is queried or synchronized, `Inner` grows only in
 ///   the relaxed mode (else it serves from its cache or the request fails), nothing is released,
-///   frees of earlier blocks wait for the capture's end, and the capture's blocks stay in a pool:
+///   frees of earlier blocks wait for the capture's end (any free reaches `Inner`, which may give
+///   memory back, only after the strict captures), and the capture's blocks stay in a pool:
 ///   its own, or a `graph_pool` (`begin_allocate_to_pool`, `end_allocate_to_pool`, `release_pool`).
 /// - Thread safety: none (wrap in `synchronized`). Movable, not copyable.
 /// - Memory kind: `Inner`'s. Capabilities: the queries of `Inner` (`release` and
@@ -98,7 +99,8 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
         prune_at_(other.prune_at_),
         counters_(other.counters_),
         misuses_(other.misuses_),
-        book_(std::move(other.book_)) {
+        book_(std::move(other.book_)),
+        held_back_(std::move(other.held_back_)) {
     other.pending_.clear();
     other.slots_.clear();
     other.free_slots_.clear();
@@ -107,6 +109,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   stream_ordered& operator=(stream_ordered&&) = delete;
   ~stream_ordered() {
     synchronize_all();
+    release_held_back();
     for (event_slot& s : slots_) {
       if (s.created) traits::destroy(s.event);
     }
@@ -237,7 +240,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       f.live_bytes += p.live_bytes;
       f.free_bytes += p.free_bytes;
     }
-    f.deferred = book_.deferred.size();
+    f.deferred = book_.deferred.size() + held_back_.size();
     return f;
   }
 
@@ -338,7 +341,10 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       note(*stream);
     }
     const bool track = stream != nullptr && mode_ == mode::tracking && b.ptr != nullptr && b.size != 0;
-    if constexpr (checked_deallocating_allocator<Inner>) {
+    if (strict_capture_known()) [[unlikely]] {
+      if (!hold_back(b)) return false;
+      if (track) remember(b, *stream);
+    } else if constexpr (checked_deallocating_allocator<Inner>) {
       if (!inner_.try_deallocate(b)) return false;
       if (track) remember(b, *stream);  // nothing ran between the free and this record
     } else {
@@ -644,7 +650,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     if (mode_ == mode::tracking) {
       const bool ordered = stream != nullptr ? claim_without_query(b, *stream, false) : !pending_incomplete(b);
       if (!ordered) {
-        inner_.deallocate(b);
+        give_back_unused(b);
         return refuse();
       }
       if (stream == nullptr)
@@ -677,13 +683,13 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
         if (c->pool != book::own_pool(c->id)) c->taken.push_back(b.ptr);
       } catch (const std::bad_alloc&) {
         book_.blocks.erase(b.ptr);
-        inner_.deallocate(b);
+        give_back_unused(b);
         return refuse();
       }
       if (mode_ == mode::tracking && !claim_without_query(b, stream, true)) {
         book_.blocks.erase(b.ptr);
         if (!c->taken.empty() && c->taken.back() == b.ptr) c->taken.pop_back();
-        inner_.deallocate(b);
+        give_back_unused(b);
         return refuse();
       }
       pool.live_bytes += b.size;
@@ -740,6 +746,50 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     return true;
   }
 
+  /// A capture that forbids unsafe calls (global, or thread-local on a thread alloy cannot tell) is
+  /// known: a block goes to `Inner` only after it, since `Inner`'s free may give memory back to
+  /// its upstream (an unmap, a cudaFree), which would invalidate the capture.
+  bool strict_capture_known() const noexcept {
+    if constexpr (capturable) {
+      for (const typename book::capture& c : book_.captures)
+        if (c.mode != capture_mode::relaxed) return true;
+    }
+    return false;
+  }
+  /// A free kept from `Inner` while `strict_capture_known()`, unless it is bad (as `defer`).
+  bool hold_back(block b) noexcept {
+    if (b.ptr == nullptr) return true;
+    if (const misuse bad = bad_deferred_free(b); bad != misuse::none) return refused(bad, b);
+    try {
+      held_back_.push_back(b);
+    } catch (const std::bad_alloc&) {
+      // the block stays out of use: safe, lost to this allocator
+    }
+    return true;
+  }
+  /// A block `Inner` gave that goes back unused (or after a graph's use): at once, or after the
+  /// captures that forbid `Inner`'s giving back.
+  void give_back_unused(block b) noexcept {
+    if (strict_capture_known()) [[unlikely]] {
+      try {
+        held_back_.push_back(b);
+      } catch (const std::bad_alloc&) {}
+      return;
+    }
+    inner_.deallocate(b);
+  }
+  void release_held_back() noexcept {
+    std::vector<block> held = std::move(held_back_);
+    held_back_.clear();
+    for (const block& b : held) {
+      if constexpr (checked_deallocating_allocator<Inner>) {
+        (void)inner_.try_deallocate(b);  // a bad free `Inner` refuses, and counts
+      } else {
+        inner_.deallocate(b);
+      }
+    }
+  }
+
   /// A free of a block from before the capture `cs`: kept until it ends, unless it is bad
   /// (`Inner`, which would tell, sees it only then).
   bool defer(block b, Stream stream, capture_state cs) noexcept {
@@ -761,6 +811,9 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     }
     for (const typename book::deferred_free& d : book_.deferred) {
       if (d.b.ptr == b.ptr) return misuse::double_free;
+    }
+    for (const block& h : held_back_) {
+      if (h.ptr == b.ptr) return misuse::double_free;
     }
     return misuse::none;  // an interior or wrong-size free: `Inner` refuses it at the capture's end
   }
@@ -794,6 +847,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       i = 0;  // finishing may have deferred frees to captures seen again
     }
     settling_ = false;
+    if (!strict_capture_known()) release_held_back();
   }
   void finish(typename book::capture& ended) noexcept {
     if (ended.invalidated) unwind(ended);
@@ -873,7 +927,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       if (const capture_state now = capture_of(pb.stream); now.capturing()) (void)defer(b, pb.stream, now);
       else (void)free_now(b, &pb.stream);
     } else {
-      inner_.deallocate(b);  // last used by a graph, whose launches are complete
+      give_back_unused(b);  // last used by a graph, whose launches are complete
     }
   }
 
@@ -890,6 +944,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   stream_order_counters counters_;
   misuse_counts misuses_{};
   book book_;
+  std::vector<block> held_back_;  // frees kept from `Inner` while a strict capture is known
   bool settling_ = false;
 };
 
