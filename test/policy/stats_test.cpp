@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -320,6 +321,17 @@ BOOST_AUTO_TEST_CASE(out_of_memory_explains_why) {
   }
   BOOST_TEST(a.statistics().num_ooms == 1u);
   a.deallocate(y);
+}
+
+// A bad alignment is a bad argument, not an OOM; a size no memory could hold counts, as in PyTorch.
+BOOST_AUTO_TEST_CASE(what_counts_as_out_of_memory) {
+  alloy::stats<alloy::limited<arena_t>> a{alloy::limited<arena_t>{arena_t{}, {.bytes_limit = 2_MiB}}};
+  for (const std::size_t alignment : {0u, 3u, 1000u}) BOOST_TEST(!a.allocate(64, alignment));
+  BOOST_TEST(a.statistics().num_ooms == 0u);
+  BOOST_TEST(!a.allocate(std::numeric_limits<std::size_t>::max(), 8));
+  BOOST_TEST(!a.allocate(3_MiB, 256));  // past the limit
+  BOOST_TEST(a.statistics().num_ooms == 2u);
+  BOOST_TEST(a.statistics().num_allocs == 0u);
 }
 
 // Stream-ordered calls are forwarded and counted like the others.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/align.hpp>
 #include <alloy/detail/edge.hpp>
 #include <alloy/detail/figures.hpp>
 #include <alloy/detail/forwarding.hpp>
@@ -224,7 +225,8 @@ struct stats_reading {
 ///   introspection walks the blocks once.
 /// - Failure: `Inner`'s. A free is counted only when the part below accepted it (checked frees:
 ///   `try_deallocate`); over a part that cannot tell, only when it could be a live block's, so no
-///   figure goes below zero. Failed requests count in `num_ooms`.
+///   figure goes below zero. Failed requests count in `num_ooms`, but for an alignment that is no
+///   power of two.
 /// - Thread safety: none (wrap in `synchronized`; read statistics under its `with_lock`).
 /// - Memory kind: `Inner`'s. Capabilities: exactly those of `Inner` (`detail::decorates`), counted
 ///   like plain calls (a handle's free only when `Inner` took it), plus `bytes_in_use` and
@@ -501,11 +503,17 @@ class stats : public detail::decorates<stats<Inner>, Inner> {
   }
 
   template <class Call, class GiveBack, class... Stream>
-  block on_allocate(std::size_t bytes, std::size_t, Call call, GiveBack, detail::allocation_kind kind,
+  block on_allocate(std::size_t bytes, std::size_t alignment, Call call, GiveBack, detail::allocation_kind kind,
                     Stream...) noexcept {
     const block b = call(bytes);
     // A failure here is not an OOM yet: the caller (`stream_ordered`) retries with `allocate`.
     if (!b && kind == detail::allocation_kind::keeping_cache) return b;
+    // Nor is a bad argument: an alignment that is no power of two (docs/design.md#errors). A size
+    // no memory could hold counts, as PyTorch counts it.
+    if (!b && !detail::is_power_of_two(alignment)) {
+      check_reserved();
+      return b;
+    }
     return counted(b, bytes);
   }
   template <class Call, class... Stream>
