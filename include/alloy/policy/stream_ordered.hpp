@@ -597,9 +597,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   /// Memory `Inner` has cached: its upstream only when every known capture is relaxed. Otherwise
   /// `allocate_cached`, which makes no upstream call; an `Inner` without it serves nothing then.
   block cached(std::size_t bytes, std::size_t alignment) noexcept {
-    bool relaxed = true;
-    for (const typename book::capture& c : book_.captures) relaxed = relaxed && c.mode == capture_mode::relaxed;
-    if (relaxed) return inner_.allocate_keeping_cache(bytes, alignment);
+    if (!strict_capture_known()) return inner_.allocate_keeping_cache(bytes, alignment);
     if constexpr (cache_serving_allocator<Inner>) {
       return inner_.allocate_cached(bytes, alignment);
     } else {
@@ -760,20 +758,21 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   bool hold_back(block b) noexcept {
     if (b.ptr == nullptr) return true;
     if (const misuse bad = bad_deferred_free(b); bad != misuse::none) return refused(bad, b);
+    keep_aside(b);
+    return true;
+  }
+  void keep_aside(block b) noexcept {
     try {
       held_back_.push_back(b);
     } catch (const std::bad_alloc&) {
       // the block stays out of use: safe, lost to this allocator
     }
-    return true;
   }
   /// A block `Inner` gave that goes back unused (or after a graph's use): at once, or after the
   /// captures that forbid `Inner`'s giving back.
   void give_back_unused(block b) noexcept {
     if (strict_capture_known()) [[unlikely]] {
-      try {
-        held_back_.push_back(b);
-      } catch (const std::bad_alloc&) {}
+      keep_aside(b);
       return;
     }
     inner_.deallocate(b);
