@@ -17,6 +17,9 @@ longest sequence) that trains a few steps under the same cap on device memory
 bisection within a time bound. Then the checks: torch.cuda.memory_stats() after
 alloy.torch.patch_memory_api() against alloy.memory_stats(); a CUDA graph captured and replayed
 with alloy installed; CuPy arrays allocated and freed through alloy, its statistics checked.
+Last, the prediction: the native run trains the same steps again with PyTorch's memory history
+recorded, and `alloy.replay` replays that snapshot on the host; its figures stand beside what the
+alloy runs measured.
 
 Prints markdown tables (device, date, versions) and writes them to $OUT/gpu-check.md when OUT is
 set. torch, transformers and cupy are imported only in the worker processes; --dry-run runs
@@ -31,6 +34,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -148,6 +152,25 @@ class Worker:
             routing=self.routing,
             keys=sorted((self.alloy if self.uses_alloy else torch.cuda).memory_stats(0)),
         )
+        if self.args.snapshot:
+            self.record_snapshot(lengths)
+
+    def record_snapshot(self, lengths):
+        """The same steps again with the memory history on (no stack traces), dumped for
+        alloy.replay; the timed steps above ran without it."""
+        torch = self.torch
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.memory._record_memory_history(enabled="all", context=None)
+            for length in lengths:
+                self.step(self.args.batch, length).item()
+            torch.cuda.synchronize()
+            torch.cuda.memory._dump_snapshot(self.args.snapshot)
+            torch.cuda.memory._record_memory_history(enabled=None)
+            emit(kind="snapshot", path=self.args.snapshot, steps=len(lengths), why="")
+        except Exception as error:
+            why = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            emit(kind="snapshot", path="", steps=0, why=why)
 
     def check_patched_api(self):
         torch, alloy = self.torch, self.alloy
@@ -377,7 +400,10 @@ def measure(args, name):
         else {}
     )
     deadline = time.monotonic() + args.bisect_seconds + 40  # 40 s: start, build, train
-    records, _ = run_worker(args, name, ["--bisect-seconds", str(args.bisect_seconds)], env, 240)
+    extra = ["--bisect-seconds", str(args.bisect_seconds)]
+    if name == "native" and args.snapshot:
+        extra += ["--snapshot", args.snapshot]
+    records, _ = run_worker(args, name, extra, env, 240)
     while True:  # a worker that had to stop (a NULL block, a CUDA error) goes on in a new one
         trials = [r for r in records if r["kind"] == "trial"]
         done = any(r["kind"] in ("bisect-done", "died") for r in records)
@@ -407,6 +433,7 @@ def summarize(name, records):
         "train": train,
         "died": died,
         "patch": next((r for r in records if r["kind"] == "patch"), None),
+        "snapshot": next((r for r in records if r["kind"] == "snapshot"), None),
     }
     ok = [r["batch"] for r in trials if r["ok"]]
     bad = [r for r in trials if not r["ok"]]
@@ -420,7 +447,62 @@ def gib(n):
     return f"{n / 2**30:.2f} GiB"
 
 
-def tables(args, header, rows, checks, dry_run_reason=None):
+def predict(rows):
+    """alloy.replay over the native run's snapshot: (trace, {composition: (Result, Search)}), or
+    (None, why not)."""
+    native = next((r for r in rows if r["name"] == "native"), None)
+    record = native and native.get("snapshot")
+    if not record or not record["path"]:
+        return None, (record["why"] if record else "the native run recorded no snapshot")
+    sys.path.insert(0, str(CLONE / "python"))
+    try:
+        from alloy import replay
+
+        trace = replay.load_snapshot(record["path"])
+        return trace, replay.report(trace)
+    except Exception as error:
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
+def prediction_table(args, rows, prediction, dry_run_reason):
+    lines = [
+        "",
+        f"Prediction: the native run's {args.steps} steps trained again with PyTorch's memory "
+        "history recorded, the snapshot replayed on the host (`python -m alloy.replay`), beside "
+        "the peaks the runs above measured.",
+        "",
+        "| composition | predicted peak held | predicted smallest device | measured peak reserved "
+        "| measured ÷ predicted peak |",
+        "|---|---|---|---|---|",
+    ]
+    measured_by = {"virtual": "alloy-virtual", "default": "alloy-default", "caching": "native"}
+    if dry_run_reason:
+        return lines + [f"| {c} | skipped | skipped | skipped | dry run |" for c in measured_by]
+    trace, results = prediction
+    if trace is None:
+        return lines + [f"| - | - | - | - | {results} |"]
+    train = {r["name"]: r["train"] for r in rows if r["train"]}
+    lines.append(
+        f"| peak live ({trace.allocations} allocations, {trace.throughout[0]} blocks live "
+        f"throughout) | {gib(trace.peak_live)} | | native peak allocated "
+        f"{gib(train['native']['peak_allocated']) if 'native' in train else '-'} | |"
+    )
+    for composition, (uncapped, search) in results.items():
+        run = measured_by[composition]
+        label = "caching (PyTorch's layout)" if composition == "caching" else composition
+        held = gib(uncapped.peak_reserved) if uncapped.served else "fails"
+        need = gib(search.capacity) if search.capacity else "over 1 PiB"
+        if run in train and uncapped.served:
+            measured = train[run]["peak_reserved"]
+            mine = f"{CONFIGS[run][0]}: {gib(measured)}"
+            ratio = f"{measured / uncapped.peak_reserved:.3f}"
+        else:
+            mine, ratio = f"{CONFIGS[run][0]}: not run", "-"
+        lines.append(f"| {label} | {held} | {need} | {mine} | {ratio} |")
+    return lines
+
+
+def tables(args, header, rows, checks, dry_run_reason=None, prediction=None):
     lines = [f"# alloy GPU check ({'dry run' if dry_run_reason else 'GPU'})", ""]
     lines += [f"- {key}: {value}" for key, value in header.items()]
     if dry_run_reason:
@@ -459,6 +541,7 @@ def tables(args, header, rows, checks, dry_run_reason=None):
             f"| {row['title']} | {gib(train['peak_reserved'])} | {gib(train['peak_allocated'])} "
             f"| {ratio:.3f} | {train['median_ms']:.1f} ms | {row['largest']} | {'; '.join(notes)} |"
         )
+    lines += prediction_table(args, rows, prediction, dry_run_reason)
     lines += [
         "",
         "Peaks: PyTorch's own statistics for PyTorch; alloy.memory_stats() for alloy installed; for "
@@ -547,7 +630,11 @@ def driver_main(args):
                 if record
                 else ("FAIL", died or "no result")
             )
-    return tables(args, header, rows, checks)
+    prediction = None
+    if not args.only or "native" in args.only:
+        print("alloy gpu-check: alloy.replay of the native run's snapshot ...", file=sys.stderr)
+        prediction = predict(rows)
+    return tables(args, header, rows, checks, prediction=prediction)
 
 
 def main():
@@ -564,6 +651,11 @@ def main():
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--trial-steps", type=int, default=3, help="steps a batch must train")
     parser.add_argument("--bisect-seconds", type=int, default=20, help="time bound of the search")
+    parser.add_argument(
+        "--snapshot",
+        default=os.path.join(tempfile.gettempdir(), "alloy-gpu-check-native.pickle"),
+        help="where the native run dumps its snapshot for alloy.replay ('' for none)",
+    )
     parser.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--checks", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bisect", type=int, nargs=2, help=argparse.SUPPRESS)
