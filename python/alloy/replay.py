@@ -327,25 +327,35 @@ trace), the largest capacity seen to fail (0 when none did) with alloy's explana
 how many replays the search took."""
 
 
-def smallest_device(trace, composition="virtual", precision=0.005):
+def smallest_device(trace, composition="virtual", precision=0.005, upper=None):
     """The smallest device on which `composition` serves the whole trace, to `precision`.
 
-    Starts at the peak live bytes (no device serves the trace with less), doubles until a
-    capacity serves it, then bisects until the bracket is within `precision` of its upper end.
-    It assumes that a device that serves the trace, any larger one serves too; the capacity it
-    returns is one whose replay served everything."""
-    lo, hi, replays, oom = 0, max(trace.peak_live, 2), 0, ""
+    Starts at the peak live bytes (no device serves the trace with less). The bracket's upper end
+    is `upper` when it serves the trace (the peak the composition held without a limit is a good
+    guess), else found by doubling; then bisection until the bracket is within `precision` of its
+    upper end. It assumes that a device that serves the trace, any larger one serves too; the
+    capacity it returns is one whose replay served everything."""
+    replays, oom = 0, ""
 
     def serves(capacity):
         nonlocal replays, oom
         replays += 1
         result = replay(trace, composition, capacity, stop_at_failure=True)
         if not result.served:
-            oom = result.oom
+            oom = result.oom  # each failure is the bracket's new lower end: oom is lo's
         return result.served
 
-    if not serves(hi):
-        lo = hi
+    lo = max(trace.peak_live, 2)
+    if serves(lo):
+        return Search(lo, 0, "", replays)
+    hi = None
+    if upper is not None and upper > lo:
+        if serves(upper):
+            hi = upper
+        else:
+            lo = upper
+    if hi is None:
+        hi = lo
         while True:
             if hi > (1 << 50) // 2:
                 return Search(None, lo, oom, replays)
@@ -353,22 +363,28 @@ def smallest_device(trace, composition="virtual", precision=0.005):
             if serves(hi):
                 break
             lo = hi
-        while hi - lo > precision * hi:
-            middle = lo + (hi - lo) // 2
-            if serves(middle):
-                hi = middle
-            else:
-                lo = middle
-    return Search(hi, lo, oom if lo else "", replays)  # each failure is at the new lo: oom is lo's
+    while hi - lo > precision * hi:
+        middle = lo + (hi - lo) // 2
+        if serves(middle):
+            hi = middle
+        else:
+            lo = middle
+    return Search(hi, lo, oom, replays)
 
 
 def report(trace, compositions=COMPOSITIONS, precision=0.005):
-    """Replays `trace` through each composition (uncapped, and the smallest-device search, in
-    parallel) and returns {composition: (Result, Search)}."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        uncapped = {c: pool.submit(replay, trace, c) for c in compositions}
-        searches = {c: pool.submit(smallest_device, trace, c, precision) for c in compositions}
-        return {c: (uncapped[c].result(), searches[c].result()) for c in compositions}
+    """Replays `trace` through each composition without a limit, then searches its smallest
+    device from the peak it held (compositions in parallel); returns {composition: (Result,
+    Search)}."""
+
+    def one(composition):
+        uncapped = replay(trace, composition)
+        upper = uncapped.peak_reserved if uncapped.served else None
+        return uncapped, smallest_device(trace, composition, precision, upper)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(compositions) or 1) as pool:
+        futures = {c: pool.submit(one, c) for c in compositions}
+        return {c: futures[c].result() for c in compositions}
 
 
 def _table(trace, results, precision):

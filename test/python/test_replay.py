@@ -145,6 +145,11 @@ class Replays(unittest.TestCase):
             with self.subTest(seed=seed, composition=composition):
                 trace = replay.Trace(random_snapshot(seed, operations=300)[0])
                 search = replay.smallest_device(trace, composition, precision=0.01)
+                held = replay.replay(trace, composition).peak_reserved
+                hinted = replay.smallest_device(trace, composition, precision=0.01, upper=held)
+                self.assertLessEqual(hinted.replays, search.replays)
+                self.assertGreaterEqual(hinted.capacity, trace.peak_live)
+                self.assertTrue(replay.replay(trace, composition, hinted.capacity).served)
                 self.assertGreaterEqual(search.capacity, trace.peak_live)
                 self.assertTrue(replay.replay(trace, composition, search.capacity).served)
                 if search.largest_failing:
