@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include <alloy/detail/edge.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 #include <alloy/upstream/host_upstream.hpp>
 
@@ -297,6 +298,20 @@ BOOST_AUTO_TEST_CASE(introspection_reports_every_block) {
   BOOST_TEST(allocated == 2u);
   BOOST_TEST(bytes == pool.reserved_bytes());
   pool.deallocate(a);
+  // A wholly free slab reads as one free block (it goes back whole before a request fails), so
+  // the largest free block is the slab, not one of its slots.
+  std::vector<alloy::block_info> seen;
+  pool.for_each_block([&](const alloy::block_info& info) {
+    if (info.segment == a.ptr) seen.push_back(info);
+  });
+  BOOST_TEST_REQUIRE(seen.size() == 1u);
+  BOOST_TEST(seen[0].ptr == a.ptr);
+  BOOST_TEST(seen[0].size == 64_KiB);
+  BOOST_TEST(seen[0].segment_size == 64_KiB);
+  BOOST_TEST((seen[0].state == alloy::block_state::free));
+  const alloy::detail::free_space space = alloy::detail::measure_free_space(pool);
+  BOOST_TEST(space.largest == 64_KiB);
+  BOOST_TEST(space.free_bytes == pool.reserved_bytes() - 256u);
   pool.deallocate(b);
 }
 

@@ -247,7 +247,7 @@ struct size_class_usage {
 /// - Thread safety: none (wrap in `synchronized` or `sharded`).
 /// - Memory kind: the upstream's. Capabilities: `try_deallocate`, `serves`, `owns`,
 ///   `may_hold_slab_of` (a filter of the slab sizes taken), `release`, `reserved_bytes`,
-///   `counters`, `for_each_block` (free blocks too), `bytes_in_use` (class sizes),
+///   `counters`, `for_each_block` (free blocks too; a wholly free slab as one), `bytes_in_use` (class sizes),
 ///   `requested_bytes`, `usage(class)`, `allocate_keeping_cache` and `allocate_cached` (for `stream_ordered`); over a
 ///   `thread_safe_upstream`, planned growth and `release_detached`, so that `synchronized` and
 ///   `sharded` call the upstream without their lock (docs/design.md#threads).
@@ -559,6 +559,13 @@ class size_class_pool {
               [this](std::uint32_t l, std::uint32_t r) { return slabs_[l].base < slabs_[r].base; });
     for (const std::uint32_t id : order) {
       const slab& s = slabs_[id];
+      if (s.live == 0) {  // one free block: the slab goes back whole before a request fails
+        block_info info;
+        info.segment = info.ptr = s.base;
+        info.segment_size = info.size = s.bytes;
+        visit(static_cast<const block_info&>(info));
+        continue;
+      }
       const std::size_t c = classes_[s.class_index].size;
       for (std::uint32_t i = 0; i < s.capacity; ++i) {
         block_info info;
