@@ -470,6 +470,13 @@ def main(argv=None):
     ) as error:
         print(f"alloy.replay: {args.snapshot}: {error}", file=sys.stderr)
         return 1
+    if sys.stderr.isatty():  # a large recording takes a while: say what is going on
+        operations = trace.allocations + trace.frees
+        print(
+            f"alloy.replay: {operations:,} operations through {', '.join(compositions)} ...",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         results = report(trace, compositions, args.precision)
     except (OSError, RuntimeError) as error:

@@ -21,6 +21,12 @@ FIND_AND_REPORT = (
     "print(json.dumps([alloy.__file__, _lib.path(), alloy.device_count()]))"
 )
 HAS_PIP = importlib.util.find_spec("pip") is not None
+REPLAY_ONE_BLOCK = (  # alloy.replay's child interpreters find the same package and library
+    "import json\nfrom alloy import replay\n"
+    "trace = replay.Trace({'device_traces': [[{'action': 'alloc', 'addr': 1, 'size': 4096}]]})\n"
+    "result = replay.replay(trace, 'default')\n"
+    "print(json.dumps([replay.__file__, result.served, result.peak_in_use]))"
+)
 
 
 def pip_install(*where):
@@ -103,6 +109,10 @@ class Package(unittest.TestCase):
             self.assertEqual(Path(value[0]).parent, Path(folder) / "alloy")
             self.assertEqual(value[1], str(Path(folder).resolve() / "alloy" / "liballoy.so"))
             self.assertEqual(value[2], 2)
+            value, result = run_python(REPLAY_ONE_BLOCK, path=folder, unset=("ALLOY_LIBRARY",))
+            self.assertIsNotNone(value, result.stderr)
+            self.assertEqual(Path(value[0]).parent, Path(folder) / "alloy")
+            self.assertEqual(value[1:], [True, 4096])
 
     @unittest.skipUnless(HAS_PIP, "pip is not installed")
     def test_pip_install_prefix_beside_cmake_installs_lib(self):
