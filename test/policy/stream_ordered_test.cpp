@@ -242,6 +242,26 @@ BOOST_AUTO_TEST_CASE(record_use_holds_reuse_until_every_stream_is_done) {
 }
 
 // While one stream is used, nothing is recorded; the second stream costs one host wait.
+// record_use of a block the arena does not hold is refused and counted: stored, the use would
+// outlive the call (nothing frees that address) and make a block later placed there wait on it.
+BOOST_AUTO_TEST_CASE(record_use_refuses_a_foreign_block) {
+  host_stream a, c;
+  ordered_arena<checking_upstream> alloc{
+      arena_over<checking_upstream>{checking_upstream{}, {.initial_size = 1_MiB, .maximum_size = 1_MiB}}};
+  std::vector<std::byte> elsewhere(4096);
+  alloy::record_use(alloc, block{elsewhere.data(), elsewhere.size()}, &c);
+  BOOST_TEST(alloc.misuses().foreign_pointers == 1u);
+  alloy::record_use(alloc, block{}, &c);  // a null block names no memory: nothing to refuse
+  BOOST_TEST(alloc.misuses().total() == 1u);
+  const block x = alloc.allocate(4_KiB, 256, &a);
+  alloy::record_use(alloc, x, &c);  // its own block is taken as before
+  BOOST_TEST(alloc.misuses().total() == 1u);
+  alloc.deallocate(x, &a);
+  c.synchronize();
+  alloc.release();
+  BOOST_TEST(alloc.inner().reserved_bytes() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(single_stream_fast_path) {
   host_stream a, b;
   ordered_arena<checking_upstream> alloc{arena_over<checking_upstream>{checking_upstream{}}};

@@ -155,8 +155,15 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
 
   /// `b` (a live block from this allocator) is also used by work enqueued on `stream`; when it is
   /// freed, it is not reused until that work is done too. Throws `std::bad_alloc` if the use
-  /// cannot be stored (nothing changes then).
+  /// cannot be stored (nothing changes then). A block that an `Inner` with `owns` does not hold
+  /// is refused and counted in `misuses()`: its use would be kept until that address is freed.
   void record_use(block b, Stream stream) {
+    if constexpr (owning_allocator<Inner>) {
+      if (b.ptr != nullptr && !inner_.owns(b)) {
+        (void)refused(misuse::foreign_pointer, b);
+        return;
+      }
+    }
     if constexpr (capturable) {
       const capture_state cs = traits::capture(stream);
       if (cs.capturing() || !book_.captures.empty()) {
@@ -190,7 +197,8 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   const stream_order_counters& order_counters() const noexcept { return counters_; }
   /// Bad frees refused here, not by `Inner`: a graph pool's block freed twice or at another size;
   /// under a capture, a block freed again while its free waits for the capture's end, or one
-  /// `Inner` does not own. `Inner` counts the others.
+  /// `Inner` does not own; and `record_use` of a block `Inner` does not own. `Inner` counts the
+  /// others.
   misuse_counts misuses() const noexcept { return misuses_; }
   /// Address ranges freed on a stream whose events were not yet seen complete.
   std::size_t pending_ranges() const noexcept { return pending_.size(); }
