@@ -241,7 +241,6 @@ BOOST_AUTO_TEST_CASE(record_use_holds_reuse_until_every_stream_is_done) {
   alloc.deallocate(on_a, &a);
 }
 
-// While one stream is used, nothing is recorded; the second stream costs one host wait.
 // record_use of a block the arena does not hold is refused and counted: stored, the use would
 // outlive the call (nothing frees that address) and make a block later placed there wait on it.
 BOOST_AUTO_TEST_CASE(record_use_refuses_a_foreign_block) {
@@ -262,6 +261,7 @@ BOOST_AUTO_TEST_CASE(record_use_refuses_a_foreign_block) {
   BOOST_TEST(alloc.inner().reserved_bytes() == 0u);
 }
 
+// While one stream is used, nothing is recorded; the second stream costs one host wait.
 BOOST_AUTO_TEST_CASE(single_stream_fast_path) {
   host_stream a, b;
   ordered_arena<checking_upstream> alloc{arena_over<checking_upstream>{checking_upstream{}}};
