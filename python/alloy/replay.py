@@ -282,11 +282,7 @@ def _serve():
         ops.frombytes(file.read())
     alloy.configure(conf)
     lib = _lib.lib()
-    malloc, free, error_code = (
-        lib.alloy_torch_malloc,
-        lib.alloy_torch_free,
-        lib.alloy_last_error_code,
-    )
+    malloc, free = lib.alloy_torch_malloc, lib.alloy_torch_free
     pointers = [None] * slots
     failed = None
     for index in range(0, len(ops), 4):
@@ -294,7 +290,7 @@ def _serve():
         if kind == _ALLOC:
             pointer = malloc(size, 0, stream)
             if not pointer:
-                if error_code() != _lib.OK:
+                if lib.alloy_last_error_code() != _lib.OK:
                     raise RuntimeError(f"alloy_torch_malloc: {_lib.last_error()}")
                 if failed is None:
                     failed = (index // 4, size, alloy.last_oom(0))
@@ -303,10 +299,10 @@ def _serve():
             pointers[slot] = pointer
         elif pointers[slot]:  # not when its allocation failed
             free(pointers[slot], size, 0, stream)
-            if error_code() != _lib.OK:
-                raise RuntimeError(f"alloy_torch_free: {_lib.last_error()}")
             pointers[slot] = None
     stats = alloy.statistics(0)
+    if stats["num_bad_frees"]:  # refused frees are counted: one check here, none per free
+        raise RuntimeError(f"alloy.replay: liballoy refused {stats['num_bad_frees']} frees")
     print(
         json.dumps(
             {
