@@ -56,9 +56,7 @@ using round_up_requests = quantizer<Inner, Rounding>;
 template <class Upstream>
 using caching_small_t = size_class_pool<Upstream, power2_classes<4, 512, (std::size_t{2} << 20)>>;
 template <class Upstream>
-using caching_huge_t = quantizer<best_fit_arena<Upstream>, (std::size_t{2} << 20)>;
-template <class Upstream>
-using caching_large_t = segregator<(std::size_t{10} << 20) - 1, best_fit_arena<Upstream>, caching_huge_t<Upstream>>;
+using caching_large_t = segregator<(std::size_t{10} << 20) - 1, best_fit_arena<Upstream>, best_fit_arena<Upstream>>;
 template <class Upstream>
 using caching_base_t = segregator<(std::size_t{1} << 20), caching_small_t<Upstream>, caching_large_t<Upstream>>;
 }  // namespace detail
@@ -70,9 +68,9 @@ using caching_base_t = segregator<(std::size_t{1} << 20), caching_small_t<Upstre
 ///   slabs (kSmallBuffer) and classes from 512 B (kMinBlockSize) with four steps per octave.
 /// - Requests above 1 MiB and below 10 MiB (kMinLargeAlloc) come from a `best_fit_arena` that
 ///   grows by 20 MiB segments (kLargeBuffer).
-/// - Requests of 10 MiB and more are rounded up to a multiple of 2 MiB (kRoundLarge) and come
-///   from a second `best_fit_arena` that takes segments of exactly that size when nothing cached
-///   fits.
+/// - Requests of 10 MiB and more come from a second `best_fit_arena` whose chunks are multiples
+///   of 2 MiB (kRoundLarge, its `size_quantum`) and that takes segments of exactly that size when
+///   nothing cached fits.
 /// - Both arenas round chunks to 256 B, not PyTorch's 512: an arena takes its segments aligned
 ///   to its rounding, and the CUDA upstreams guarantee 256.
 /// - `max_split_size` (PyTorch's `max_split_size_mb`) applies to both arenas.
@@ -89,7 +87,6 @@ class caching_allocator : public detail::caching_base_t<Upstream> {
   using base = detail::caching_base_t<Upstream>;
   using small_t = detail::caching_small_t<Upstream>;
   using large_t = detail::caching_large_t<Upstream>;
-  using huge_t = detail::caching_huge_t<Upstream>;
   using arena_t = best_fit_arena<Upstream>;
 
  public:
@@ -102,10 +99,11 @@ class caching_allocator : public detail::caching_base_t<Upstream> {
                              {.growth = best_fit_growth::fixed,
                               .growth_size = opts.large_segment_size,
                               .max_split_size = opts.max_split_size}},
-                     huge_t{arena_t{upstream,
-                                    {.growth = best_fit_growth::fixed,
-                                     .growth_size = std::size_t{2} << 20,
-                                     .max_split_size = opts.max_split_size}}}}) {}
+                     arena_t{upstream,
+                             {.growth = best_fit_growth::fixed,
+                              .growth_size = std::size_t{2} << 20,
+                              .size_quantum = std::size_t{2} << 20,
+                              .max_split_size = opts.max_split_size}}}) {}
 };
 
 // ---- default_allocator ------------------------------------------------------------------------

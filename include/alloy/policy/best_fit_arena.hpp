@@ -38,7 +38,8 @@ using arena_misuse_counts = misuse_counts;
 /// docs/design.md#building-blocks).
 ///
 /// - Strategy: takes *segments* from `Upstream` and splits them into *chunks*. A request is
-///   rounded up to a multiple of `rounding` and served by the smallest free chunk that holds it
+///   rounded up to a multiple of `size_quantum` (default `rounding`) and served by the smallest
+///   free chunk that holds it
 ///   (among equal sizes the most recently freed below 16,384 units, the lowest address above); the
 ///   rest is split off. A freed chunk merges at once with its free neighbours in the segment.
 ///   Larger power-of-two alignments are served by splitting off the padding in front. When nothing
@@ -64,7 +65,7 @@ using arena_misuse_counts = misuse_counts;
 ///   `allocate_at` and `chunk_size` (for `compacting_defragmenter`), `allocate_keeping_cache` and
 ///   `allocate_cached` (for `stream_ordered`), `check_invariants`; over a `thread_safe_upstream`, planned growth and
 ///   `release_detached`, so that `synchronized` and `sharded` call the upstream without their lock
-///   (docs/design.md#threads). Zero bytes: a chunk of `rounding` bytes, returned with size 0.
+///   (docs/design.md#threads). Zero bytes: a chunk of `size_quantum` bytes, returned with size 0.
 /// - Defaults chosen by measurement: bench/README.md#current-results
 template <allocator Upstream>
 class best_fit_arena {
@@ -87,6 +88,11 @@ class best_fit_arena {
     std::size_t growth_size = std::size_t{2} << 20;       ///< first (doubling) or every (fixed) segment
     std::size_t max_growth_size = std::size_t{16} << 20;  ///< doubling stops here
     std::size_t rounding = 256;                           ///< a power of two (others round up to one)
+    /// Chunk sizes are multiples of this (PyTorch's kRoundLarge: fewer distinct sizes, more
+    /// reuse), while each block keeps the size its caller asked for, so that a free at another
+    /// size is still refused (`quantizer` cannot tell). A power of two; below `rounding` (default
+    /// 0): `rounding`.
+    std::size_t size_quantum = 0;
     /// Free chunks above this are *oversize* (PyTorch's `max_split_size_mb`): a request of at most
     /// this size splits one only when the arena cannot grow, a larger one takes it whole when less
     /// than this would be left over. Default: no limit.
@@ -191,7 +197,7 @@ class best_fit_arena {
   block allocate_planned(growth_plan& plan, std::size_t bytes, std::size_t alignment) noexcept
     requires thread_safe_upstream<Upstream>
   {
-    if (plan.got) adopt_segment(plan, detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding));
+    if (plan.got) adopt_segment(plan, chunk_size(bytes));
     if (plan.retried) [[unlikely]] {
       ++counters_.num_alloc_retries;
       return allocate_impl(bytes, alignment, detail::growth_mode::cache_only);
@@ -203,7 +209,7 @@ class best_fit_arena {
   [[gnu::always_inline]] block allocate_impl(std::size_t bytes, std::size_t alignment, detail::growth_mode mode,
                                              growth_plan* plan = nullptr) noexcept {
     if (!detail::is_power_of_two(alignment)) return {};
-    const std::size_t rounded = detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
+    const std::size_t rounded = chunk_size(bytes);
     if (rounded == 0) return {};
     std::size_t need = rounded;  // what a chunk must span to hold the request at any address
     if (alignment > opts_.rounding) {
@@ -277,10 +283,10 @@ class best_fit_arena {
 
   // ---- placement, for compacting_defragmenter (alloy::placement_arena) --------------------------
 
-  /// The bytes a block of `bytes` spans in the arena (`bytes` rounded up to `rounding`; 0 when
-  /// that overflows).
+  /// The bytes a block of `bytes` spans in the arena (`bytes` rounded up to `size_quantum`; 0
+  /// when that overflows).
   std::size_t chunk_size(std::size_t bytes) const noexcept {
-    return detail::round_up(bytes == 0 ? 1 : bytes, opts_.rounding);
+    return detail::round_up(bytes == 0 ? 1 : bytes, opts_.size_quantum);
   }
 
   /// Carves a block of `bytes` starting exactly at `where`: succeeds only when `where` is a
@@ -433,13 +439,15 @@ class best_fit_arena {
     while ((std::size_t{1} << s) < power_of_two) ++s;
     return s;
   }
+  /// The least power of two >= x (the largest one when none is).
+  static std::size_t power_of_two_at_least(std::size_t x) noexcept {
+    std::size_t p = 1;
+    while (p < x && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
+    return p;
+  }
   static options normalised(options o) noexcept {
-    if (o.rounding == 0) o.rounding = 1;
-    if (!detail::is_power_of_two(o.rounding)) {
-      std::size_t p = 1;
-      while (p < o.rounding && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
-      o.rounding = p;
-    }
+    o.rounding = power_of_two_at_least(o.rounding);
+    o.size_quantum = std::max(power_of_two_at_least(o.size_quantum), o.rounding);
     o.maximum_size &= ~(o.rounding - 1);  // every segment is a whole number of rounding units
     if (o.growth_size == 0) o.growth_size = o.rounding;
     if (o.max_growth_size < o.growth_size) o.max_growth_size = o.growth_size;

@@ -25,7 +25,8 @@ namespace alloy {
 /// - `requested_bytes()` counts what callers asked for and still hold. Frees are counted only when
 ///   `Inner` accepted them (over a part with `try_deallocate`, e.g. `best_fit_arena`, a double,
 ///   foreign, interior or wrong-size free changes nothing here, except a wrong size that rounds to
-///   the block's rounded size: `Inner` sees a valid free, the caller's own size is not kept); over
+///   the block's rounded size: `Inner` sees a valid free, the caller's own size is not kept;
+///   `best_fit_arena::options::size_quantum` rounds as this does and keeps it); over
 ///   a part that cannot tell, a free is counted unless it is larger than the count (which would
 ///   make it wrap).
 /// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
