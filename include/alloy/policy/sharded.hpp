@@ -16,6 +16,7 @@
 #include <new>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 
 #include <alloy/concepts.hpp>
@@ -37,6 +38,35 @@ template <std::size_t Classes, std::size_t PerClass>
 struct alignas(64) thread_block_cache {
   std::uint32_t count[Classes] = {};
   void* blocks[Classes][PerClass];
+};
+
+/// Checked builds: the small blocks a `sharded` with thread caches has handed out, each with the
+/// size its caller asked for, so that a bad small free is refused before it reaches a cache,
+/// where no shard would check it.
+class handed_out_blocks {
+ public:
+  /// Records `b`; false when host memory ran out.
+  bool add(block b) noexcept {
+    const std::lock_guard lock(mutex_);
+    try {
+      return sizes_.emplace(b.ptr, b.size).second;
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
+  /// Forgets `b` and says true when it was recorded at exactly its size; false, changing nothing,
+  /// otherwise (a double, foreign, interior or wrong-size free).
+  bool take(block b) noexcept {
+    const std::lock_guard lock(mutex_);
+    const auto found = sizes_.find(b.ptr);
+    if (found == sizes_.end() || found->second != b.size) return false;
+    sizes_.erase(found);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<void*, std::size_t> sizes_;
 };
 
 /// A thread's entry in a `sharded` object's table: the thread, its shard, its cache.
@@ -67,8 +97,9 @@ struct alignas(64) thread_slot {
 ///   lock (more when shards fail); an uncached free, `owns` and `deallocate` under the owner's
 ///   lock (an `owns` and a lock for each shard asked before it).
 /// - Failure: an empty block when every shard fails. A free no shard owns, or that its owner
-///   refuses, is refused and counted (`refused_frees()`); checked builds (`ALLOY_CHECKED`) also
-///   refuse a small free already in the thread's cache.
+///   refuses, is refused and counted (`refused_frees()`), as is a small free at an address no
+///   cached block has (not a multiple of 256). Checked builds (`ALLOY_CHECKED`) record every small
+///   block handed out, under one lock, and refuse any small free that is not of one at its size.
 /// - Thread safety: every call, from any thread; `flush_thread_caches()` only while no other
 ///   thread uses the object. Movable (not while in use), not copyable.
 /// - Memory kind: `Inner`'s. Host memory: the table in the object, 32 KiB of recent blocks per
@@ -128,6 +159,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       capacity_[c] = static_cast<std::uint32_t>(keep >= 2 ? keep : 0);
     }
     caching_ = opts.thread_cache != 0 && !tag_holding<Inner>;
+    if constexpr (ALLOY_CHECKED) {
+      if (caching_) handed_out_ = std::make_unique<detail::handed_out_blocks>();
+    }
   }
   /// Takes the shards, the thread table and the caches; `other` is left with no shard and must
   /// only be destroyed. Neither object may be in use by another thread meanwhile.
@@ -137,6 +171,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         caching_(other.caching_),
         next_shard_(other.next_shard_.load(std::memory_order_relaxed)),
         refused_(other.refused_.load(std::memory_order_relaxed)),
+        handed_out_(std::move(other.handed_out_)),
         tags_apart_(std::move(other.tags_apart_)),
         apart_count_(other.apart_count_.load(std::memory_order_relaxed)),
         current_tag_(other.current_tag_.load(std::memory_order_relaxed)) {
@@ -169,7 +204,12 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         cache& k = *me->cache;
         if (k.count[c] == 0) refill(me->shard, index_of(me), k, c);
         if (k.count[c] == 0) return {};
-        return block{k.blocks[c][--k.count[c]], bytes};
+        const block b{k.blocks[c][--k.count[c]], bytes};
+        if (!handed_out(b)) [[unlikely]] {
+          ++k.count[c];
+          return {};
+        }
+        return b;
       }
     }
     return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment, call);
@@ -217,13 +257,13 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <class Stream>
     requires stream_ordered_allocator<Inner, Stream>
   void deallocate(block b, Stream stream) noexcept {
-    (void)free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
+    (void)try_deallocate_ordered(b, stream);
   }
   /// As `deallocate(b, stream)`; false when no shard owns the block or its owner refused it.
   template <class Stream>
     requires checked_stream_deallocating_allocator<Inner, Stream>
   bool try_deallocate(block b, Stream stream) noexcept {
-    return free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
+    return try_deallocate_ordered(b, stream);
   }
 
   // ---- movable handles (docs/design.md#movable-memory), each naming its shard ------------------
@@ -519,7 +559,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   }
   /// The shard the calling thread allocates from first.
   std::size_t my_shard() noexcept { return shard_of(my_slot()); }
-  /// Small frees refused in checked builds (foreign pointer, or already in the cache).
+  /// Frees refused (see Failure above).
   std::size_t refused_frees() const noexcept { return refused_.load(std::memory_order_relaxed); }
 
  private:
@@ -821,7 +861,39 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// the shard's lock (`planned_growth`).
   template <bool Plain, class Call>
   block allocate_direct(std::size_t first, std::size_t caller, std::size_t bytes, std::size_t alignment,
-                        Call call) noexcept;
+                        Call call) noexcept {
+    const block b = allocate_from_shards<Plain>(first, caller, bytes, alignment, call);
+    if (!b || handed_out(b)) [[likely]]
+      return b;
+    (void)free_to_owner(b, [](Inner& in, block x) { return detail::free_in(in, x); });
+    return {};
+  }
+  template <bool Plain, class Call>
+  block allocate_from_shards(std::size_t first, std::size_t caller, std::size_t bytes, std::size_t alignment,
+                             Call call) noexcept;
+  /// Checked builds: records a small block handed out (false when host memory ran out).
+  bool handed_out(block b) noexcept {
+    if constexpr (ALLOY_CHECKED) {
+      if (is_cached_size(b.size)) return handed_out_->add(b);
+    }
+    return true;
+  }
+  /// Whether a free of `b` may go on to a cache or a shard; refuses it (counted) when not: a
+  /// small block at an address no cached block has, or, in checked builds, one not handed out at
+  /// that size.
+  bool may_free(block b) noexcept {
+    if (!is_cached_size(b.size) || b.ptr == nullptr) return true;
+    bool ok = (reinterpret_cast<std::uintptr_t>(b.ptr) & (cache_alignment - 1)) == 0;
+    if constexpr (ALLOY_CHECKED) ok = ok && handed_out_->take(b);
+    if (!ok) [[unlikely]]
+      refuse(b);
+    return ok;
+  }
+  template <class Stream>
+  bool try_deallocate_ordered(block b, Stream stream) noexcept {
+    if (!may_free(b)) return false;
+    return free_to_owner(b, [stream](Inner& in, block x) { return detail::free_in(in, x, stream); });
+  }
   /// `b` handed out by shard `s` (its lock held), remembered for its free; as the caller sees it.
   block remembered(shard& s, block b, std::size_t bytes) noexcept {
     if (shard_count_ > 1) s.recent[recent_index(b.ptr)] = b.ptr;
@@ -862,13 +934,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void flush(slot& me, cache& k, std::size_t c, std::uint32_t n, std::size_t caller) noexcept;
   void flush_all(slot& me, cache& k, std::size_t caller) noexcept;
 
-  /// Checked builds: a small free must be owned by a shard and not be in the cache already.
-  bool check_small_free(const cache& k, std::size_t c, void* p, std::size_t caller) noexcept;
-  bool owned_by_any(block b, std::size_t caller) const noexcept;
   void refuse(block b) noexcept {
     refused_.fetch_add(1, std::memory_order_relaxed);
     if constexpr (ALLOY_CHECKED) {
-      std::fprintf(stderr, "alloy::sharded: refused a free of %zu bytes at %p (no shard owns it, or freed twice)\n",
+      std::fprintf(stderr, "alloy::sharded: refused a free of %zu bytes at %p (not a live block of that size)\n",
                    b.size, b.ptr);
     }
   }
@@ -881,6 +950,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   std::uint32_t capacity_[classes::count] = {};
   alignas(64) std::atomic<std::size_t> next_shard_{0};
   std::atomic<std::size_t> refused_{0};
+  /// Checked builds with thread caches: every small block handed out (`may_free`).
+  std::unique_ptr<detail::handed_out_blocks> handed_out_;
   slot slots_[thread_slots];
   /// Over an offloading `Inner`: a bit per tag the shards hold apart, their count, and the current
   /// tag `set_current_tag` gave every shard (for plain requests).

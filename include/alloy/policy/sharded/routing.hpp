@@ -12,8 +12,8 @@ namespace alloy {
 
 template <allocator Inner, class Mutex>
 template <bool Plain, class Call>
-inline block sharded<Inner, Mutex>::allocate_direct(std::size_t first, std::size_t caller, std::size_t bytes,
-                                                    std::size_t alignment, Call call) noexcept {
+inline block sharded<Inner, Mutex>::allocate_from_shards(std::size_t first, std::size_t caller, std::size_t bytes,
+                                                         std::size_t alignment, Call call) noexcept {
   std::size_t inner_bytes = bytes, inner_alignment = alignment;
   if (is_cached_size(bytes) && is_power_of_two(alignment)) {
     inner_bytes = classes::size(classes::index(bytes));
@@ -65,14 +65,12 @@ block sharded<Inner, Mutex>::grow_unlocked(shard& s, std::size_t caller, growth_
 template <allocator Inner, class Mutex>
 inline bool sharded<Inner, Mutex>::free_block(block b) noexcept {
   if (b.ptr == nullptr) return b.size == 0;
+  if (!may_free(b)) return false;
   slot* me = my_slot();
   if (is_cached_size(b.size)) {
     const std::size_t c = classes::index(b.size);
     if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) {
       cache& k = *me->cache;
-      if constexpr (ALLOY_CHECKED) {
-        if (!check_small_free(k, c, b.ptr, index_of(me))) return false;
-      }
       if (k.count[c] == capacity_[c]) flush(*me, k, c, capacity_[c] / 2, index_of(me));
       k.blocks[c][k.count[c]++] = b.ptr;
       return true;
@@ -203,27 +201,6 @@ inline void sharded<Inner, Mutex>::flush_all(slot& me, cache& k, std::size_t cal
   for (std::size_t c = 0; c < classes::count; ++c) {
     if (k.count[c] != 0) flush(me, k, c, k.count[c], caller);
   }
-}
-
-template <allocator Inner, class Mutex>
-inline bool sharded<Inner, Mutex>::check_small_free(const cache& k, std::size_t c, void* p,
-                                                    std::size_t caller) noexcept {
-  const block b{p, classes::size(c)};
-  const bool cached = std::find(k.blocks[c], k.blocks[c] + k.count[c], p) != k.blocks[c] + k.count[c];
-  if (cached || !owned_by_any(b, caller)) {
-    refuse(b);
-    return false;
-  }
-  return true;
-}
-
-template <allocator Inner, class Mutex>
-inline bool sharded<Inner, Mutex>::owned_by_any(block b, std::size_t caller) const noexcept {
-  for (std::size_t i = 0; i < shard_count_; ++i) {
-    shard_lock lock(shards_[i], caller);
-    if (shards_[i].inner.owns(b)) return true;
-  }
-  return false;
 }
 
 }  // namespace alloy
