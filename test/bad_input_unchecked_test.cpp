@@ -13,4 +13,40 @@ static_assert(ALLOY_CHECKED == 0, "this program tests the unchecked build");
 
 BOOST_AUTO_TEST_SUITE(bad_input_unchecked)
 ALLOY_BAD_INPUT_ALL_CASES
+
+// `sharded`'s thread caches take a small free without an engine's lookup; in every build they
+// refuse one at an address no cached block has (docs/design.md#errors), so an interior pointer
+// never reaches a cache to be handed out again.
+BOOST_AUTO_TEST_CASE(sharded_cache_refuses_misaligned_small_frees) {
+  using namespace alloy::literals;
+  using inner = alloy::default_allocator<alloy::testing::checking_upstream>;
+  const alloy::testing::checking_upstream up;
+  {
+    alloy::sharded<inner> a{[&](std::size_t) { return inner{up}; }, {.shards = 2}};
+    const alloy::block b = a.allocate(1000, 16);
+    BOOST_REQUIRE(b);
+    alloy::testing::fill_pattern(b, 7);
+    auto* p = static_cast<char*>(b.ptr);
+    int on_stack = 0;
+    for (const alloy::block bad : {alloy::block{p + 1, 999}, alloy::block{p + 16, 984}, alloy::block{p + 128, 872},
+                                   alloy::block{&on_stack, sizeof on_stack}}) {
+      if ((reinterpret_cast<std::uintptr_t>(bad.ptr) & 255) == 0) continue;  // the stack may be so aligned
+      const std::size_t refused = a.refused_frees();
+      BOOST_TEST(!a.try_deallocate(bad));
+      BOOST_TEST(a.refused_frees() == refused + 1);
+    }
+    std::vector<alloy::block> later;
+    for (int i = 0; i < 64; ++i) {
+      const alloy::block c = a.allocate(1000, 16);
+      BOOST_REQUIRE(c);
+      const auto at = reinterpret_cast<std::uintptr_t>(c.ptr), start = reinterpret_cast<std::uintptr_t>(b.ptr);
+      BOOST_TEST((at + c.size <= start || start + b.size <= at), "a block overlapping a live one was handed out");
+      later.push_back(c);
+    }
+    BOOST_TEST(alloy::testing::has_pattern(b, 7));
+    for (const alloy::block c : later) a.deallocate(c);
+    a.deallocate(b);
+  }
+  BOOST_TEST(up.records()->live_count() == 0u);
+}
 BOOST_AUTO_TEST_SUITE_END()

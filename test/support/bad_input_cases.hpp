@@ -18,8 +18,10 @@
 #include <alloy/host_stream.hpp>
 #include <alloy/policy/compacting_defragmenter.hpp>
 #include <alloy/policy/host_spill_reclaimer.hpp>
+#include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stream_ordered.hpp>
 #include <alloy/showcase.hpp>
+#include <alloy/vmm/host_vmm.hpp>
 
 #include "support/bad_input.hpp"
 
@@ -84,6 +86,34 @@ ALLOY_BAD_INPUT_RECIPE(fallback, fallback_t<U>,
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(stream_ordered, ordered_arena_t<U>, type<U>{arena<U>{up}})
 ALLOY_BAD_INPUT_RECIPE_END
+// Two shards (and, without a `stats<>` inside, thread caches): a small bad free must be refused
+// before it reaches a cache, where no engine would check it.
+ALLOY_BAD_INPUT_RECIPE(sharded_default, alloy::sharded<alloy::default_allocator<U>>,
+                       type<U>{[up](std::size_t) { return alloy::default_allocator<U>{up}; }, {.shards = 2}})
+ALLOY_BAD_INPUT_RECIPE_END
+ALLOY_BAD_INPUT_RECIPE(sharded_stats_default, alloy::sharded<alloy::stats<alloy::default_allocator<U>>>,
+                       type<U>{[up](std::size_t) { return alloy::stats<alloy::default_allocator<U>>{
+                                   alloy::default_allocator<U>{up}}; },
+                               {.shards = 2}})
+ALLOY_BAD_INPUT_RECIPE_END
+// caching_allocator's part for 10 MiB and more rounds chunks to 2 MiB and must still tell a wrong
+// size inside the rounding.
+ALLOY_BAD_INPUT_RECIPE(quantum_arena, arena<U>, type<U>{up, {.size_quantum = 2_MiB}})
+ALLOY_BAD_INPUT_RECIPE_END
+
+// On virtual memory: `make` takes a `vmm_ref<host_vmm>`.
+struct virtual_arena {
+  template <class V>
+  static auto make(V vmm) { return alloy::virtual_arena<V>{vmm}; }
+};
+struct virtual_allocator {
+  template <class V>
+  static auto make(V vmm) { return alloy::virtual_allocator<V>{vmm}; }
+};
+struct stats_virtual_allocator {
+  template <class V>
+  static auto make(V vmm) { return alloy::stats<alloy::virtual_allocator<V>>{alloy::virtual_allocator<V>{vmm}}; }
+};
 
 // The decorators, over each engine and in stacks.
 ALLOY_BAD_INPUT_RECIPE(stats_arena, alloy::stats<arena<U>>, type<U>{arena<U>{up}})
@@ -211,6 +241,28 @@ void check_bad_input_through_pmr(A& a, const std::string& name) {
 #define ALLOY_BAD_INPUT_CASE(R) \
   BOOST_AUTO_TEST_CASE(R) { alloy::testing::bad_input_suite<bad_input_recipes::R>(#R); }
 
+namespace alloy::testing {
+
+/// The matrix over a composition on virtual memory (`Recipe::make(vmm_ref<host_vmm>)`, real
+/// memory): at the end every physical piece, mapping and address range is back with the backend.
+template <class Recipe>
+void bad_input_on_virtual_memory(const std::string& name) {
+  alloy::host_vmm device;
+  {
+    auto a = Recipe::make(alloy::vmm_ref<alloy::host_vmm>{device});
+    check_bad_input_matrix(a, name, std::numeric_limits<std::size_t>::max());
+  }
+  const auto& calls = device.calls();
+  BOOST_TEST(calls.creates == calls.releases, name << ": physical pieces left");
+  BOOST_TEST(calls.maps == calls.unmaps, name << ": mappings left");
+  BOOST_TEST(calls.reserves == calls.unreserves, name << ": address ranges left");
+}
+
+}  // namespace alloy::testing
+
+#define ALLOY_BAD_INPUT_VIRTUAL_CASE(R) \
+  BOOST_AUTO_TEST_CASE(R) { alloy::testing::bad_input_on_virtual_memory<bad_input_recipes::R>(#R); }
+
 #define ALLOY_BAD_INPUT_PMR_CASE(R)                                             \
   BOOST_AUTO_TEST_CASE(pmr_##R) {                                               \
     std::shared_ptr<alloy::testing::ledger> records;                            \
@@ -235,6 +287,8 @@ void check_bad_input_through_pmr(A& a, const std::string& name) {
   ALLOY_BAD_INPUT_CASE(movable_stack)                        \
   ALLOY_BAD_INPUT_CASE(fallback)                             \
   ALLOY_BAD_INPUT_CASE(stream_ordered)                       \
+  ALLOY_BAD_INPUT_CASE(sharded_stats_default)                \
+  ALLOY_BAD_INPUT_CASE(quantum_arena)                        \
   ALLOY_BAD_INPUT_CASE(stats_arena)                          \
   ALLOY_BAD_INPUT_CASE(stats_pool)                           \
   ALLOY_BAD_INPUT_CASE(stats_default_allocator)              \
@@ -261,4 +315,12 @@ void check_bad_input_through_pmr(A& a, const std::string& name) {
   ALLOY_BAD_INPUT_PMR_CASE(stats_default_allocator)          \
   ALLOY_BAD_INPUT_PMR_CASE(limited_arena)                    \
   ALLOY_BAD_INPUT_PMR_CASE(synchronized_tracked_stats_heap)  \
-  ALLOY_BAD_INPUT_PMR_CASE(stats_movable_stack)
+  ALLOY_BAD_INPUT_PMR_CASE(stats_movable_stack)              \
+  ALLOY_BAD_INPUT_VIRTUAL_CASE(virtual_arena)                \
+  ALLOY_BAD_INPUT_VIRTUAL_CASE(virtual_allocator)            \
+  ALLOY_BAD_INPUT_VIRTUAL_CASE(stats_virtual_allocator)
+
+// The cases only checked builds answer as the others: `sharded`'s thread caches take small frees
+// without an engine's lookup, and only `ALLOY_CHECKED` records the blocks they hand out
+// (docs/design.md#errors).
+#define ALLOY_BAD_INPUT_CHECKED_CASES ALLOY_BAD_INPUT_CASE(sharded_default)
