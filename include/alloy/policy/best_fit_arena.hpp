@@ -39,14 +39,14 @@ using arena_misuse_counts = misuse_counts;
 ///
 /// - Strategy: takes *segments* from `Upstream` and splits them into *chunks*. A request is
 ///   rounded up to a multiple of `size_quantum` (default `rounding`) and served by the smallest
-///   free chunk that holds it
-///   (among equal sizes the most recently freed below 16,384 units, the lowest address above); the
-///   rest is split off. A freed chunk merges at once with its free neighbours in the segment.
-///   Larger power-of-two alignments are served by splitting off the padding in front. When nothing
-///   fits a segment is taken (`growth`: doubling from `growth_size` to `max_growth_size`, or
-///   fixed), within `maximum_size`; only wholly free segments go back. `max_split_size` (as
-///   PyTorch's) keeps small requests off larger free chunks. All metadata lives in host memory;
-///   the managed memory is never touched, so device memory works.
+///   free chunk that holds it (among equal sizes the most recently freed below 16,384 units, the
+///   lowest address above); the rest is split off. A freed chunk merges at once with its free
+///   neighbours in the segment. Larger power-of-two alignments are served by splitting off the
+///   padding in front. When nothing fits a segment is taken (`growth`: doubling from
+///   `growth_size` to `max_growth_size`, or fixed), within `maximum_size`; only wholly free
+///   segments go back. `max_split_size` (as PyTorch's) keeps small requests off larger free
+///   chunks. All metadata lives in host memory; the managed memory is never touched, so device
+///   memory works.
 /// - Complexity: allocate O(1) below 16,384 rounding units (4 MiB at the default), O(log n)
 ///   expected above (n = free chunks); deallocate O(1) expected plus that re-indexing; a new
 ///   segment O(segments); `owns` O(log segments); `for_each_block` O(chunks). After warm-up no
