@@ -17,6 +17,7 @@
 #include <alloy/alloy.hpp>
 #include <alloy/host_stream.hpp>
 #include <alloy/policy/compacting_defragmenter.hpp>
+#include <alloy/policy/granule_segregator.hpp>
 #include <alloy/policy/host_spill_reclaimer.hpp>
 #include <alloy/policy/sharded.hpp>
 #include <alloy/policy/stream_ordered.hpp>
@@ -46,6 +47,8 @@ template <class U>
 using ordered_arena_t = alloy::stream_ordered<arena<U>, alloy::host_stream*>;
 template <class U>
 using ordered_heap_t = alloy::stream_ordered<heap<U>, alloy::host_stream*>;
+template <class U>
+using ordered_caching_t = alloy::stream_ordered<alloy::caching_allocator<U>, alloy::host_stream*>;
 
 inline std::ostream& null_sink() {
   static std::ofstream sink("/dev/null");  // test code: a static is fine here
@@ -114,6 +117,21 @@ struct stats_virtual_allocator {
   template <class V>
   static auto make(V vmm) { return alloy::stats<alloy::virtual_allocator<V>>{alloy::virtual_allocator<V>{vmm}}; }
 };
+// liballoy's `virtual` composition.
+struct stats_stream_ordered_virtual {
+  template <class V>
+  static auto make(V vmm) {
+    using ordered = alloy::stream_ordered<alloy::virtual_allocator<V>, alloy::host_stream*>;
+    return alloy::stats<ordered>{ordered{alloy::virtual_allocator<V>{vmm}}};
+  }
+};
+struct granule_segregator {
+  template <class V>
+  static auto make(V vmm) {
+    using part = alloy::virtual_arena<V>;
+    return alloy::granule_segregator<256_KiB, part, part>{part{vmm}, part{vmm}};
+  }
+};
 
 // The decorators, over each engine and in stacks.
 ALLOY_BAD_INPUT_RECIPE(stats_arena, alloy::stats<arena<U>>, type<U>{arena<U>{up}})
@@ -174,6 +192,10 @@ ALLOY_BAD_INPUT_RECIPE(limited_stats_caching, alloy::limited<alloy::stats<alloy:
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(stats_stream_ordered_heap, alloy::stats<ordered_heap_t<U>>,
                        type<U>{ordered_heap_t<U>{heap<U>{pool<U>{up}, arena<U>{up}}}})
+ALLOY_BAD_INPUT_RECIPE_END
+// liballoy's `caching` composition.
+ALLOY_BAD_INPUT_RECIPE(stats_stream_ordered_caching, alloy::stats<ordered_caching_t<U>>,
+                       type<U>{ordered_caching_t<U>{alloy::caching_allocator<U>{up}}})
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(synchronized_tracked_stats_heap, alloy::synchronized<alloy::tracked<alloy::stats<heap<U>>>>,
                        type<U>{alloy::tracked<alloy::stats<heap<U>>>{
@@ -310,6 +332,7 @@ void bad_input_on_virtual_memory(const std::string& name) {
   ALLOY_BAD_INPUT_CASE(stats_limited_arena)                  \
   ALLOY_BAD_INPUT_CASE(limited_stats_caching)                \
   ALLOY_BAD_INPUT_CASE(stats_stream_ordered_heap)            \
+  ALLOY_BAD_INPUT_CASE(stats_stream_ordered_caching)         \
   ALLOY_BAD_INPUT_CASE(synchronized_tracked_stats_heap)      \
   ALLOY_BAD_INPUT_CASE(logged_tracked_limited_stats_default) \
   ALLOY_BAD_INPUT_PMR_CASE(stats_default_allocator)          \
@@ -318,7 +341,9 @@ void bad_input_on_virtual_memory(const std::string& name) {
   ALLOY_BAD_INPUT_PMR_CASE(stats_movable_stack)              \
   ALLOY_BAD_INPUT_VIRTUAL_CASE(virtual_arena)                \
   ALLOY_BAD_INPUT_VIRTUAL_CASE(virtual_allocator)            \
-  ALLOY_BAD_INPUT_VIRTUAL_CASE(stats_virtual_allocator)
+  ALLOY_BAD_INPUT_VIRTUAL_CASE(stats_virtual_allocator)      \
+  ALLOY_BAD_INPUT_VIRTUAL_CASE(stats_stream_ordered_virtual) \
+  ALLOY_BAD_INPUT_VIRTUAL_CASE(granule_segregator)
 
 // The cases only checked builds answer as the others: `sharded`'s thread caches take small frees
 // without an engine's lookup, and only `ALLOY_CHECKED` records the blocks they hand out
