@@ -145,6 +145,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     requires std::is_invocable_r_v<Inner, Make&, std::size_t>
   explicit sharded(Make make, options opts = {}) {
     if constexpr (offloading_allocator<Inner>) tags_apart_.reset(new std::atomic<std::uint64_t>[tag_words] {});
+    caching_ = opts.thread_cache != 0 && !tag_holding<Inner>;
+    if constexpr (ALLOY_CHECKED) {
+      if (caching_) handed_out_ = std::make_unique<detail::handed_out_blocks>();  // before the shards: may throw
+    }
     shard_count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
     shards_ = static_cast<shard*>(::operator new(sizeof(shard) * shard_count_, std::align_val_t{alignof(shard)}));
     std::size_t built = 0;
@@ -157,10 +161,6 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     for (std::size_t c = 0; c < classes::count; ++c) {
       const std::size_t keep = std::min<std::size_t>(per_class_max, opts.thread_cache / classes::size(c));
       capacity_[c] = static_cast<std::uint32_t>(keep >= 2 ? keep : 0);
-    }
-    caching_ = opts.thread_cache != 0 && !tag_holding<Inner>;
-    if constexpr (ALLOY_CHECKED) {
-      if (caching_) handed_out_ = std::make_unique<detail::handed_out_blocks>();
     }
   }
   /// Takes the shards, the thread table and the caches; `other` is left with no shard and must
