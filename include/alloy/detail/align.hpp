@@ -12,6 +12,13 @@ namespace alloy::detail {
 
 constexpr bool is_power_of_two(std::size_t n) noexcept { return n != 0 && (n & (n - 1)) == 0; }
 
+/// The least power of two >= `n` (1 for 0; the largest power of two when none fits).
+constexpr std::size_t power_of_two_at_least(std::size_t n) noexcept {
+  std::size_t p = 1;
+  while (p < n && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
+  return p;
+}
+
 /// Rounds `n` up to a multiple of the power of two `to`. Returns 0 when the result would not fit
 /// in size_t, so callers near SIZE_MAX see a failure instead of a wrapped-around small size.
 constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept {

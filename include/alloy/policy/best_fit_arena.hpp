@@ -439,15 +439,9 @@ class best_fit_arena {
     while ((std::size_t{1} << s) < power_of_two) ++s;
     return s;
   }
-  /// The least power of two >= x (the largest one when none is).
-  static std::size_t power_of_two_at_least(std::size_t x) noexcept {
-    std::size_t p = 1;
-    while (p < x && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
-    return p;
-  }
   static options normalised(options o) noexcept {
-    o.rounding = power_of_two_at_least(o.rounding);
-    o.size_quantum = std::max(power_of_two_at_least(o.size_quantum), o.rounding);
+    o.rounding = detail::power_of_two_at_least(o.rounding);
+    o.size_quantum = std::max(detail::power_of_two_at_least(o.size_quantum), o.rounding);
     o.maximum_size &= ~(o.rounding - 1);  // every segment is a whole number of rounding units
     if (o.growth_size == 0) o.growth_size = o.rounding;
     if (o.max_growth_size < o.growth_size) o.max_growth_size = o.growth_size;

@@ -392,11 +392,6 @@ class virtual_arena {
     while ((std::size_t{1} << s) < power_of_two) ++s;
     return s;
   }
-  static std::size_t power_of_two_at_least(std::size_t n) noexcept {
-    std::size_t p = 1;
-    while (p < n && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
-    return p;
-  }
   static options normalised(options o, const Vmm& vmm) noexcept;
   void reserve_initial() noexcept;
 

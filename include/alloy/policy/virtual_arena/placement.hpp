@@ -82,10 +82,10 @@ inline void virtual_arena<Vmm>::merge_free(std::uint32_t c, std::uintptr_t addr)
 template <virtual_memory Vmm>
 inline auto virtual_arena<Vmm>::normalised(options o, const Vmm& vmm) noexcept -> options {
   if (o.rounding == 0) o.rounding = 1;
-  o.rounding = power_of_two_at_least(o.rounding);
+  o.rounding = detail::power_of_two_at_least(o.rounding);
   const std::size_t backend = std::max<std::size_t>(vmm.granularity(), 1);
   std::size_t g = o.granularity == 0 ? backend : o.granularity;
-  g = power_of_two_at_least(std::max(g, backend));
+  g = detail::power_of_two_at_least(std::max(g, backend));
   if (g % backend != 0) g = backend;  // a backend granularity that is no power of two: use it
   o.granularity = g;
   if (o.rounding > g) o.rounding = g;
