@@ -214,7 +214,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
     return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment, call);
   }
-  void deallocate(block b) noexcept { (void)free_block(b); }
+  [[gnu::always_inline]] void deallocate(block b) noexcept { (void)free_block(b); }
   /// As `deallocate`; false when the free was refused (no shard owns the block, or the owner
   /// refused it; in checked builds also a small block already in the thread's cache).
   bool try_deallocate(block b) noexcept
@@ -905,8 +905,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
                                         std::size_t alignment) noexcept
     requires growth_planning_allocator<Inner>;
 
-  /// A free from any thread: small blocks to the thread's cache, others to their shard.
-  bool free_block(block b) noexcept;
+  /// A free from any thread: small blocks to the thread's cache, others to their shard. Inlined,
+  /// with the shard's path out of line, so that a free to the cache costs no call.
+  [[gnu::always_inline]] bool free_block(block b) noexcept;
   /// Frees `b` (not through a cache) in the shard that owns it, through `free(inner, block)`
   /// (a `detail::free_outcome`): the thread's own shard when it remembers handing the block out,
   /// else each shard in turn asked `owns`.
@@ -934,7 +935,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   void flush(slot& me, cache& k, std::size_t c, std::uint32_t n, std::size_t caller) noexcept;
   void flush_all(slot& me, cache& k, std::size_t caller) noexcept;
 
-  void refuse(block b) noexcept {
+  [[gnu::cold, gnu::noinline]] void refuse(block b) noexcept {
     refused_.fetch_add(1, std::memory_order_relaxed);
     if constexpr (ALLOY_CHECKED) {
       std::fprintf(stderr, "alloy::sharded: refused a free of %zu bytes at %p (not a live block of that size)\n",

@@ -64,12 +64,12 @@ block sharded<Inner, Mutex>::grow_unlocked(shard& s, std::size_t caller, growth_
 
 template <allocator Inner, class Mutex>
 inline bool sharded<Inner, Mutex>::free_block(block b) noexcept {
-  if (b.ptr == nullptr) return b.size == 0;
-  if (!may_free(b)) return false;
   slot* me = my_slot();
-  if (is_cached_size(b.size)) {
+  if (is_cached_size(b.size) && b.ptr != nullptr) {
+    if (!may_free(b)) [[unlikely]]
+      return false;
     const std::size_t c = classes::index(b.size);
-    if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) {
+    if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) [[likely]] {
       cache& k = *me->cache;
       if (k.count[c] == capacity_[c]) flush(*me, k, c, capacity_[c] / 2, index_of(me));
       k.blocks[c][k.count[c]++] = b.ptr;
