@@ -726,6 +726,48 @@ BOOST_AUTO_TEST_CASE(stream_ordered_free_from_another_thread_reaches_the_owner_a
   BOOST_TEST(up.records()->errors.empty());
 }
 
+// record_use reaches the shard that owns the block, whichever thread calls it; a block no shard
+// owns is refused and counted by a shard, as stream_ordered itself refuses it, and stores nothing.
+BOOST_AUTO_TEST_CASE(record_use_reaches_the_owner_and_a_foreign_block_is_refused) {
+  locked_checking_upstream up;
+  {
+    ordered_shards alloc = make_ordered_shards(up);
+    host_stream a, c;
+    const std::size_t mine = alloc.my_shard();
+    const alloy::block x = alloc.allocate(200_KiB, 256, &a);
+    BOOST_REQUIRE(x);
+    const auto misuses = [&] {
+      std::size_t total = 0;
+      for (std::size_t i = 0; i < 2; ++i)
+        total += alloc.with_shard(i, [](ordered_arena& in) { return in.misuses().total(); });
+      return total;
+    };
+    const auto recorded = [&](std::size_t i) {
+      return alloc.with_shard(i, [](ordered_arena& in) { return in.order_counters().host_synchronizations; });
+    };
+    std::size_t other = 0;
+    on_new_thread([&] {
+      other = alloc.my_shard();
+      alloy::record_use(alloc, x, &c);  // another thread names a use on a third stream
+    });
+    BOOST_TEST(other != mine);
+    BOOST_TEST(recorded(mine) == 1u, "the owner left its single-stream path for the use");
+    BOOST_TEST(recorded(other) == 0u);
+    BOOST_TEST(misuses() == 0u);
+
+    alignas(256) static unsigned char elsewhere[4096];
+    alloy::record_use(alloc, alloy::block{elsewhere, 4096}, &c);
+    BOOST_TEST(misuses() == 1u, "a block no shard owns is refused and counted");
+    alloc.deallocate(x, &a);
+    a.synchronize();
+    c.synchronize();
+    alloc.release();
+    BOOST_TEST(shard_bytes_in_use(alloc, mine) == 0u);
+  }
+  BOOST_TEST(up.records()->live.empty());
+  BOOST_TEST(up.records()->errors.empty());
+}
+
 // Two threads allocate on either of two streams (each block filled by its stream's work) and hand
 // every block to the other thread, which enqueues a check of the fill on the block's stream and
 // frees it there: a block reused on the other stream before that check ran would fail it.

@@ -473,7 +473,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
     return true;
   }
-  /// `Inner::record_use` on the shard that owns the block.
+  /// `Inner::record_use` on the shard that owns the block; a block no shard owns goes to the
+  /// first shard, which refuses it as its own `record_use` does (counted in its `misuses()`).
   template <class Stream>
     requires use_recording_allocator<Inner, Stream>
   void record_use(block b, Stream stream) {
@@ -483,6 +484,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       shard_lock lock(shards_[i], caller);
       if (shards_[i].inner.owns(inner)) return shards_[i].inner.record_use(inner, stream);
     }
+    shard_lock lock(shards_[0], caller);
+    shards_[0].inner.record_use(inner, stream);
   }
   /// The shards' statistics added up: counts and current values exactly; peaks as the sum of the
   /// shards' peaks (an upper bound of the true peak); largest sizes and fragmentation the largest.
