@@ -49,4 +49,28 @@ BOOST_AUTO_TEST_CASE(sharded_cache_refuses_misaligned_small_frees) {
   }
   BOOST_TEST(up.records()->live_count() == 0u);
 }
+
+// Without the checked build's record, a second free of the block freed last to the thread's cache
+// for its size is still refused: taken, the block would be handed out twice.
+BOOST_AUTO_TEST_CASE(sharded_cache_refuses_a_small_block_freed_twice_at_once) {
+  using inner = alloy::default_allocator<alloy::testing::checking_upstream>;
+  const alloy::testing::checking_upstream up;
+  {
+    alloy::sharded<inner> a{[&](std::size_t) { return inner{up}; }, {.shards = 2}};
+    for (const std::size_t bytes : {std::size_t{256}, std::size_t{1000}, std::size_t{40000}}) {
+      const alloy::block b = a.allocate(bytes, 256);
+      BOOST_REQUIRE(b);
+      a.deallocate(b);
+      const std::size_t refused = a.refused_frees();
+      BOOST_TEST(!a.try_deallocate(b), bytes << " bytes: the second free was taken");
+      BOOST_TEST(a.refused_frees() == refused + 1);
+      const alloy::block c = a.allocate(bytes, 256), d = a.allocate(bytes, 256);
+      BOOST_REQUIRE((c && d));
+      BOOST_TEST(c.ptr != d.ptr, bytes << " bytes: one block handed out twice");
+      a.deallocate(c);
+      a.deallocate(d);
+    }
+  }
+  BOOST_TEST(up.records()->live_count() == 0u);
+}
 BOOST_AUTO_TEST_SUITE_END()

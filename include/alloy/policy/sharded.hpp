@@ -98,8 +98,9 @@ struct alignas(64) thread_slot {
 ///   lock (an `owns` and a lock for each shard asked before it).
 /// - Failure: an empty block when every shard fails. A free no shard owns, or that its owner
 ///   refuses, is refused and counted (`refused_frees()`), as is a small free at an address no
-///   cached block has (not a multiple of 256). Checked builds (`ALLOY_CHECKED`) record every small
-///   block handed out, under one lock, and refuse any small free that is not of one at its size.
+///   cached block has (not a multiple of 256) or of the block last freed to the thread's cache
+///   for its size. Checked builds (`ALLOY_CHECKED`) record every small block handed out, under
+///   one lock, and refuse any small free that is not of one at its size.
 /// - Thread safety: every call, from any thread; `flush_thread_caches()` only while no other
 ///   thread uses the object. Movable (not while in use), not copyable.
 /// - Memory kind: `Inner`'s. Host memory: the table in the object, 32 KiB of recent blocks per

@@ -71,6 +71,11 @@ inline bool sharded<Inner, Mutex>::free_block(block b) noexcept {
     const std::size_t c = classes::index(b.size);
     if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) [[likely]] {
       cache& k = *me->cache;
+      // The block freed last to this class, freed again (glibc's fastbins make the same check).
+      if (k.count[c] != 0 && k.blocks[c][k.count[c] - 1] == b.ptr) [[unlikely]] {
+        refuse(b);
+        return false;
+      }
       if (k.count[c] == capacity_[c]) flush(*me, k, c, capacity_[c] / 2, index_of(me));
       k.blocks[c][k.count[c]++] = b.ptr;
       return true;
