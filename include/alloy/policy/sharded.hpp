@@ -147,6 +147,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   explicit sharded(Make make, options opts = {}) {
     if constexpr (offloading_allocator<Inner>) tags_apart_.reset(new std::atomic<std::uint64_t>[tag_words] {});
     caching_ = opts.thread_cache != 0 && !tag_holding<Inner>;
+    cached_below_ = caching_ ? cached_size_limit + 1 : 0;
     if constexpr (ALLOY_CHECKED) {
       if (caching_) handed_out_ = std::make_unique<detail::handed_out_blocks>();  // before the shards: may throw
     }
@@ -170,6 +171,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
       : shards_(std::exchange(other.shards_, nullptr)),
         shard_count_(std::exchange(other.shard_count_, 0)),
         caching_(other.caching_),
+        cached_below_(other.cached_below_),
         next_shard_(other.next_shard_.load(std::memory_order_relaxed)),
         refused_(other.refused_.load(std::memory_order_relaxed)),
         handed_out_(std::move(other.handed_out_)),
@@ -770,7 +772,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     }
   }
 
-  bool is_cached_size(std::size_t bytes) const noexcept { return caching_ && bytes <= cached_size_limit; }
+  bool is_cached_size(std::size_t bytes) const noexcept { return bytes < cached_below_; }
   /// `f(shard i's Inner)` under the shard's lock, as `detail::offload_parts` visits parts.
   auto each_shard() const noexcept {
     return [this, caller = caller_index()](std::size_t i, auto&& f) {
@@ -952,6 +954,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   shard* shards_ = nullptr;
   std::size_t shard_count_ = 0;
   bool caching_ = false;
+  std::size_t cached_below_ = 0;  ///< sizes below it go through the caches: one test on every path
   std::uint32_t capacity_[classes::count] = {};
   alignas(64) std::atomic<std::size_t> next_shard_{0};
   std::atomic<std::size_t> refused_{0};
