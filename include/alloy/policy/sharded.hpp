@@ -218,8 +218,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return allocate_direct<true>(shard_of(me), index_of(me), bytes, alignment, call);
   }
   [[gnu::always_inline]] void deallocate(block b) noexcept { (void)free_block(b); }
-  /// As `deallocate`; false when the free was refused (no shard owns the block, or the owner
-  /// refused it; in checked builds also a small block already in the thread's cache).
+  /// As `deallocate`; false when the free was refused (see Failure above: no shard owns the
+  /// block, its owner refused it, or a small free the caches refuse).
   bool try_deallocate(block b) noexcept
     requires checked_deallocating_allocator<Inner>
   {
