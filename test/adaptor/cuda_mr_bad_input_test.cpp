@@ -15,9 +15,9 @@
 #include <alloy/showcase.hpp>
 
 #include "support/bad_input.hpp"
+#include "support/edge_cases.hpp"
 
 using namespace alloy::literals;
-using alloy::testing::checking_upstream;
 using alloy::testing::expect_observation;
 using alloy::testing::observation;
 using alloy::testing::observe;
@@ -98,45 +98,17 @@ void check_through(R& resource, A& a, const std::string& name) {
 }
 
 template <class A>
-void run(A& a, const std::shared_ptr<alloy::testing::ledger>& records, const std::string& name) {
+void check_through_cuda_mr(A& a, const std::string& name) {
   alloy::cuda_resource resource{a};
   check_through(resource, a, name + ", cuda_resource");
   cuda::mr::resource_ref<cuda::mr::host_accessible> ref{resource};
   check_through(ref, a, name + ", resource_ref");
-  BOOST_TEST(records->errors.empty(), name << ": upstream saw misuse");
 }
 
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(cuda_mr_bad_input)
 
-BOOST_AUTO_TEST_CASE(stats_limited_arena) {
-  using arena = alloy::best_fit_arena<checking_upstream>;
-  checking_upstream up;
-  {
-    alloy::stats<alloy::limited<arena>> a{alloy::limited<arena>{arena{up}, {.bytes_limit = 64_MiB}}};
-    run(a, up.records(), "stats<limited<arena>>");
-  }
-  BOOST_TEST(up.records()->live_count() == 0u);
-}
-
-BOOST_AUTO_TEST_CASE(tracked_default_allocator) {
-  checking_upstream up;
-  {
-    alloy::tracked<alloy::default_allocator<checking_upstream>> a{alloy::default_allocator<checking_upstream>{up}};
-    run(a, up.records(), "tracked<default_allocator>");
-  }
-  BOOST_TEST(up.records()->live_count() == 0u);
-}
-
-BOOST_AUTO_TEST_CASE(synchronized_stats_caching_allocator) {
-  checking_upstream up;
-  {
-    alloy::synchronized<alloy::stats<alloy::caching_allocator<checking_upstream>>> a{
-        alloy::stats<alloy::caching_allocator<checking_upstream>>{alloy::caching_allocator<checking_upstream>{up}}};
-    run(a, up.records(), "synchronized<stats<caching_allocator>>");
-  }
-  BOOST_TEST(up.records()->live_count() == 0u);
-}
+ALLOY_EDGE_BAD_INPUT_CASES(check_through_cuda_mr)
 
 BOOST_AUTO_TEST_SUITE_END()

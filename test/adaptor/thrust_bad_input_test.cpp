@@ -18,9 +18,8 @@
 #include <alloy/showcase.hpp>
 
 #include "support/bad_input.hpp"
+#include "support/edge_cases.hpp"
 
-using namespace alloy::literals;
-using alloy::testing::checking_upstream;
 using alloy::testing::expect_observation;
 using alloy::testing::observation;
 using alloy::testing::observe;
@@ -78,43 +77,10 @@ void check_bad_input_through_thrust(A& a, const std::string& name) {
   }
 }
 
-template <class A>
-void run(A&& a, const std::shared_ptr<alloy::testing::ledger>& records, const std::string& name) {
-  check_bad_input_through_thrust(a, name);
-  BOOST_TEST(records->errors.empty(), name << ": upstream saw misuse");
-}
-
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(thrust_bad_input)
 
-BOOST_AUTO_TEST_CASE(stats_limited_arena) {
-  using arena = alloy::best_fit_arena<checking_upstream>;
-  checking_upstream up;
-  {
-    alloy::stats<alloy::limited<arena>> a{alloy::limited<arena>{arena{up}, {.bytes_limit = 64_MiB}}};
-    run(a, up.records(), "thrust over stats<limited<arena>>");
-  }
-  BOOST_TEST(up.records()->live_count() == 0u);
-}
-
-BOOST_AUTO_TEST_CASE(tracked_default_allocator) {
-  checking_upstream up;
-  {
-    alloy::tracked<alloy::default_allocator<checking_upstream>> a{alloy::default_allocator<checking_upstream>{up}};
-    run(a, up.records(), "thrust over tracked<default_allocator>");
-  }
-  BOOST_TEST(up.records()->live_count() == 0u);
-}
-
-BOOST_AUTO_TEST_CASE(synchronized_stats_caching_allocator) {
-  checking_upstream up;
-  {
-    alloy::synchronized<alloy::stats<alloy::caching_allocator<checking_upstream>>> a{
-        alloy::stats<alloy::caching_allocator<checking_upstream>>{alloy::caching_allocator<checking_upstream>{up}}};
-    run(a, up.records(), "thrust over synchronized<stats<caching_allocator>>");
-  }
-  BOOST_TEST(up.records()->live_count() == 0u);
-}
+ALLOY_EDGE_BAD_INPUT_CASES(check_bad_input_through_thrust)
 
 BOOST_AUTO_TEST_SUITE_END()
