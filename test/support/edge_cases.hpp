@@ -43,12 +43,12 @@ void run(Make make, Check check, const std::string& name) {
 
 }  // namespace alloy::testing::edge_cases
 
-#define ALLOY_EDGE_BAD_INPUT_CASE(check, recipe, name)                                                  \
-  BOOST_AUTO_TEST_CASE(recipe) {                                                                        \
+#define ALLOY_EDGE_BAD_INPUT_CASE(check, recipe, name)                                                     \
+  BOOST_AUTO_TEST_CASE(recipe) {                                                                           \
     alloy::testing::edge_cases::run([](const auto& up) { return alloy::testing::edge_cases::recipe(up); }, \
-                                    [](auto& a, const std::string& n) { check(a, n); }, name);          \
+                                    [](auto& a, const std::string& n) { check(a, n); }, name);             \
   }
-#define ALLOY_EDGE_BAD_INPUT_CASES(check)                                                               \
-  ALLOY_EDGE_BAD_INPUT_CASE(check, stats_limited_arena, "stats<limited<arena>>")                        \
-  ALLOY_EDGE_BAD_INPUT_CASE(check, tracked_default_allocator, "tracked<default_allocator>")             \
+#define ALLOY_EDGE_BAD_INPUT_CASES(check)                                                   \
+  ALLOY_EDGE_BAD_INPUT_CASE(check, stats_limited_arena, "stats<limited<arena>>")            \
+  ALLOY_EDGE_BAD_INPUT_CASE(check, tracked_default_allocator, "tracked<default_allocator>") \
   ALLOY_EDGE_BAD_INPUT_CASE(check, synchronized_stats_caching_allocator, "synchronized<stats<caching_allocator>>")
