@@ -41,6 +41,10 @@ void* operator new(std::size_t bytes) { return counted_new(bytes, alignof(std::m
 void* operator new[](std::size_t bytes) { return counted_new(bytes, alignof(std::max_align_t)); }
 void* operator new(std::size_t bytes, std::align_val_t a) { return counted_new(bytes, static_cast<std::size_t>(a)); }
 void* operator new[](std::size_t bytes, std::align_val_t a) { return counted_new(bytes, static_cast<std::size_t>(a)); }
+// GCC, inlining these replacements, warns that free() meets operator new's memory: it does not see
+// that both are replaced here, as a pair.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
@@ -49,6 +53,7 @@ void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 BOOST_AUTO_TEST_SUITE(metadata_growth)
 
