@@ -10,6 +10,8 @@
 
 namespace alloy::detail {
 
+/// Without `std::has_single_bit`, which GCC compiles to a call to libgcc's popcount unless the
+/// target has POPCNT.
 constexpr bool is_power_of_two(std::size_t n) noexcept { return n != 0 && (n & (n - 1)) == 0; }
 
 /// The least power of two >= `n` (1 for 0; the largest power of two when none fits).
@@ -17,6 +19,13 @@ constexpr std::size_t power_of_two_at_least(std::size_t n) noexcept {
   std::size_t p = 1;
   while (p < n && p <= (std::numeric_limits<std::size_t>::max() >> 1)) p <<= 1;
   return p;
+}
+
+/// The exponent of a power of two (of the least power of two >= `n` for any other `n`).
+constexpr unsigned log2_of_power_of_two(std::size_t n) noexcept {
+  unsigned s = 0;
+  while (s + 1 < std::numeric_limits<std::size_t>::digits && (std::size_t{1} << s) < n) ++s;
+  return s;
 }
 
 /// Rounds `n` up to a multiple of the power of two `to`. Returns 0 when the result would not fit

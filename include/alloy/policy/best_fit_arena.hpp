@@ -105,7 +105,7 @@ class best_fit_arena {
   explicit best_fit_arena(Upstream upstream, options opts = {})
       : upstream_(std::move(upstream)),
         opts_(normalised(opts)),
-        rounding_shift_(log2(opts_.rounding)),
+        rounding_shift_(detail::log2_of_power_of_two(opts_.rounding)),
         index_(rounding_shift_),
         map_(rounding_shift_) {
     next_growth_ = opts_.growth_size;
@@ -434,11 +434,6 @@ class best_fit_arena {
     }
   }
 
-  static unsigned log2(std::size_t power_of_two) noexcept {
-    unsigned s = 0;
-    while ((std::size_t{1} << s) < power_of_two) ++s;
-    return s;
-  }
   static options normalised(options o) noexcept {
     o.rounding = detail::power_of_two_at_least(o.rounding);
     o.size_quantum = std::max(detail::power_of_two_at_least(o.size_quantum), o.rounding);

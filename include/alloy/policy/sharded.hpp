@@ -21,6 +21,7 @@
 
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
+#include <alloy/detail/align.hpp>
 #include <alloy/detail/forwarding.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 
@@ -201,7 +202,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     if (current_tag_apart()) [[unlikely]]
       return refused_with_current_tag(bytes, alignment, call);
     slot* me = my_slot();
-    if (is_cached_size(bytes) && is_power_of_two(alignment)) {
+    if (is_cached_size(bytes) && detail::is_power_of_two(alignment)) {
       const std::size_t c = classes::index(bytes);
       if (me != nullptr && me->cache != nullptr && alignment <= cache_alignment && capacity_[c] != 0) {
         cache& k = *me->cache;
@@ -852,9 +853,6 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         if ((changed >> k & 1) != 0) set_apart(w * 64 + k, (apart >> k & 1) != 0);
     }
   }
-  /// Without `std::has_single_bit`, which GCC compiles to a call to libgcc's popcount unless the
-  /// target has POPCNT.
-  static constexpr bool is_power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
   /// The block as the shard knows it: small blocks (when caching) at their class size.
   block inner_block(block b) const noexcept {
     return is_cached_size(b.size) ? block{b.ptr, classes::size(classes::index(b.size))} : b;

@@ -127,8 +127,8 @@ class virtual_arena {
   explicit virtual_arena(Vmm vmm, options opts = {})
       : vmm_(std::move(vmm)),
         opts_(normalised(opts, vmm_)),
-        rounding_shift_(log2(opts_.rounding)),
-        granule_shift_(log2(opts_.granularity)),
+        rounding_shift_(detail::log2_of_power_of_two(opts_.rounding)),
+        granule_shift_(detail::log2_of_power_of_two(opts_.granularity)),
         index_(rounding_shift_),
         map_(rounding_shift_) {
     reserve_initial();
@@ -387,11 +387,6 @@ class virtual_arena {
     std::size_t in_use = 0;  ///< rounded bytes of its live chunks while not resident
     std::vector<saved_chunk> chunks;
   };
-  static unsigned log2(std::size_t power_of_two) noexcept {
-    unsigned s = 0;
-    while ((std::size_t{1} << s) < power_of_two) ++s;
-    return s;
-  }
   static options normalised(options o, const Vmm& vmm) noexcept;
   void reserve_initial() noexcept;
 

@@ -15,7 +15,7 @@ template <bool Plain, class Call>
 inline block sharded<Inner, Mutex>::allocate_from_shards(std::size_t first, std::size_t caller, std::size_t bytes,
                                                          std::size_t alignment, Call call) noexcept {
   std::size_t inner_bytes = bytes, inner_alignment = alignment;
-  if (is_cached_size(bytes) && is_power_of_two(alignment)) {
+  if (is_cached_size(bytes) && detail::is_power_of_two(alignment)) {
     inner_bytes = classes::size(classes::index(bytes));
     inner_alignment = std::max(alignment, cache_alignment);
   }
