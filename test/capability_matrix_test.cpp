@@ -157,6 +157,11 @@ struct toy {
   {
     return false;
   }
+  alloy::misuse free_misuse(alloy::block) const noexcept
+    requires(on(capability::free_misuse))
+  {
+    return alloy::misuse::none;
+  }
   bool serves(std::size_t, std::size_t) const noexcept
     requires(on(capability::serves))
   {
@@ -357,8 +362,8 @@ struct w_sharded {
   using type = alloy::sharded<A>;
   static constexpr unsigned own = 0;
   // documented: a planned growth is used inside (the upstream call without the shard's lock),
-  // not offered
-  static constexpr unsigned not_passed = bit(capability::planned_growth);
+  // not offered; a free in a thread's cache is not one its shard sees
+  static constexpr unsigned not_passed = bit(capability::planned_growth) | bit(capability::free_misuse);
 };
 
 /// Capabilities where `W<toy<Mask>>` differs from what it should have (0 when it is right).
@@ -394,7 +399,8 @@ static_assert(mismatches_over_toys<w_sharded, bit(capability::owns)>() == 0);   
 
 // stream_ordered gives stream-ordered calls to a part that keeps its cache: it has the part's
 // queries, `record_use` and the stream calls of its own, checked frees (both forms) when the part
-// checks its frees, and neither keeping-cache calls nor handles.
+// checks its frees, and neither keeping-cache calls, handles nor `free_misuse` (its pending frees
+// are live to the part).
 struct w_stream_ordered {
   static constexpr const char* name = "stream_ordered";
   template <class A>
@@ -409,7 +415,7 @@ constexpr unsigned stream_ordered_mismatch() {
   constexpr unsigned passed =
       m & ~(movable_group | bit(capability::allocate_keeping_cache) | bit(capability::allocate_cached) |
             bit(capability::try_deallocate_on_stream) | bit(capability::planned_growth) |
-            bit(capability::tagged_allocate) | bit(capability::graph_pools));
+            bit(capability::tagged_allocate) | bit(capability::graph_pools) | bit(capability::free_misuse));
   constexpr unsigned checked = (m & bit(capability::try_deallocate)) != 0
                                    ? bit(capability::try_deallocate) | bit(capability::try_deallocate_on_stream)
                                    : 0u;

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <alloy/block.hpp>
+#include <alloy/misuse.hpp>
 #include <alloy/tag.hpp>
 
 namespace alloy {
@@ -44,6 +45,17 @@ concept allocator = memory_kind_aware<A> && requires(A& a, block b, std::size_t 
 template <class A>
 concept checked_deallocating_allocator = allocator<A> && requires(A& a, block b) {
   { a.try_deallocate(b) } noexcept -> std::same_as<bool>;
+};
+
+/// `free_misuse(block) noexcept -> misuse`: what `try_deallocate(b)` would refuse `b` as now, or
+/// `misuse::none` when it would accept it (an empty block, or a live block of this allocator at
+/// the size it was handed out with), without freeing anything. `stream_ordered` asks it to refuse
+/// at once a bad free that would otherwise wait for a capture's end, and `record_use` of anything
+/// but a live block. The engines have it; wrappers pass it on, except those that keep freed blocks
+/// themselves (`sharded`'s thread caches, `stream_ordered`'s pending and graph-pool frees).
+template <class A>
+concept free_screening_allocator = allocator<A> && requires(const A& a, block b) {
+  { a.free_misuse(b) } noexcept -> std::same_as<misuse>;
 };
 
 /// The stream-ordered form of checked deallocation: `try_deallocate(block, stream) noexcept ->

@@ -194,7 +194,7 @@ using virtual_heap_t = segregator<(std::size_t{128} << 10), virtual_small_t<Vmm>
 ///   `bytes_in_use()` = the pool's blocks plus the arena's chunks that are not slabs;
 ///   `for_each_block` = the arena's picture with each slab shown as the pool's blocks. `small()`
 ///   and `arena()` give the parts (no `parts()`, so no walker counts the slabs twice).
-/// - Capabilities: `try_deallocate`, `owns`, `release` (free slabs to the arena, then free
+/// - Capabilities: `try_deallocate`, `free_misuse`, `owns`, `release` (free slabs to the arena, then free
 ///   granules to the backend), `reserved_bytes`, `mapped_bytes`, `counters`, `bytes_in_use`,
 ///   `requested_bytes`, `for_each_block`, `allocate_keeping_cache` and `allocate_cached` (for
 ///   `stream_ordered`), tags and offload; over a `thread_safe_vmm`, planned
@@ -300,6 +300,14 @@ class virtual_allocator {
     if (b.ptr != nullptr && not_where_its_size_goes(b)) [[unlikely]]
       return try_deallocate_elsewhere(b);
     return heap_.try_deallocate(b);
+  }
+  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`).
+  misuse free_misuse(block b) const noexcept
+    requires free_screening_allocator<heap_type>
+  {
+    if (b.ptr != nullptr && not_where_its_size_goes(b)) [[unlikely]]
+      return b.size <= threshold ? arena_->free_misuse(b) : heap_.small().free_misuse(b);
+    return heap_.free_misuse(b);
   }
 
   // Tags and offload (virtual_arena's, alloy/tag.hpp): the pool's slabs are tag 0.

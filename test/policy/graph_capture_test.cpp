@@ -756,6 +756,66 @@ BOOST_AUTO_TEST_CASE(bad_frees_in_a_capture_and_of_pool_blocks_are_refused) {
   REQUIRE_CLEAN(rt);
 }
 
+// An interior or wrong-size free of an earlier block, and `record_use` of one, under a capture:
+// `Inner` says at once what it would refuse (`free_misuse`), so nothing waits for the capture's
+// end and nothing is counted above.
+template <class Inner>
+void earlier_blocks_checked_in_a_capture(Inner inner, model::runtime& rt) {
+  const stream_t s = make_stream(rt);
+  const stream_t other = make_stream(rt);
+  alloy::stats<alloy::stream_ordered<Inner, stream_t>> alloc{alloy::stream_ordered<Inner, stream_t>{std::move(inner)}};
+  const block small = alloc.allocate(4096, 256, s);
+  const block large = alloc.allocate(1_MiB, 256, s);
+  BOOST_REQUIRE(small);
+  BOOST_REQUIRE(large);
+  const auto in_use = [&] { return alloy::statistics_of(alloc).bytes_in_use; };
+  const std::size_t held = in_use();
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::global) == error::success);
+  for (const block b : {small, large}) {
+    BOOST_TEST_CONTEXT(b.size << " bytes") {
+      const block interior{static_cast<std::byte*>(b.ptr) + 256, 256};
+      const block wrong_size{b.ptr, b.size + 4096};
+      const alloy::misuse_counts m0 = alloc.inner().misuses();
+      BOOST_TEST(!alloc.try_deallocate(interior, s));
+      BOOST_TEST(!alloc.try_deallocate(wrong_size, s));
+      alloy::record_use(alloc, interior, other);
+      alloy::record_use(alloc, wrong_size, other);
+      alloy::record_use(alloc, b, other);  // the block itself: kept
+      const alloy::misuse_counts m = alloc.inner().misuses();
+      BOOST_TEST(m.foreign_pointers - m0.foreign_pointers == 2u);
+      BOOST_TEST(m.wrong_sizes - m0.wrong_sizes == 2u);
+      BOOST_TEST(in_use() == held);
+      BOOST_TEST(alloc.pool_figures().deferred == 0u);
+    }
+  }
+  BOOST_TEST(alloc.try_deallocate(small, s));  // deferred
+  BOOST_TEST(alloc.pool_figures().deferred == 1u);
+  alloy::record_use(alloc, small, other);  // freed, the free waiting for the capture's end: refused
+  BOOST_TEST(alloc.inner().misuses().double_frees == 1u);
+  model::graph_t g{};
+  BOOST_REQUIRE(rt.end_capture(s, &g) == error::success);
+  BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
+  BOOST_TEST(alloc.try_deallocate(large, s));  // settles the capture: the deferred free runs
+  BOOST_TEST(alloc.pool_figures().deferred == 0u);
+  BOOST_TEST(in_use() == 0u);
+  BOOST_TEST(alloc.inner().inner().bytes_in_use() == 0u);
+  alloy::record_use(alloc, small, other);  // freed: refused
+  BOOST_TEST(alloc.inner().misuses().double_frees == 2u);
+  alloc.release();
+  REQUIRE_CLEAN(rt);
+}
+
+BOOST_AUTO_TEST_CASE(interior_and_wrong_size_frees_of_earlier_blocks_are_refused_in_a_capture) {
+  {
+    model::runtime rt;
+    earlier_blocks_checked_in_a_capture(make_arena(rt, 4_MiB), rt);
+  }
+  {
+    model::runtime rt;
+    earlier_blocks_checked_in_a_capture(alloy::virtual_allocator<model::vmm>{model::vmm{rt, 256_MiB}}, rt);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(aborted_capture_unwinds_its_pool) {
   model::runtime rt;
   const stream_t s = make_stream(rt);
@@ -839,6 +899,7 @@ struct random_run {
   std::map<graph_pool*, std::map<void*, int>> pool_addresses;
   /// What the run did (so a test that exercised nothing fails).
   std::size_t captured_allocations = 0, pooled_graphs = 0, aborts = 0, launches = 0, releases = 0, deferred = 0;
+  std::size_t bad_calls = 0;
 
   explicit random_run(unsigned seed) : rng(seed) {
     for (int i = 0; i < 3; ++i) streams.push_back(make_stream(rt));
@@ -869,6 +930,20 @@ struct random_run {
     }
   }
 
+  /// While a capture runs, an interior or wrong-size free and `record_use` of the live block `l`:
+  /// both refused at once (a free the capture would defer included), nothing counted.
+  void try_bad_calls(const live_block& l) {
+    const std::size_t in_use = alloc.bytes_in_use();
+    const block bad = l.b.size >= 512 && pick(2) == 0 ? block{static_cast<std::byte*>(l.b.ptr) + 256, 256}
+                                                      : block{l.b.ptr, l.b.size + 4096};
+    BOOST_REQUIRE(!alloc.try_deallocate(bad, l.s));
+    BOOST_REQUIRE(alloc.bytes_in_use() == in_use);
+    const std::size_t refusals = alloc.inner().misuses().total();
+    alloy::record_use(alloc, bad, l.s);
+    BOOST_REQUIRE(alloc.inner().misuses().total() == refusals + 1);
+    ++bad_calls;
+  }
+
   void step() {
     const std::size_t what = pick(100);
     if (what < 35) {  // allocate (at most 512 blocks live, so that long runs stay linear)
@@ -889,6 +964,7 @@ struct random_run {
       if (live.empty()) return;
       const std::size_t i = pick(live.size());
       const live_block l = live[i];
+      if (running && pick(256) == 0) try_bad_calls(l);
       live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
       alloc.deallocate(l.b, l.s);
     } else if (what < 72) {  // begin a capture
@@ -1007,6 +1083,7 @@ int capture_steps() {
 template <class Over>
 void randomized_captures() {
   const int steps = capture_steps();
+  std::size_t bad_calls = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
     BOOST_TEST_CONTEXT("seed " << seed) {
       random_run<Over> run(seed);
@@ -1021,12 +1098,14 @@ void randomized_captures() {
       BOOST_TEST(run.launches > 10u);
       BOOST_TEST(run.releases > 0u);
       BOOST_TEST(run.deferred > 0u);
+      bad_calls += run.bad_calls;
       BOOST_TEST_MESSAGE("seed " << seed << ": " << run.captured_allocations << " allocations in captures, "
                                  << run.pooled_graphs << " pooled graphs, " << run.aborts << " aborted, "
                                  << run.launches << " launches, " << run.releases << " pool releases, " << run.deferred
-                                 << " deferred frees");
+                                 << " deferred frees, " << run.bad_calls << " bad frees in captures");
     }
   }
+  BOOST_TEST(bad_calls > 0u);
 }
 
 BOOST_AUTO_TEST_CASE(randomized_captures_over_an_arena) { randomized_captures<over_arena>(); }

@@ -20,7 +20,7 @@
 //   `unchecked` when it cannot tell.
 // - `two_parts<Derived, First, Second>` (`segregator`, `fallback`): the queries of both parts
 //   combined (sums, both-or-either) and the allocating calls through the routing hooks
-//   `route_allocation`, `route_free` and `route_use`.
+//   `route_allocation`, `route_free` and `route_to_holder`.
 //
 // Tags and offload (docs/design.md#offload) are capabilities like the others: `current_tag` /
 // `set_current_tag` and `offload` / `discard` / `restore` / `state` / `offload_stats` /
@@ -109,13 +109,14 @@ enum class capability : unsigned {
   graph_pools,        ///< `begin_allocate_to_pool`, `end_allocate_to_pool`, `release_pool`, `pool_figures`
   try_free_handle,    ///< `try_deallocate(handle)` (has_try_deallocate_handle)
   allocate_cached,    ///< `allocate_cached` (cache_serving_allocator)
+  free_misuse,        ///< `free_misuse(block)` (free_screening_allocator)
   count_              ///< not a capability: how many there are
 };
 inline constexpr unsigned capability_count = static_cast<unsigned>(capability::count_);
 
 /// The capabilities the bases below pass on; a new entry in `capability` fails here until it is
 /// passed on.
-inline constexpr unsigned forwarded_capabilities = 30;
+inline constexpr unsigned forwarded_capabilities = 31;
 static_assert(capability_count == forwarded_capabilities,
               "a capability was added: pass it on in detail/forwarding.hpp, then raise forwarded_capabilities");
 
@@ -155,6 +156,7 @@ constexpr bool has_capability() {
   else if constexpr (C == capability::detaching_release) return detaching_release_allocator<A>;
   else if constexpr (C == capability::graph_pools) return graph_pooling_allocator<A, Stream>;
   else if constexpr (C == capability::try_free_handle) return has_try_deallocate_handle<A>;
+  else if constexpr (C == capability::free_misuse) return free_screening_allocator<A>;
   else static_assert(no_such_capability<A>, "capability without a test in has_capability");
 }
 
@@ -199,6 +201,11 @@ class forwards_queries {
     requires owning_allocator<Inner>
   {
     return call([&](const auto& in) { return in.owns(b); });
+  }
+  misuse free_misuse(block b) const noexcept
+    requires free_screening_allocator<Inner>
+  {
+    return call([&](const auto& in) { return in.free_misuse(b); });
   }
   void release() noexcept
     requires releasing_allocator<Inner>
@@ -664,8 +671,9 @@ offload_status offload_all_parts(std::size_t n, At at) noexcept {
 ///   template <class Call> bool route_free(block b, Call call);
 ///       `call(part)` frees in one part and returns a `free_outcome`; the hook picks the part and
 ///       returns whether the free was accepted (an `unchecked` free counts as accepted).
-///   template <class Call> void route_use(block b, Call call);
-///       the part that holds `b`.
+///   template <class Self, class Call> static decltype(auto) route_to_holder(Self& self, block b, Call call);
+///       `call(part)` on the part of `self` (const or not) that holds `b`: for `record_use` and
+///       `free_misuse`.
 ///   block route_planning(bytes, alignment, growth_plan& plan);
 ///   block route_planned(growth_plan& plan, bytes, alignment);
 ///       the two phases of `growth_planning_allocator`; the second must reach the part that
@@ -863,7 +871,13 @@ class two_parts {
   template <class Stream>
     requires use_recording_allocator<First, Stream> && use_recording_allocator<Second, Stream>
   void record_use(block b, Stream stream) {
-    self().route_use(b, [&](auto& part) { part.record_use(b, stream); });
+    Derived::route_to_holder(self(), b, [&](auto& part) { part.record_use(b, stream); });
+  }
+  misuse free_misuse(block b) const noexcept
+    requires free_screening_allocator<First> && free_screening_allocator<Second>
+  {
+    return Derived::route_to_holder(static_cast<const Derived&>(*this), b,
+                                    [&](const auto& part) { return part.free_misuse(b); });
   }
 
  private:

@@ -61,7 +61,7 @@ using arena_misuse_counts = misuse_counts;
 ///   moved-from arena may only be destroyed or assigned to. Destruction returns every segment.
 /// - Memory kind: the upstream's. Capabilities: `owns`, `release`, `reserved_bytes`, `counters`,
 ///   `for_each_block`, `bytes_in_use` (rounded, so reserved = in use + free), `requested_bytes`,
-///   `free_bytes`, `largest_free_block`, `bytes_reservable_limit`, `try_deallocate`,
+///   `free_bytes`, `largest_free_block`, `bytes_reservable_limit`, `try_deallocate`, `free_misuse`,
 ///   `allocate_at` and `chunk_size` (for `compacting_defragmenter`), `allocate_keeping_cache` and
 ///   `allocate_cached` (for `stream_ordered`), `check_invariants`; over a `thread_safe_upstream`, planned growth and
 ///   `release_detached`, so that `synchronized` and `sharded` call the upstream without their lock
@@ -279,6 +279,15 @@ class best_fit_arena {
     pool_[merged.next()].set_prev(c, true);
     index_.insert(pool_, c);
     return true;
+  }
+
+  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`); O(1).
+  misuse free_misuse(block b) const noexcept {
+    if (b.ptr == nullptr) return misuse::none;
+    const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
+    const std::uint32_t c = map_.find(pool_, addr);
+    if (c == detail::best_fit_npos) return classify_unknown(addr);
+    return pool_[c].requested() == b.size ? misuse::none : misuse::wrong_size;
   }
 
   // ---- placement, for compacting_defragmenter (alloy::placement_arena) --------------------------

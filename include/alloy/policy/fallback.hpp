@@ -17,7 +17,7 @@ namespace alloy {
 ///   `Secondary`; so `Primary` must have `owns` (checked at compile time).
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes`, `counters` (the sums), `bytes_in_use` and `requested_bytes`
-///   (the sums), introspection, checked frees (`try_deallocate`), stream-ordered calls,
+///   (the sums), introspection, checked frees (`try_deallocate`, `free_misuse`), stream-ordered calls,
 ///   `allocate_keeping_cache`, `allocate_cached`, `record_use`, `serves` and planned growth (`Primary`'s growth is
 ///   planned; `Secondary` is then called plainly, under the caller's lock, when `Primary` fails for
 ///   good). Not limits or movable handles. Memory kind: what both parts share.
@@ -79,13 +79,9 @@ class fallback : public detail::two_parts<fallback<Primary, Secondary>, Primary,
   bool route_free(block b, Call call) noexcept {
     return (primary_.owns(b) ? call(primary_) : call(secondary_)) != detail::free_outcome::refused;
   }
-  template <class Call>
-  void route_use(block b, Call call) {
-    if (primary_.owns(b)) {
-      call(primary_);
-    } else {
-      call(secondary_);
-    }
+  template <class Self, class Call>
+  static decltype(auto) route_to_holder(Self& self, block b, Call call) {
+    return self.primary_.owns(b) ? call(self.primary_) : call(self.secondary_);
   }
 
   Primary primary_{};

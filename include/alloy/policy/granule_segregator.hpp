@@ -63,7 +63,7 @@ concept release_sharing_allocator = allocator<A> && requires(A& a, const A& c, s
 ///   the heap that holds them.
 /// - Memory kind: what both parts share. Capabilities: those of `detail::two_parts`, each when
 ///   both parts have it (`owns`, `release`, the byte figures as sums, introspection,
-///   `try_deallocate`, stream-ordered calls, `allocate_keeping_cache`, `allocate_cached`, `record_use`, tags,
+///   `try_deallocate`, `free_misuse`, stream-ordered calls, `allocate_keeping_cache`, `allocate_cached`, `record_use`, tags,
 ///   `serves`); not limits or movable handles. Planned growth answers with no plan (which part
 ///   serves depends on the heap at the time). To `stats<>` it is no size segregator (a small block
 ///   may lie in `Large`), so no pools by size.
@@ -239,13 +239,9 @@ class granule_segregator : public detail::two_parts<granule_segregator<Threshold
   void restart_peak() noexcept {
     if constexpr (shares_release_rule) peak_touched_ = touched_together();
   }
-  template <class Call>
-  void route_use(block b, Call call) {
-    if (small_.owns(b)) {
-      call(small_);
-    } else {
-      call(large_);
-    }
+  template <class Self, class Call>
+  static decltype(auto) route_to_holder(Self& self, block b, Call call) {
+    return self.small_.owns(b) ? call(self.small_) : call(self.large_);
   }
 
   Small small_{};

@@ -30,7 +30,7 @@ namespace alloy {
 ///   a part that cannot tell, a free is counted unless it is larger than the count (which would
 ///   make it wrap).
 /// - Capabilities: exactly those of `Inner` (`detail::decorates`: keeping-cache, stream-ordered
-///   and checked frees rounded the same way, the queries passed on), plus `requested_bytes`, its
+///   and checked frees and `free_misuse` rounded the same way, the queries passed on), plus `requested_bytes`, its
 ///   own. Movable handles are not passed on (a handle's size is not rounded).
 /// - Complexity: O(1) on top of `Inner`. Metadata: one counter.
 /// - Thread safety: none (wrap in `synchronized`).
@@ -47,6 +47,12 @@ class quantizer : public detail::decorates<quantizer<Inner, Rounding>, Inner> {
   explicit quantizer(Inner inner) : inner_(std::move(inner)) {}
 
   std::size_t requested_bytes() const noexcept { return requested_; }
+  /// What `Inner` would refuse the free of `b` as, rounded as a free of it is.
+  misuse free_misuse(block b) const noexcept
+    requires free_screening_allocator<Inner>
+  {
+    return !b ? misuse::none : inner_.free_misuse({b.ptr, detail::round_up(b.size, Rounding)});
+  }
 
   Inner& inner() noexcept { return inner_; }
   const Inner& inner() const noexcept { return inner_; }

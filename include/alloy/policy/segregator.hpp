@@ -63,7 +63,7 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes` (the sum), `counters` (the sums), `bytes_in_use` and
 ///   `requested_bytes` (the sums), introspection (`Small`'s blocks, then `Large`'s), checked frees
-///   (`try_deallocate`), stream-ordered calls, `allocate_keeping_cache`, `allocate_cached`, `record_use`, `serves`
+///   (`try_deallocate`, `free_misuse`), stream-ordered calls, `allocate_keeping_cache`, `allocate_cached`, `record_use`, `serves`
 ///   and planned growth (`allocate_or_plan` / `allocate_planned`, routed as an allocation, so
 ///   that `synchronized<default_allocator>` calls the upstream outside its lock). Not limits or
 ///   movable handles. Memory kind: what both parts share.
@@ -162,13 +162,13 @@ class segregator : public detail::two_parts<segregator<Threshold, Small, Large>,
     }
     return call(small_) != detail::free_outcome::refused;
   }
-  template <class Call>
-  void route_use(block b, Call call) {
-    if (!is_small(b.size)) return call(large_);
+  template <class Self, class Call>
+  static decltype(auto) route_to_holder(Self& self, block b, Call call) {
+    if (!is_small(b.size)) return call(self.large_);
     if constexpr (can_redirect) {
-      if (redirected_ != 0 && redirected(b)) return call(large_);
+      if (self.redirected_ != 0 && self.redirected(b)) return call(self.large_);
     }
-    call(small_);
+    return call(self.small_);
   }
 
   Small small_{};

@@ -112,7 +112,8 @@ struct alignas(64) thread_slot {
 ///   and added up), `try_deallocate`, `allocate_keeping_cache`, `allocate_cached`, `statistics()` (peaks summed: an
 ///   upper bound), tags and offload (every shard; all or nothing for `offload` and `discard`),
 ///   stream-ordered calls, `release_detached`, movable handles (the handle names its shard) and
-///   `max_split_size`; every capability but planned growth, which it uses inside. `Inner` must
+///   `max_split_size`; every capability but planned growth, which it uses inside, and
+///   `free_misuse` (a block in a thread's cache is free, yet live to its shard). `Inner` must
 ///   have `owns`. Exact statistics: `stats<sharded<...>>` (serialised) or `sharded<stats<...>>`.
 /// - Shards of `virtual_arena` over one `vmm_ref<synchronized_vmm<V>>` share one physical pool:
 ///   memory one shard unmapped serves another.
@@ -438,6 +439,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   // below) runs the query on every shard under its lock and adds the answers up. The ones here
   // change it: a block's shard is found first, or the thread's cache is given back first.
 
+  /// Not passed on: a small block in a thread's cache is free to its caller but live to its shard.
+  misuse free_misuse(block) const noexcept = delete;
   /// Whether a shard owns the block (small blocks are asked at their class size).
   bool owns(block b) const noexcept
     requires owning_allocator<Inner>

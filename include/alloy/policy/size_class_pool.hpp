@@ -245,7 +245,7 @@ struct size_class_usage {
 ///   ignored, counted in `misuses()` and passed to `options::on_misuse` (docs/design.md#errors).
 ///   Zero bytes: a unique block of class 0 whose size reads 0.
 /// - Thread safety: none (wrap in `synchronized` or `sharded`).
-/// - Memory kind: the upstream's. Capabilities: `try_deallocate`, `serves`, `owns`,
+/// - Memory kind: the upstream's. Capabilities: `try_deallocate`, `free_misuse`, `serves`, `owns`,
 ///   `may_hold_slab_of` (a filter of the slab sizes taken), `release`, `reserved_bytes`,
 ///   `counters`, `for_each_block` (free blocks too; a wholly free slab as one), `bytes_in_use` (class sizes),
 ///   `requested_bytes`, `usage(class)`, `allocate_keeping_cache` and `allocate_cached` (for `stream_ordered`); over a
@@ -477,14 +477,8 @@ class size_class_pool {
     }
     slab& s = slabs_[id];
     class_state& cls = classes_[s.class_index];
-    const auto offset = static_cast<std::uint32_t>(static_cast<std::byte*>(b.ptr) - s.base);
-    const std::uint32_t index = cls.divisor.divide(offset);
-    const std::uint32_t into = offset - index * cls.size;
-    // A live block of natural alignment has the entry size + 1 and starts its slot; anything
-    // else (a bad free, or an over-aligned block) takes the slow path. `size + 1` wraps to 0 for
-    // SIZE_MAX, which must not match a free slot's 0.
-    const entry_type entry = s.requested[index];
-    if ((entry != b.size + 1) | (into != 0) | (entry == 0)) [[unlikely]] {
+    const auto [index, into, entry] = slot_of(s, cls, b.ptr);
+    if (!is_usual_free(into, entry, b)) [[unlikely]] {
       if (!accept_unusual_free(s, cls, index, into, entry, b)) return false;
     }
     s.requested[index] = 0;
@@ -496,6 +490,17 @@ class size_class_pool {
     // Cannot fail: the stack's capacity covers every block the class has carved (see new_slab).
     cls.free.push_back({id, index});
     return true;
+  }
+
+  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`); O(1).
+  pool_misuse free_misuse(block b) const noexcept {
+    if (!b) return pool_misuse::none;
+    const std::uint32_t id = slab_of(b.ptr);
+    if (id == none) return pool_misuse::foreign_pointer;
+    const slab& s = slabs_[id];
+    const class_state& cls = classes_[s.class_index];
+    const auto [index, into, entry] = slot_of(s, cls, b.ptr);
+    return is_usual_free(into, entry, b) ? pool_misuse::none : unusual_free_misuse(s, cls, index, into, entry, b);
   }
 
   /// Whether `b.ptr` lies in one of this pool's slabs (in use or not).
@@ -769,27 +774,43 @@ class size_class_pool {
 
   /// The slow path of a free whose entry is not a plain match: true when it is the valid free of
   /// an over-aligned block, else reports why it is refused and returns false.
-  [[gnu::cold]] [[gnu::noinline]] bool accept_unusual_free(const slab& s, const class_state& cls, std::uint32_t index,
-                                                           std::uint32_t into, entry_type entry, block b) noexcept {
-    if (entry == 0) {  // a free slot: where a block of some alignment could have started, or not
-      misuse(into % natural_alignment == 0 ? pool_misuse::double_free : pool_misuse::foreign_pointer, b);
-      return false;
-    }
+  struct slot_position {
+    std::uint32_t index;  ///< the slot's index in its slab
+    std::uint32_t into;   ///< the pointer's offset into its slot
+    entry_type entry;     ///< the slot's entry
+  };
+  static slot_position slot_of(const slab& s, const class_state& cls, const void* p) noexcept {
+    const auto offset = static_cast<std::uint32_t>(static_cast<const std::byte*>(p) - s.base);
+    const std::uint32_t index = cls.divisor.divide(offset);
+    return {index, offset - index * cls.size, s.requested[index]};
+  }
+  /// A live block of natural alignment has the entry size + 1 and starts its slot; anything else
+  /// (a bad free, or an over-aligned block) takes the slow path. `size + 1` wraps to 0 for
+  /// SIZE_MAX, which must not match a free slot's 0.
+  static bool is_usual_free(std::uint32_t into, entry_type entry, block b) noexcept {
+    return !((entry != b.size + 1) | (into != 0) | (entry == 0));
+  }
+  /// What is wrong with freeing `b` from its slot, if anything (`none`: an over-aligned live block).
+  static pool_misuse unusual_free_misuse(const slab& s, const class_state& cls, std::uint32_t index, std::uint32_t into,
+                                         entry_type entry, block b) noexcept {
+    if (entry == 0)  // a free slot: where a block of some alignment could have started, or not
+      return into % natural_alignment == 0 ? pool_misuse::double_free : pool_misuse::foreign_pointer;
     std::uint32_t start = 0;  // where the block starts in its slot
     if (const int log_over = static_cast<int>(entry >> entry_size_bits); log_over != 0) {
       const std::uintptr_t slot = reinterpret_cast<std::uintptr_t>(s.base) + std::uintptr_t{index} * cls.size;
       const std::uintptr_t alignment = std::uintptr_t{1} << (log_over + 8);
       start = static_cast<std::uint32_t>((alignment - (slot & (alignment - 1))) & (alignment - 1));
     }
-    if (into != start) {
-      misuse(pool_misuse::foreign_pointer, b);
-      return false;
-    }
-    if (static_cast<std::size_t>(entry & entry_size_mask) - 1 != b.size) {
-      misuse(pool_misuse::wrong_size, b);
-      return false;
-    }
-    return true;
+    if (into != start) return pool_misuse::foreign_pointer;
+    if (static_cast<std::size_t>(entry & entry_size_mask) - 1 != b.size) return pool_misuse::wrong_size;
+    return pool_misuse::none;
+  }
+  [[gnu::cold]] [[gnu::noinline]] bool accept_unusual_free(const slab& s, const class_state& cls, std::uint32_t index,
+                                                           std::uint32_t into, entry_type entry, block b) noexcept {
+    const pool_misuse kind = unusual_free_misuse(s, cls, index, into, entry, b);
+    if (kind == pool_misuse::none) return true;
+    misuse(kind, b);
+    return false;
   }
 
   void misuse(pool_misuse kind, block b) noexcept {

@@ -59,8 +59,8 @@ struct stream_order_counters {
 /// - Failure: as `Inner`. When an event cannot be created, recorded or waited on, or host metadata
 ///   cannot grow, the host synchronizes instead: slower, never unsafe. A free `Inner` refuses
 ///   (checked frees) records no pending range, and `try_deallocate` (both forms) says so; frees
-///   that do not reach `Inner` at once (under a capture, of a pool's block) are checked here and
-///   refused bad (`misuses()`).
+///   that do not reach `Inner` at once (under a capture, of a pool's block) are checked here
+///   (asking `Inner`'s `free_misuse` when it has it) and refused bad (`misuses()`).
 /// - CUDA graphs (a `capturable_stream`; docs/design.md#cuda-graphs): each call probes its stream
 ///   once; while a capture is known, no event is queried or synchronized, `Inner` grows only in
 ///   the relaxed mode (else it serves from its cache or the request fails), nothing is released,
@@ -71,7 +71,7 @@ struct stream_order_counters {
 /// - Memory kind: `Inner`'s. Capabilities: the queries of `Inner` (`release` and
 ///   `release_detached` synchronize first), checked frees when `Inner` has them, `record_use`,
 ///   `order_counters()`; tags and offload when `Inner` has them (the current tag tags the
-///   stream-ordered allocations), but no per-call tag.
+///   stream-ordered allocations), but no per-call tag or `free_misuse` (its waiting frees).
 /// - Defaults chosen by measurement: bench/README.md#streams
 template <cache_keeping_allocator Inner, stream Stream>
 class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Stream>, Inner> {
@@ -155,14 +155,13 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
 
   /// `b` (a live block from this allocator) is also used by work enqueued on `stream`; when it is
   /// freed, it is not reused until that work is done too. Throws `std::bad_alloc` if the use
-  /// cannot be stored (nothing changes then). A block that an `Inner` with `owns` does not hold
-  /// is refused and counted in `misuses()`: its use would be kept until that address is freed.
+  /// cannot be stored (nothing changes then). A block that is not live at that size (asked of
+  /// `Inner` when it has `free_misuse`, else only whether an `Inner` with `owns` holds it) is
+  /// refused and counted in `misuses()`: its use would be kept until that address is freed.
   void record_use(block b, Stream stream) {
-    if constexpr (owning_allocator<Inner>) {
-      if (b.ptr != nullptr && !inner_.owns(b)) {
-        (void)refused(misuse::foreign_pointer, b);
-        return;
-      }
+    if (const misuse bad = use_misuse(b); bad != misuse::none) {
+      (void)refused(bad, b);
+      return;
     }
     if constexpr (capturable) {
       const capture_state cs = traits::capture(stream);
@@ -193,6 +192,10 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     synchronize_all();
     return inner_.release_detached(out);
   }
+
+  /// Not passed on: a free waiting for its stream's work or a capture's end, or a graph pool's
+  /// free block, is free to its caller but live to `Inner`.
+  misuse free_misuse(block) const noexcept = delete;
 
   const stream_order_counters& order_counters() const noexcept { return counters_; }
   /// Bad frees refused here, not by `Inner`: a graph pool's block freed twice or at another size;
@@ -797,8 +800,9 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     }
   }
 
-  /// A free of a block from before the capture `cs`: kept until it ends, unless it is bad
-  /// (`Inner`, which would tell, sees it only then).
+  /// A free of a block from before the capture `cs`: kept until it ends, unless it is bad (asked
+  /// of `Inner` when it has `free_misuse`; else an interior or wrong-size free is seen bad only
+  /// when it reaches `Inner`).
   bool defer(block b, Stream stream, capture_state cs) noexcept {
     if (b.ptr == nullptr) return true;
     if (const misuse bad = bad_deferred_free(b); bad != misuse::none) return refused(bad, b);
@@ -812,17 +816,36 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     return true;
   }
 
+  /// Whether `b` was freed and its free waits for a capture's end before it reaches `Inner`.
+  bool waits_for_inner(block b) const noexcept {
+    for (const typename book::deferred_free& d : book_.deferred) {
+      if (d.b.ptr == b.ptr) return true;
+    }
+    for (const block& h : held_back_) {
+      if (h.ptr == b.ptr) return true;
+    }
+    return false;
+  }
+  /// Why `record_use(b)` is refused, or `none`.
+  misuse use_misuse(block b) const noexcept {
+    if (b.ptr == nullptr) return misuse::none;
+    if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
+      if (found->second.free) return misuse::double_free;  // a pool's block, freed
+      return b.size == found->second.handed ? misuse::none : misuse::wrong_size;
+    }
+    return bad_deferred_free(b);
+  }
+
   misuse bad_deferred_free(block b) const noexcept {
     if constexpr (owning_allocator<Inner>) {
       if (!inner_.owns(b)) return misuse::foreign_pointer;
     }
-    for (const typename book::deferred_free& d : book_.deferred) {
-      if (d.b.ptr == b.ptr) return misuse::double_free;
+    if (waits_for_inner(b)) return misuse::double_free;
+    if constexpr (free_screening_allocator<Inner>) {
+      return inner_.free_misuse(b);
+    } else {
+      return misuse::none;  // an interior or wrong-size free: `Inner` refuses it when it gets it
     }
-    for (const block& h : held_back_) {
-      if (h.ptr == b.ptr) return misuse::double_free;
-    }
-    return misuse::none;  // an interior or wrong-size free: `Inner` refuses it at the capture's end
   }
   [[gnu::cold]] bool refused(misuse kind, block b) noexcept {
     detail::report_misuse(misuses_, kind, b, nullptr, nullptr, "stream_ordered");

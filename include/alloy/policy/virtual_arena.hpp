@@ -53,7 +53,8 @@ namespace alloy {
 ///   changed nothing.
 /// - Thread safety: none (wrap in `synchronized` or `sharded`). Movable, not copyable; several
 ///   arenas share one backend through `vmm_ref`. Destruction gives every granule and address back.
-/// - Memory kind: the backend's. Capabilities: `owns`, `release`, `counters`, `for_each_block`,
+/// - Memory kind: the backend's. Capabilities: `try_deallocate`, `free_misuse`, `owns`, `release`,
+///   `counters`, `for_each_block`,
 ///   the byte figures (`reserved_bytes` = mapped), `largest_free_block`, `bytes_reservable_limit`,
 ///   `allocate_keeping_cache`, `allocate_cached`, tags and offload, planned growth, and for `granule_segregator`
 ///   `granules_added`, `allocate_in_held_granules`, `release_free_beyond`, `set_free_keep_limit`.
@@ -247,6 +248,16 @@ class virtual_arena {
   /// is a live block of this arena (or empty); returns false for a misuse, which is ignored and
   /// reported as the class comment describes.
   bool try_deallocate(block b) noexcept;
+  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`); O(1).
+  misuse free_misuse(block b) const noexcept {
+    if (b.ptr == nullptr) return misuse::none;
+    const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
+    const std::uint32_t c = map_.find(pool_, addr);
+    if (c == detail::best_fit_npos) return classify_unknown(addr);
+    if (pool_[c].requested() != b.size) return misuse::wrong_size;
+    return pending_plans_ != 0 && pending_chunk(addr) ? misuse::foreign_pointer
+                                                      : misuse::none;  // pending: not handed out
+  }
 
   // ---- capabilities ----------------------------------------------------------------------------
 
