@@ -5,7 +5,8 @@
 // blocks: sizes, alignment, no overlap, fill patterns (at each block's ends) intact until freed,
 // the statistics exact after every operation (bytes asked for in use, from the outermost part that
 // counts them; `stats<>`'s num_allocs and PyTorch allocation count every 64 operations) — a bad
-// free must change nothing — and, at the end, nothing leaked, every upstream free sized right; the
+// free must change nothing, and `free_misuse` must name it (and nothing for a live block) where
+// the composition has it — and, at the end, nothing leaked, every upstream free sized right; the
 // arena's own invariants every 64 operations and at the end. Any violation traps.
 //
 // The virtual compositions (virtual_arena<host_vmm> with its default release rule; with
@@ -408,6 +409,8 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
         const std::size_t victim = arg % live.size();
         const live_block l = live[victim];
         ALLOY_FUZZ_CHECK(!tags.resident(l.tag) || intact(l));  // a block of an offloaded tag may be freed
+        if constexpr (alloy::free_screening_allocator<A>)
+          ALLOY_FUZZ_CHECK(alloc.free_misuse(l.b) == alloy::misuse::none);
         if (l.b.size != 0) ranges.erase(reinterpret_cast<std::uintptr_t>(l.b.ptr));
         live[victim] = live.back();
         live.pop_back();
@@ -479,6 +482,8 @@ void drive(A& alloc, const std::uint8_t* data, std::size_t size, fault_injection
             }
           }
           if (!bad) break;
+          if constexpr (alloy::free_screening_allocator<A>)
+            ALLOY_FUZZ_CHECK(alloc.free_misuse(bad) != alloy::misuse::none);
           if constexpr (streams) {
             alloc.deallocate(bad, inline_stream{stream});
           } else {
