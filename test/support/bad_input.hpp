@@ -17,6 +17,8 @@
 // `limited<>`'s count, `tracked<>`'s leak report (outstanding count and bytes, each witness
 // outstanding), and the allocated pieces introspection shows — against the value before the
 // step: unchanged after a refused call, accumulated counters up by exactly the valid calls made.
+// Where the composition has `free_misuse`, it must name every bad free before it is made, and
+// nothing for the live block of each valid pair.
 // At the end the witnesses must hold their patterns, a `limited<>` must serve exactly up to its
 // limit, and the upstream must get every byte back when the composition is destroyed.
 //
@@ -162,10 +164,14 @@ void check_bad_input_matrix(A& a, const std::string& name, std::size_t largest) 
     if (!b) return;
     fill_pattern(b, 1);
     no_overlap_with_witnesses(b, after);
+    if constexpr (alloy::free_screening_allocator<A>)
+      BOOST_TEST((a.free_misuse(b) == alloy::misuse::none), name << ": free_misuse of a live block after " << after);
     a.deallocate(b);
     expect_observation(before, observe(a), 1, 1, name + ": valid pair after " + after);
   };
   const auto refused_free = [&](block bad, const observation& expected, const std::string& what) {
+    if constexpr (alloy::free_screening_allocator<A>)
+      BOOST_TEST((a.free_misuse(bad) != alloy::misuse::none), name << ": free_misuse does not name the " << what);
     a.deallocate(bad);
     expect_observation(expected, observe(a), 0, 0, name + ": " + what);
   };
