@@ -776,14 +776,16 @@ void earlier_blocks_checked_in_a_capture(Inner inner, model::runtime& rt) {
       const block interior{static_cast<std::byte*>(b.ptr) + 256, 256};
       const block wrong_size{b.ptr, b.size + 4096};
       const alloy::misuse_counts m0 = alloc.inner().misuses();
-      BOOST_TEST(!alloc.try_deallocate(interior, s));
+      BOOST_TEST(!alloc.try_deallocate(interior, s));  // on the capturing stream: deferred if good
       BOOST_TEST(!alloc.try_deallocate(wrong_size, s));
+      BOOST_TEST(!alloc.try_deallocate(interior));  // elsewhere: held back while a strict capture runs
+      BOOST_TEST(!alloc.try_deallocate(wrong_size, other));
       alloy::record_use(alloc, interior, other);
       alloy::record_use(alloc, wrong_size, other);
       alloy::record_use(alloc, b, other);  // the block itself: kept
       const alloy::misuse_counts m = alloc.inner().misuses();
-      BOOST_TEST(m.foreign_pointers - m0.foreign_pointers == 2u);
-      BOOST_TEST(m.wrong_sizes - m0.wrong_sizes == 2u);
+      BOOST_TEST(m.foreign_pointers - m0.foreign_pointers == 3u);
+      BOOST_TEST(m.wrong_sizes - m0.wrong_sizes == 3u);
       BOOST_TEST(in_use() == held);
       BOOST_TEST(alloc.pool_figures().deferred == 0u);
     }
