@@ -63,10 +63,10 @@ concept release_sharing_allocator = allocator<A> && requires(A& a, const A& c, s
 ///   the heap that holds them.
 /// - Memory kind: what both parts share. Capabilities: those of `detail::two_parts`, each when
 ///   both parts have it (`owns`, `release`, the byte figures as sums, introspection,
-///   `try_deallocate`, `free_misuse`, stream-ordered calls, `allocate_keeping_cache`, `allocate_cached`, `record_use`, tags,
-///   `serves`); not limits or movable handles. Planned growth answers with no plan (which part
-///   serves depends on the heap at the time). To `stats<>` it is no size segregator (a small block
-///   may lie in `Large`), so no pools by size.
+///   `try_deallocate`, `free_misuse`, stream-ordered calls, `allocate_keeping_cache`,
+///   `allocate_cached`, `record_use`, tags, `serves`); not limits or movable handles. Planned
+///   growth answers with no plan (which part serves depends on the heap at the time). To `stats<>`
+///   it is no size segregator (a small block may lie in `Large`), so no pools by size.
 /// - Defaults chosen by measurement: bench/README.md#virtual-memory
 template <std::size_t Threshold, owning_allocator Small, allocator Large>
   requires granule_reporting_allocator<Small> && granule_reporting_allocator<Large>

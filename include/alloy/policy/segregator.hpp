@@ -63,10 +63,11 @@ constexpr bool serves_request(const Part& part, std::size_t bytes, std::size_t a
 /// - Capabilities: those of `detail::two_parts`, each only when both parts have it: `owns`,
 ///   `release`, `reserved_bytes` (the sum), `counters` (the sums), `bytes_in_use` and
 ///   `requested_bytes` (the sums), introspection (`Small`'s blocks, then `Large`'s), checked frees
-///   (`try_deallocate`, `free_misuse`), stream-ordered calls, `allocate_keeping_cache`, `allocate_cached`, `record_use`, `serves`
-///   and planned growth (`allocate_or_plan` / `allocate_planned`, routed as an allocation, so
-///   that `synchronized<default_allocator>` calls the upstream outside its lock). Not limits or
-///   movable handles. Memory kind: what both parts share.
+///   (`try_deallocate`, `free_misuse`), stream-ordered calls, `allocate_keeping_cache`,
+///   `allocate_cached`, `record_use`, `serves` and planned growth (`allocate_or_plan` /
+///   `allocate_planned`, routed as an allocation, so that `synchronized<default_allocator>` calls
+///   the upstream outside its lock). Not limits or movable handles. Memory kind: what both parts
+///   share.
 /// - Statistics (`detail::figures_of`, what `stats<>` reads): its parts' figures added up
 ///   (counters and reserved bytes summed, the smallest limit and max split size), its two sides
 ///   as the pools, also when only one part reports a figure.

@@ -772,8 +772,6 @@ class size_class_pool {
     free_ids_.push_back(id);  // capacity: slabs_.size() ids fit, reserved when the slab was made
   }
 
-  /// The slow path of a free whose entry is not a plain match: true when it is the valid free of
-  /// an over-aligned block, else reports why it is refused and returns false.
   struct slot_position {
     std::uint32_t index;  ///< the slot's index in its slab
     std::uint32_t into;   ///< the pointer's offset into its slot
@@ -805,6 +803,8 @@ class size_class_pool {
     if (static_cast<std::size_t>(entry & entry_size_mask) - 1 != b.size) return pool_misuse::wrong_size;
     return pool_misuse::none;
   }
+  /// The slow path of a free whose entry is not a plain match: true when it is the valid free of
+  /// an over-aligned block, else reports why it is refused and returns false.
   [[gnu::cold]] [[gnu::noinline]] bool accept_unusual_free(const slab& s, const class_state& cls, std::uint32_t index,
                                                            std::uint32_t into, entry_type entry, block b) noexcept {
     const pool_misuse kind = unusual_free_misuse(s, cls, index, into, entry, b);

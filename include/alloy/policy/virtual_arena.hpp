@@ -54,10 +54,10 @@ namespace alloy {
 /// - Thread safety: none (wrap in `synchronized` or `sharded`). Movable, not copyable; several
 ///   arenas share one backend through `vmm_ref`. Destruction gives every granule and address back.
 /// - Memory kind: the backend's. Capabilities: `try_deallocate`, `free_misuse`, `owns`, `release`,
-///   `counters`, `for_each_block`,
-///   the byte figures (`reserved_bytes` = mapped), `largest_free_block`, `bytes_reservable_limit`,
-///   `allocate_keeping_cache`, `allocate_cached`, tags and offload, planned growth, and for `granule_segregator`
-///   `granules_added`, `allocate_in_held_granules`, `release_free_beyond`, `set_free_keep_limit`.
+///   `counters`, `for_each_block`, the byte figures (`reserved_bytes` = mapped),
+///   `largest_free_block`, `bytes_reservable_limit`, `allocate_keeping_cache`, `allocate_cached`,
+///   tags and offload, planned growth, and for `granule_segregator` `granules_added`,
+///   `allocate_in_held_granules`, `release_free_beyond`, `set_free_keep_limit`.
 ///   Alignment: any power of two. Zero bytes: a chunk of `rounding` bytes, returned with size 0.
 /// - Tags and offload (docs/design.md#offload): chunks of different tags never share a granule.
 ///   `offload(t)` copies the tag's live bytes to host memory and unmaps its pieces, `discard(t)`
@@ -255,8 +255,8 @@ class virtual_arena {
     const std::uint32_t c = map_.find(pool_, addr);
     if (c == detail::best_fit_npos) return classify_unknown(addr);
     if (pool_[c].requested() != b.size) return misuse::wrong_size;
-    return pending_plans_ != 0 && pending_chunk(addr) ? misuse::foreign_pointer
-                                                      : misuse::none;  // pending: not handed out
+    if (pending_plans_ != 0 && pending_chunk(addr)) return misuse::foreign_pointer;  // planned, not handed out
+    return misuse::none;
   }
 
   // ---- capabilities ----------------------------------------------------------------------------
