@@ -281,7 +281,8 @@ class best_fit_arena {
     return true;
   }
 
-  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`); O(1).
+  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`):
+  /// O(1) for a live block, a bad one as its refused free costs.
   misuse free_misuse(block b) const noexcept {
     if (b.ptr == nullptr) return misuse::none;
     const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);

@@ -492,7 +492,8 @@ class size_class_pool {
     return true;
   }
 
-  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`); O(1).
+  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`):
+  /// O(1) for a live block, a bad one as its refused free costs.
   pool_misuse free_misuse(block b) const noexcept {
     if (!b) return pool_misuse::none;
     const std::uint32_t id = slab_of(b.ptr);

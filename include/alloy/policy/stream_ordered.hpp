@@ -334,8 +334,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   [[gnu::noinline]] bool free_aware(block b, const Stream* stream, capture_state cs) noexcept {
     if (cs.capturing() || !book_.captures.empty()) settle(stream, cs);
     if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
-      if (found->second.free) return refused(misuse::double_free, b);  // only a pool keeps free blocks
-      if (b.size != found->second.handed) return refused(misuse::wrong_size, b);
+      if (const misuse bad = pooled_misuse(found->second, b); bad != misuse::none) return refused(bad, b);
       if (found->second.pool != book::ordinary) return pool_free(found->second, b, stream, cs.capturing() ? cs.id : 0);
       b.size = found->second.size;  // a pool's block that left it: freed at the size `Inner` gave
       book_.blocks.erase(found);
@@ -826,24 +825,27 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     }
     return false;
   }
+  /// What is wrong with freeing `b`, a block the books know (a pool's, or one that was).
+  static misuse pooled_misuse(const typename book::pooled& p, block b) noexcept {
+    if (p.free) return misuse::double_free;  // only a pool keeps free blocks
+    return b.size == p.handed ? misuse::none : misuse::wrong_size;
+  }
   /// Why `record_use(b)` is refused, or `none`.
   misuse use_misuse(block b) const noexcept {
     if (b.ptr == nullptr) return misuse::none;
-    if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end()) {
-      if (found->second.free) return misuse::double_free;  // a pool's block, freed
-      return b.size == found->second.handed ? misuse::none : misuse::wrong_size;
-    }
+    if (const auto found = book_.blocks.find(b.ptr); found != book_.blocks.end())
+      return pooled_misuse(found->second, b);
     return bad_deferred_free(b);
   }
 
   misuse bad_deferred_free(block b) const noexcept {
-    if constexpr (owning_allocator<Inner>) {
-      if (!inner_.owns(b)) return misuse::foreign_pointer;
-    }
-    if (waits_for_inner(b)) return misuse::double_free;
+    if (waits_for_inner(b)) return misuse::double_free;  // (a waiting block is one `Inner` owns)
     if constexpr (free_screening_allocator<Inner>) {
-      return inner_.free_misuse(b);
+      return inner_.free_misuse(b);  // names a foreign pointer too: no `owns` first
     } else {
+      if constexpr (owning_allocator<Inner>) {
+        if (!inner_.owns(b)) return misuse::foreign_pointer;
+      }
       return misuse::none;  // an interior or wrong-size free: `Inner` refuses it when it gets it
     }
   }

@@ -248,7 +248,8 @@ class virtual_arena {
   /// is a live block of this arena (or empty); returns false for a misuse, which is ignored and
   /// reported as the class comment describes.
   bool try_deallocate(block b) noexcept;
-  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`); O(1).
+  /// What `try_deallocate(b)` would refuse `b` as now, or `none` (`free_screening_allocator`):
+  /// O(1) for a live block, a bad one as its refused free costs.
   misuse free_misuse(block b) const noexcept {
     if (b.ptr == nullptr) return misuse::none;
     const auto addr = reinterpret_cast<std::uintptr_t>(b.ptr);
