@@ -6,8 +6,9 @@ malloc and free functions of a shared library, plus hooks set on the allocator o
 it is made current (torch/csrc/cuda/Module.cpp): set_init_fn (called with the device count when
 CUDA initialises), set_reset_fn (torch.cuda.empty_cache), set_memory_fraction_fn
 (torch.cuda.set_per_process_memory_fraction) and set_record_stream_fn (Tensor.record_stream).
-All four are set. Not set: set_base_alloc_fn (CUDA IPC of tensors shares the block itself) and
-the graph-pool hooks, whose std::function arguments no C function can take. So alloy gives each
+All four are set. Not set: set_base_alloc_fn, which serves only CUDA IPC of tensors (PyTorch
+refuses that for every pluggable allocator: "does not yet support shareIpcHandle"), and the
+graph-pool hooks, whose std::function arguments no C function can take. So alloy gives each
 capture it sees a private pool of its own (docs/design.md#c-library-and-python), kept until
 alloy.release_graph_pools(); while a capture runs, every composition serves it only from what
 it holds (no cudaMalloc, no new mapping), and a request that needs more fails (an out-of-memory
