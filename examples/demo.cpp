@@ -10,8 +10,9 @@
 //
 // On a machine with a CUDA device the memory is device memory (cudaMalloc, and the driver's
 // virtual memory management for virtual_allocator); without one it is host memory (host_upstream
-// and host_vmm, memfd pages mapped 2 MiB at a time), and the demo says so. The replay never touches the memory, so a trace that peaks at
-// gigabytes runs anywhere (host pages that are never written are never committed).
+// and host_vmm, memfd pages mapped 2 MiB at a time), and the demo says so. The replay never
+// touches the memory, so a trace that peaks at gigabytes runs anywhere (host pages that are never
+// written are never committed).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -18,8 +18,8 @@
 //                            granules, block-sized pieces: a block's run of unmapped granules in
 //                            one piece, with frontier growth: 1/32 of the mapped granules more,
 //                            at least two while the device is at most 1/128 full, while it is
-//                            at most 1/16 full), the same without frontier growth and with one piece per granule of 16 MiB
-//                            (`options.arena.granularity`)
+//                            at most 1/16 full), the same without frontier growth and with
+//                            one piece per granule of 16 MiB (`options.arena.granularity`)
 // Figures: ns per operation (wall clock, the driver's time included) of a cold pass (a fresh
 // allocator) and of a warm one (the same workload again on the same allocator, all blocks of the
 // first pass freed: a training loop's second step), device memory ÷ peak live (the peak of what

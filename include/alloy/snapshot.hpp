@@ -90,7 +90,8 @@ struct memory_snapshot {
   }
 
   /// `{"totals": {...}, "segments": [{"address": "0x...", "size": n, "pool": "...", "blocks":
-  /// [{"address": "0x...", "size": n, "requested": n, "state": "free|allocated|active|inactive|unmapped|offloaded"}]}]}`
+  /// [{"address": "0x...", "size": n, "requested": n, "state": s}]}]}`, where `s` is one of free,
+  /// allocated, active, inactive, unmapped, offloaded.
   std::string to_json() const;
 
   /// An SVG segment map: one bar per segment (each drawn full width, its size in the label), its

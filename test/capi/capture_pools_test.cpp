@@ -57,8 +57,8 @@ struct fixture_of {
   }
 
   /// A graph that allocates two scratch blocks, uses them, frees them inside the capture, and
-  /// allocates and keeps an output block (where one of them was); then `launches` replays, each followed by work on another stream
-  /// that allocates, uses and frees 1 MiB. Returns the graph.
+  /// allocates and keeps an output block (where one of them was); then `launches` replays, each
+  /// followed by work on another stream that allocates, uses and frees 1 MiB. Returns the graph.
   model::graph_t capture_and_replay(bool with_pools, int launches, alloy::block& output) {
     BOOST_REQUIRE(rt.begin_capture(capturing, alloy::capture_mode::global) == model::error::success);
     const alloy::block first = allocate(1_MiB, capturing, with_pools);

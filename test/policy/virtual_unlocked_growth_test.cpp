@@ -832,9 +832,10 @@ BOOST_AUTO_TEST_CASE(one_create_or_map_failure_at_every_call_index) {
 // ---- threads ---------------------------------------------------------------------------------------
 
 /// 4 threads, each keeping up to 24 blocks of 64 B - 512 KiB, filled (thread 0 also calls
-/// `release()` now and then); a block is sometimes handed
-/// to the next thread (up to 32 waiting), which checks and frees it; a device of 320 granules
-/// (about the most live at once) and one create or map in thirteen failing, so that growths, failures and the locked fallback all happen under load.
+/// `release()` now and then); a block is sometimes handed to the next thread (up to 32 waiting),
+/// which checks and frees it; a device of 320 granules (about the most live at once) and one
+/// create or map in thirteen failing, so that growths, failures and the locked fallback all
+/// happen under load.
 template <class Alloc>
 void hammer(Alloc& alloc, std::size_t steps_per_thread, std::size_t& served, std::size_t& failed) {
   constexpr int threads = 4;

@@ -157,7 +157,8 @@ ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(stats_compacting_defragmenter, alloy::stats<defragmenter_t<U>>,
                        type<U>{defragmenter_t<U>{arena<U>{up}}})
 ALLOY_BAD_INPUT_RECIPE_END
-ALLOY_BAD_INPUT_RECIPE(stats_host_spill_reclaimer, alloy::stats<reclaimer_t<U>>, type<U>{reclaimer_t<U>{arena<U>{up}, up}})
+ALLOY_BAD_INPUT_RECIPE(stats_host_spill_reclaimer, alloy::stats<reclaimer_t<U>>,
+                       type<U>{reclaimer_t<U>{arena<U>{up}, up}})
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(stats_movable_stack, alloy::stats<movable_stack_t<U>>,
                        type<U>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}})
@@ -178,7 +179,8 @@ ALLOY_BAD_INPUT_RECIPE(logged_movable_stack, alloy::logged<movable_stack_t<U>>,
                        type<U>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}, null_sink()})
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(synchronized_stats_movable_stack, alloy::synchronized<alloy::stats<movable_stack_t<U>>>,
-                       type<U>{alloy::stats<movable_stack_t<U>>{movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}}})
+                       type<U>{alloy::stats<movable_stack_t<U>>{
+                           movable_stack_t<U>{defragmenter_t<U>{arena<U>{up}}, up}}})
 ALLOY_BAD_INPUT_RECIPE_END
 ALLOY_BAD_INPUT_RECIPE(synchronized_stats_default, alloy::synchronized<alloy::stats<alloy::default_allocator<U>>>,
                        type<U>{alloy::stats<alloy::default_allocator<U>>{alloy::default_allocator<U>{up}}})

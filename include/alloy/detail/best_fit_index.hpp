@@ -15,8 +15,9 @@
 // and branches whose outcome is as good as random (is the neighbour free? does the chunk head its
 // list?). So the structures are small (two nodes to a cache line, eight map entries to one), a
 // free decides its merges from its own node's links, the lists end in a node that absorbs writes
-// instead of a test, and the bitmap is kept without branches. None of them allocate on their hot paths: the pool and the table grow
-// only in `reserve` calls, which the arena makes before it changes anything.
+// instead of a test, and the bitmap is kept without branches. None of them allocate on their hot
+// paths: the pool and the table grow only in `reserve` calls, which the arena makes before it
+// changes anything.
 #pragma once
 
 #include <algorithm>
