@@ -85,9 +85,6 @@ class device_checked_upstream {
     if (b) log_->frees.fetch_add(1, std::memory_order_relaxed);
     inner_.deallocate(b);
   }
-  friend bool operator==(const device_checked_upstream& l, const device_checked_upstream& r) noexcept {
-    return l.device_ == r.device_ && l.log_ == r.log_;
-  }
 
  private:
   alloy::host_upstream inner_;

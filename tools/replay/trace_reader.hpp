@@ -178,7 +178,7 @@ inline void resize_trace(rmm_trace& trace, double factor) {
   if (!(factor > 0) || !std::isfinite(factor))
     throw std::invalid_argument("resize_trace: the factor must be a positive finite number");
   constexpr long double limit = 0x1p62L;
-  const auto resized = [factor, limit](std::size_t bytes) {
+  const auto resized = [factor](std::size_t bytes) {
     const long double r = std::floor(static_cast<long double>(bytes) * static_cast<long double>(factor));
     if (r >= limit) throw std::out_of_range("resize_trace: a size times the factor passes 2^62 bytes");
     return std::max<std::size_t>(1, static_cast<std::size_t>(r));
