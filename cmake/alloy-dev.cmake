@@ -36,16 +36,12 @@ if(ALLOY_WERROR)
   target_compile_options(alloy_dev_flags INTERFACE
     $<$<COMPILE_LANGUAGE:CXX>:-Wshadow -Wconversion -Wsign-conversion -Werror>)
 endif()
-if(ALLOY_FUZZ)
-  target_compile_options(alloy_dev_flags INTERFACE
-    -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
-  target_link_options(alloy_dev_flags INTERFACE -fsanitize=address,undefined)
-endif()
 if(ALLOY_SANITIZE_THREAD)
   target_compile_options(alloy_dev_flags INTERFACE -fsanitize=thread -fno-omit-frame-pointer)
   target_link_options(alloy_dev_flags INTERFACE -fsanitize=thread)
 endif()
-if(ALLOY_SANITIZE)
+if(ALLOY_SANITIZE OR ALLOY_FUZZ)
+  # The libFuzzer target adds its own instrumentation (test/fuzz/).
   # A target with the property ALLOY_UBSAN_NO_NULL keeps UBSan's null check off (see test/).
   target_compile_options(alloy_dev_flags INTERFACE
     -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
