@@ -420,8 +420,8 @@ constexpr unsigned stream_ordered_mismatch() {
   return mask_of<alloy::stream_ordered<A, stream_t>>() ^ want;
 }
 constexpr unsigned stream_ordered_mismatches = []<unsigned... I>(std::integer_sequence<unsigned, I...>) {
-  return (stream_ordered_mismatch<(1u << I)>() | stream_ordered_mismatch<(all_bits & ~(1u << I))>()) | ... |
-         (stream_ordered_mismatch<0>() | stream_ordered_mismatch<all_bits>());
+  return ((stream_ordered_mismatch<(1u << I)>() | stream_ordered_mismatch<(all_bits & ~(1u << I))>()) | ... |
+          (stream_ordered_mismatch<0>() | stream_ordered_mismatch<all_bits>()));
 }(std::make_integer_sequence<unsigned, capability_count>{});
 static_assert(stream_ordered_mismatches == 0);
 
