@@ -41,7 +41,7 @@ if(ALLOY_SANITIZE_THREAD)
   target_link_options(alloy_dev_flags INTERFACE -fsanitize=thread)
 endif()
 if(ALLOY_FUZZ AND NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-  message(FATAL_ERROR "alloy: ALLOY_FUZZ needs clang's libFuzzer (configure with CC=clang CXX=clang++)")
+  message(FATAL_ERROR "alloy: ALLOY_FUZZ needs clang (configure with CC=clang CXX=clang++)")
 endif()
 if(ALLOY_SANITIZE OR ALLOY_FUZZ)
   # The libFuzzer target adds its own instrumentation (test/fuzz/).
