@@ -30,12 +30,19 @@ namespace {
 using defrag = alloy::compacting_defragmenter<defrag_test_arena>;
 using best_fit_defrag = alloy::compacting_defragmenter<alloy::best_fit_arena<checking_upstream>>;
 
-defrag make_defrag(std::vector<std::size_t> segments) { return defrag{defrag_test_arena{std::move(segments)}}; }
+/// Raw frees the defragmenter refuses are counted in its `misuses()`; this handler only keeps a
+/// workload's deliberate ones off stderr.
+void quietly(alloy::misuse, alloy::block, void*) noexcept {}
+
+defrag make_defrag(std::vector<std::size_t> segments) {
+  return defrag{defrag_test_arena{std::move(segments)}, {.on_misuse = quietly}};
+}
 
 /// A best_fit_arena of a fixed capacity under the defragmenter.
 best_fit_defrag make_best_fit_defrag(std::size_t capacity) {
-  return best_fit_defrag{alloy::best_fit_arena<checking_upstream>{
-      checking_upstream{}, {.initial_size = capacity, .maximum_size = capacity}}};
+  return best_fit_defrag{alloy::best_fit_arena<checking_upstream>{checking_upstream{},
+                                                                  {.initial_size = capacity, .maximum_size = capacity}},
+                         {.on_misuse = quietly}};
 }
 
 void check_arena(const defrag_test_arena& arena) { BOOST_TEST(arena.errors().empty()); }
@@ -261,6 +268,54 @@ BOOST_AUTO_TEST_CASE(bad_input) {
   BOOST_TEST(!a.allocate(SIZE_MAX - 3, 256));
 }
 
+namespace {
+struct refusals {
+  std::vector<std::pair<alloy::misuse, alloy::block>> seen;
+  static void record(alloy::misuse kind, alloy::block b, void* self) noexcept {
+    static_cast<refusals*>(self)->seen.emplace_back(kind, b);  // test code: the few pushes fit
+  }
+};
+}  // namespace
+
+// A raw free at a movable block's address, before and after a move, unlocked and locked: refused
+// and passed to the handler; the old address after a move is the arena's again.
+BOOST_AUTO_TEST_CASE(raw_frees_at_movable_addresses_are_refused) {
+  refusals r;
+  best_fit_defrag a{
+      alloy::best_fit_arena<checking_upstream>{checking_upstream{}, {.initial_size = 4096, .maximum_size = 4096}},
+      {.on_misuse = refusals::record, .misuse_context = &r}};
+  const handle first = a.allocate_movable(1024);
+  const handle second = a.allocate_movable(1024);
+  BOOST_REQUIRE(first);
+  BOOST_REQUIRE(second);
+  fill(a, second, 2);
+  void* before = const_cast<void*>(a.address_of(second));
+  a.deallocate(alloy::block{before, 1024});
+  BOOST_TEST(!a.try_deallocate(alloy::block{before, 1024}));
+  BOOST_TEST((a.free_misuse({before, 1024}) == alloy::misuse::foreign_pointer));
+  BOOST_TEST(r.seen.size() == 2u);
+  BOOST_TEST((r.seen.at(0).first == alloy::misuse::foreign_pointer));
+  BOOST_TEST(r.seen.at(0).second.ptr == before);
+  a.deallocate(first);
+  // 3 KiB asked for with 3 KiB free in two holes: the second block moves down
+  const alloy::block raw = a.allocate(3072, 256);
+  BOOST_REQUIRE(static_cast<bool>(raw));
+  const void* after = a.address_of(second);
+  BOOST_TEST(after != before, "the block moved");
+  BOOST_TEST(intact(a, second, 2));
+  void* locked = a.lock(second);
+  BOOST_TEST(!a.try_deallocate(alloy::block{locked, 1024}), "locked");
+  a.unlock(second);
+  BOOST_TEST((a.free_misuse({before, 1024}) == a.arena().free_misuse({before, 1024})), "the old place is the arena's");
+  BOOST_TEST(a.misuses().foreign_pointers == 3u);
+  BOOST_TEST(r.seen.size() == 3u);
+  BOOST_TEST(intact(a, second, 2));
+  BOOST_TEST(a.try_deallocate(raw));
+  a.deallocate(second);
+  check_arena(a.arena());
+  BOOST_TEST(a.arena().free_bytes() == 4096u);
+}
+
 BOOST_AUTO_TEST_CASE(introspection_reports_active_and_inactive) {
   auto a = make_defrag({4096});
   const handle x = a.allocate_movable(256);
@@ -394,6 +449,7 @@ void mixed_workload(Make make) {
       std::vector<live> blocks;
       std::vector<std::pair<alloy::block, std::uint64_t>> raws;
       std::uint64_t next_id = 1;
+      std::size_t raw_frees = 0;
       for (int op = 0; op < 6000; ++op) {
         const int what = static_cast<int>(rng() % 100);
         if (what < 35 || blocks.empty()) {
@@ -413,6 +469,14 @@ void mixed_workload(Make make) {
             l.locked = a.lock(l.h);
           } else {
             BOOST_TEST(intact(a, l.h, l.id));
+            // A raw free at its address, wherever moves put it: refused.
+            const alloy::block raw{const_cast<void*>(a.address_of(l.h)), a.size_of(l.h)};
+            if constexpr (alloy::free_screening_allocator<decltype(a)>)
+              BOOST_TEST((a.free_misuse(raw) == alloy::misuse::foreign_pointer));
+            if (rng() % 4 == 0) {
+              a.deallocate(raw);
+              ++raw_frees;
+            }
           }
         } else if (what < 80) {
           const std::size_t i = rng() % blocks.size();
@@ -440,6 +504,8 @@ void mixed_workload(Make make) {
       }
       const auto c = a.movable_statistics();
       BOOST_TEST(c.num_moves > 0u);
+      BOOST_TEST(raw_frees > 0u);
+      BOOST_TEST(a.misuses().foreign_pointers == raw_frees);
       BOOST_TEST_MESSAGE("seed " << seed << ": " << c.num_defragmentations << " defragmentations, " << c.num_moves
                                  << " moves, " << c.bytes_defragged << " B");
       for (live& l : blocks) {

@@ -318,7 +318,9 @@ void check_bad_input_matrix(A& a, const std::string& name, std::size_t largest) 
 /// another instance of the same composition (its id names a live slot here too), the empty
 /// handle, a locked handle: `deallocate` throws `alloy::logic_error` and changes nothing (the
 /// block the id names here stays live, content intact), `try_deallocate` (where the composition
-/// has it) says false and changes nothing; every figure is checked exactly after each.
+/// has it) says false and changes nothing; every figure is checked exactly after each. Then a raw
+/// free at a movable block's address, unlocked and locked: refused the same way, and named by
+/// `free_misuse` where the composition has it.
 template <class Recipe, movable_allocator A>
 void check_bad_handles(A& a, const std::string& name) {
   auto other = Recipe::make(checking_upstream{});
@@ -391,6 +393,42 @@ void check_bad_handles(A& a, const std::string& name) {
   BOOST_TEST(intact(a, reused, 2000, 23), name << ": a stale handle's free touched the slot's new block");
   a.deallocate(reused);
   expect_observation(start, observe(a), pairs + 1, pairs + 1, name + ": after the bad handles");
+
+  // A raw free at a movable block's address (a pointer `lock` gave, never handed out raw), locked
+  // or not: refused, the block live under its handle with its content, its place not handed out.
+  const handle held = a.allocate_movable(1000);
+  BOOST_REQUIRE(held);
+  fill(a, held, 1000, 24);
+  for (const bool locked : {false, true}) {
+    const observation unlocked = observe(a);
+    void* at = a.lock(held);
+    if (!locked) a.unlock(held);
+    const block raw{at, 1000};
+    const std::string what =
+        std::string("a raw free at a movable block's address (") + (locked ? "locked)" : "unlocked)");
+    const observation before = observe(a);
+    if constexpr (alloy::free_screening_allocator<A>)
+      BOOST_TEST((a.free_misuse(raw) == alloy::misuse::foreign_pointer), name << ": free_misuse of " << what);
+    a.deallocate(raw);
+    expect_observation(before, observe(a), 0, 0, name + ": " + what);
+    if constexpr (alloy::checked_deallocating_allocator<A>) {
+      BOOST_TEST(!a.try_deallocate(raw), name << ": try_deallocate of " << what << " accepted");
+      expect_observation(before, observe(a), 0, 0, name + ": try_deallocate of " + what);
+    }
+    if (!locked) (void)a.lock(held);
+    void* now = a.lock(held);  // fixed while locked: a raw block must not land on it
+    const block fresh = a.allocate(1000, 256);
+    BOOST_TEST(static_cast<bool>(fresh), name << ": a raw block after " << what);
+    if (fresh) {
+      BOOST_TEST(!any_overlap({{fresh, 0, 1}, {{now, 1000}, 0, 1}}), name << ": " << what << " freed the block");
+      a.deallocate(fresh);
+    }
+    a.unlock(held);
+    a.unlock(held);
+    BOOST_TEST(intact(a, held, 1000, 24), name << ": " << what << " touched the block");
+    expect_observation(unlocked, observe(a), fresh ? 1 : 0, fresh ? 1 : 0, name + ": after " + what);
+  }
+  a.deallocate(held);
 }
 
 /// Over a failing upstream: a request that fails changes nothing, one that succeeds from cached

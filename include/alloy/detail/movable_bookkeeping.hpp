@@ -2,16 +2,20 @@
 // alloy/detail/movable_bookkeeping.hpp: what the policies that keep movable blocks over a part
 // below (compacting_defragmenter, host_spill_reclaimer) do the same way: the counters a lock and
 // an unlock move, the handle calls refused for their lock state, the requests served only after
-// making room, and introspection that shows movable pieces as active or inactive.
+// making room, introspection that shows movable pieces as active or inactive, and the addresses
+// of the resident movable blocks, by which a raw free of one is refused.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 
 #include <alloy/concepts.hpp>
 #include <alloy/error.hpp>
+#include <alloy/misuse.hpp>
 #include <alloy/movable/counters.hpp>
 
 namespace alloy::detail {
@@ -98,6 +102,48 @@ void for_each_block_showing_movable(const Part& part, EachMovable&& each_movable
     }
     visit(info);
   });
+}
+
+/// The addresses of a policy's resident movable blocks. The part below sees each as a live raw
+/// block, so without this a raw free of one (a pointer the caller got from `lock`, never as a raw
+/// block) would free the memory under its handle. One hash-set node per block; a move re-keys
+/// its node without allocating.
+class movable_addresses {
+ public:
+  /// False when memory for the entry runs out (the caller then gives the block up).
+  bool add(const void* p) noexcept {
+    try {
+      return set_.insert(p).second;
+    } catch (...) {
+      return false;
+    }
+  }
+  void remove(const void* p) noexcept { set_.erase(p); }
+  /// The block at `from` now lies at `to`.
+  void move(const void* from, const void* to) noexcept {
+    auto node = set_.extract(from);
+    if (node.empty()) return;
+    node.value() = to;
+    try {
+      set_.insert(std::move(node));  // as many entries as before: no rehash, no allocation
+    } catch (...) {}
+  }
+  bool contains(const void* p) const noexcept { return !set_.empty() && set_.contains(p); }
+  void clear() noexcept { set_.clear(); }
+
+ private:
+  std::unordered_set<const void*> set_;
+};
+
+/// Whether a raw free of `b` must be refused because a movable block lies at its address; the
+/// refusal is counted in `counts` and passed to `opts.on_misuse` (as a foreign pointer: the caller
+/// was never handed it raw).
+template <class Options>
+bool refuse_movable_address(const movable_addresses& addresses, misuse_counts& counts, block b, const Options& opts,
+                            const char* who) noexcept {
+  if (b.ptr == nullptr || !addresses.contains(b.ptr)) return false;
+  report_misuse(counts, misuse::foreign_pointer, b, opts.on_misuse, opts.misuse_context, who);
+  return true;
 }
 
 }  // namespace alloy::detail

@@ -46,8 +46,9 @@ concept placement_arena = introspectable_allocator<A> && requires(A& a, void* wh
 ///   earlier holes, slides every segment down and releases the emptied ones.
 /// - Complexity: a failed request, O(n) windows found in O(n), each plan O(n log n); consolidating
 ///   O(n); `compact()` O(n·h) for n pieces and h holes. Moves copy through the copy engine.
-///   Metadata: a handle table on the host (about 40 B per movable block) and O(n) temporary host
-///   memory while opening a hole; nothing is written into managed memory.
+///   Metadata: a handle table and a set of the blocks' addresses on the host (about 80 B per
+///   movable block) and O(n) temporary host memory while opening a hole; nothing is written into
+///   managed memory.
 /// - Failure: noexcept allocation paths; a move whose placement or copy fails is undone and leaves
 ///   the block intact (except an overlapping slide of device memory whose copy fails: the device
 ///   is then broken, and the copy engine holds the error). The destructor frees every movable
@@ -58,8 +59,9 @@ concept placement_arena = introspectable_allocator<A> && requires(A& a, void* wh
 ///   `num_moves`, `bytes_active`, `bytes_inactive`) and those of `Arena` (`owns`, `release`,
 ///   `reserved_bytes`, `bytes_reservable_limit`, introspection with movable pieces shown
 ///   `active`/`inactive`, `counters()`, where a failure a defragmentation made good counts as a
-///   retry, not an OOM); checked frees (`try_deallocate` of a raw block when the arena has it, and
-///   of a handle: false on a refusal, nothing changed).
+///   retry, not an OOM); checked frees (`try_deallocate` and `free_misuse` of a raw block when the
+///   arena has them, and `try_deallocate` of a handle: false on a refusal, nothing changed). A raw
+///   free at a movable block's address is refused in every build (`misuses()`, `on_misuse`).
 template <placement_arena Arena>
 class compacting_defragmenter {
  public:
@@ -67,9 +69,11 @@ class compacting_defragmenter {
   static constexpr bool device_accessible = Arena::device_accessible;
 
   struct options {
-    std::size_t max_attempts = 16;   ///< windows planned per failed request before consolidating
-    bool consolidate = true;         ///< consolidate a run when no window is cheaper (see above)
-    copy_engine::options copy = {};  ///< the stream moves copy on
+    std::size_t max_attempts = 16;       ///< windows planned per failed request before consolidating
+    bool consolidate = true;             ///< consolidate a run when no window is cheaper (see above)
+    copy_engine::options copy = {};      ///< the stream moves copy on
+    misuse_handler on_misuse = nullptr;  ///< called on each raw free refused here
+    void* misuse_context = nullptr;      ///< passed to `on_misuse`
   };
 
   compacting_defragmenter() = default;
@@ -82,10 +86,12 @@ class compacting_defragmenter {
       free_all();
       arena_ = std::move(other.arena_);
       table_ = std::move(other.table_);
+      addresses_ = std::move(other.addresses_);
       options_ = other.options_;
       copier_ = other.copier_;
       counters_ = other.counters_;
       rescues_ = other.rescues_;
+      misuses_ = other.misuses_;
     }
     return *this;
   }
@@ -99,13 +105,27 @@ class compacting_defragmenter {
     if (const block b = arena_.allocate(bytes, alignment)) return b;
     return rescue(bytes, alignment);
   }
-  void deallocate(block b) noexcept { arena_.deallocate(b); }
-  /// The arena's checked free: false, nothing changed, when it refuses `b` as misuse.
+  /// A raw free; one at a movable block's address is refused (counted in `misuses()`).
+  void deallocate(block b) noexcept {
+    if (detail::refuse_movable_address(addresses_, misuses_, b, options_, who)) return;
+    arena_.deallocate(b);
+  }
+  /// The arena's checked free: false, nothing changed, when it or this refuses `b` as misuse.
   bool try_deallocate(block b) noexcept
     requires checked_deallocating_allocator<Arena>
   {
+    if (detail::refuse_movable_address(addresses_, misuses_, b, options_, who)) return false;
     return arena_.try_deallocate(b);
   }
+  /// What a raw free of `b` would be refused as: a movable block's address, or the arena's answer.
+  misuse free_misuse(block b) const noexcept
+    requires free_screening_allocator<Arena>
+  {
+    if (b.ptr != nullptr && addresses_.contains(b.ptr)) return misuse::foreign_pointer;
+    return arena_.free_misuse(b);
+  }
+  /// Raw frees of a movable block's address refused here; the arena counts its own refusals.
+  misuse_counts misuses() const noexcept { return misuses_; }
 
   // ---- movable blocks ------------------------------------------------------------------------
 
@@ -113,8 +133,13 @@ class compacting_defragmenter {
     block b = arena_.allocate(bytes, movable_alignment);
     if (!b) b = rescue(bytes, movable_alignment);
     if (!b) return {};
+    if (!addresses_.add(b.ptr)) {
+      arena_.deallocate(b);
+      return {};
+    }
     const handle h = table_.insert(entry{b, 0});
     if (!h) {
+      addresses_.remove(b.ptr);
       arena_.deallocate(b);
       return {};
     }
@@ -289,6 +314,7 @@ class compacting_defragmenter {
 
   void free_movable(handle h, entry& e) noexcept {
     counters_.bytes_inactive -= e.b.size;
+    addresses_.remove(e.b.ptr);
     arena_.deallocate(e.b);
     table_.erase(h);
   }
@@ -305,6 +331,7 @@ class compacting_defragmenter {
       return false;
     }
     arena_.deallocate(e->b);
+    addresses_.move(e->b.ptr, moved.ptr);
     e->b = moved;
     counters_.bytes_defragged += moved.size;
     ++counters_.num_moves;
@@ -507,6 +534,7 @@ class compacting_defragmenter {
       return false;
     }
     copier_.template move_within<Arena::host_accessible>(moved.ptr, old.ptr, old.size);
+    addresses_.move(old.ptr, moved.ptr);
     e->b = moved;
     counters_.bytes_defragged += old.size;
     ++counters_.num_moves;
@@ -613,14 +641,19 @@ class compacting_defragmenter {
   void free_all() noexcept {
     table_.for_each([&](handle, entry& e) { arena_.deallocate(e.b); });
     table_ = {};
+    addresses_.clear();
   }
+
+  static constexpr const char* who = "compacting_defragmenter";
 
   Arena arena_{};
   detail::handle_table<entry> table_{};
+  detail::movable_addresses addresses_{};  // where the movable blocks lie
   options options_{};
   copy_engine copier_{};
   movable_counters counters_{};
   detail::rescue_tally rescues_{};  // requests served after a defragmentation
+  misuse_counts misuses_{};
 };
 
 }  // namespace alloy

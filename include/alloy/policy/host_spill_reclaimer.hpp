@@ -34,8 +34,9 @@ namespace alloy {
 ///   `compacting_defragmenter`) compaction is tried before spilling.
 /// - Complexity: `allocate_movable`, `lock`, `unlock` O(log n) without a reclaim; the single
 ///   reclaim's choice O(log n) by size, O(n) with an introspectable device; a full reclaim O(n).
-///   Metadata: a handle table (about 48 B per movable block) and an ordered set of the unlocked
-///   resident blocks, in host memory; nothing is written into managed memory.
+///   Metadata: a handle table (about 48 B per movable block), an ordered set of the unlocked
+///   resident blocks and, over a raw `Device`, a set of the resident blocks' addresses, in host
+///   memory; nothing is written into managed memory.
 /// - Failure: an empty block, empty handle or null `lock` when no reclaim helps (a reclaim that
 ///   spilled nothing is not counted). A request the device can never hold (above its limit, a
 ///   size near SIZE_MAX, a bad alignment), or one larger than all the device side holds when its
@@ -48,8 +49,10 @@ namespace alloy {
 ///   `bytes_inactive`, `bytes_spilled`, `bytes_reclaimed`, the reclaim, spill and restore counts;
 ///   requested sizes), and when the parts have them `owns`, `release` (both sides),
 ///   `reserved_bytes`, `counters()` and introspection (device side; a device failure a reclaim
-///   made good counts as a retry, not an OOM); checked frees (`try_deallocate` of a raw block when
-///   `Device` has it, and of a handle: false on a refusal, nothing changed).
+///   made good counts as a retry, not an OOM); checked frees (`try_deallocate` and `free_misuse` of
+///   a raw block when `Device` has them, and `try_deallocate` of a handle: false on a refusal,
+///   nothing changed). A raw free at a resident movable block's address is refused in every build
+///   (`misuses()`, `options::on_misuse`).
 template <allocator Device, allocator Host>
 class host_spill_reclaimer {
  public:
@@ -59,8 +62,10 @@ class host_spill_reclaimer {
   static constexpr bool device_is_movable = movable_allocator<Device>;
 
   struct options {
-    bool reclaim_for_raw = true;     ///< reclaim movable blocks when a raw request fails
-    copy_engine::options copy = {};  ///< the stream spills and restores copy on
+    bool reclaim_for_raw = true;         ///< reclaim movable blocks when a raw request fails
+    copy_engine::options copy = {};      ///< the stream spills and restores copy on
+    misuse_handler on_misuse = nullptr;  ///< called on each raw free refused here
+    void* misuse_context = nullptr;      ///< passed to `on_misuse`
   };
 
   host_spill_reclaimer() = default;
@@ -77,10 +82,12 @@ class host_spill_reclaimer {
       host_ = std::move(other.host_);
       table_ = std::move(other.table_);
       unlocked_ = std::move(other.unlocked_);
+      addresses_ = std::move(other.addresses_);
       options_ = other.options_;
       copier_ = other.copier_;
       counters_ = other.counters_;
       rescues_ = other.rescues_;
+      misuses_ = other.misuses_;
     }
     return *this;
   }
@@ -95,13 +102,29 @@ class host_spill_reclaimer {
     if (!options_.reclaim_for_raw) return {};
     return counted_reclaim(bytes, alignment, [&] { return device_.allocate(bytes, alignment); });
   }
-  void deallocate(block b) noexcept { device_.deallocate(b); }
-  /// The device side's checked free: false, nothing changed, when it refuses `b` as misuse.
+  /// A raw free; one at a resident movable block's address is refused (counted in `misuses()`).
+  void deallocate(block b) noexcept {
+    if (detail::refuse_movable_address(addresses_, misuses_, b, options_, who)) return;
+    device_.deallocate(b);
+  }
+  /// The device side's checked free: false, nothing changed, when it or this refuses `b` as misuse.
   bool try_deallocate(block b) noexcept
     requires checked_deallocating_allocator<Device>
   {
+    if (detail::refuse_movable_address(addresses_, misuses_, b, options_, who)) return false;
     return device_.try_deallocate(b);
   }
+  /// What a raw free of `b` would be refused as: a movable block's address, or the device side's
+  /// answer.
+  misuse free_misuse(block b) const noexcept
+    requires free_screening_allocator<Device>
+  {
+    if (b.ptr != nullptr && addresses_.contains(b.ptr)) return misuse::foreign_pointer;
+    return device_.free_misuse(b);
+  }
+  /// Raw frees of a resident movable block's address refused here (over a raw `Device`; a movable
+  /// one refuses them itself); the device side counts its own refusals.
+  misuse_counts misuses() const noexcept { return misuses_; }
 
   // ---- movable blocks ------------------------------------------------------------------------
 
@@ -317,20 +340,29 @@ class host_spill_reclaimer {
     }
   }
 
+  /// A device block for a movable block; over a raw `Device` its address is noted, so that a raw
+  /// free of it is refused.
   resident allocate_resident(std::size_t bytes) noexcept {
-    if (resident r = try_device(bytes)) return r;
-    return counted_reclaim(bytes, movable_alignment, [&] { return try_device(bytes); });
+    resident r = try_device(bytes);
+    if (!r) r = counted_reclaim(bytes, movable_alignment, [&] { return try_device(bytes); });
+    if constexpr (!device_is_movable) {
+      if (r && !addresses_.add(r.raw.ptr)) {
+        device_.deallocate(r.raw);
+        return {};
+      }
+    }
+    return r;
   }
 
   void free_resident(resident r, std::size_t bytes) noexcept {
+    (void)bytes;
     if constexpr (device_is_movable) {
-      (void)bytes;
       try {
         device_.deallocate(r.moved);
       } catch (...) {  // cannot happen: the handle is live and unlocked
       }
     } else {
-      (void)bytes;
+      addresses_.remove(r.raw.ptr);
       device_.deallocate(r.raw);
     }
   }
@@ -562,16 +594,21 @@ class host_spill_reclaimer {
     });
     table_ = {};
     unlocked_.clear();
+    addresses_.clear();
   }
+
+  static constexpr const char* who = "host_spill_reclaimer";
 
   Device device_{};
   Host host_{};
   detail::handle_table<entry> table_{};
   std::set<std::pair<std::size_t, std::uint64_t>> unlocked_{};  // (size, handle id) of unlocked resident blocks
+  detail::movable_addresses addresses_{};                       // where the resident blocks lie (over a raw `Device`)
   options options_{};
   copy_engine copier_{};
   movable_counters counters_{};
   detail::rescue_tally rescues_{};  // requests served after a reclaim
+  misuse_counts misuses_{};
 };
 
 }  // namespace alloy
