@@ -364,10 +364,53 @@ BOOST_AUTO_TEST_CASE(checked_frees_pass_through) {
   const alloy::block b = devices.allocate(1000, 256);
   BOOST_REQUIRE(static_cast<bool>(b));
   start_on(1);
+  static_assert(alloy::free_screening_allocator<decltype(devices)>);
+  BOOST_TEST((devices.free_misuse(b) == alloy::misuse::none));
+  BOOST_TEST((devices.free_misuse({b.ptr, b.size + 1}) == alloy::misuse::wrong_size), "asked of the owner");
+  BOOST_TEST((devices.free_misuse({static_cast<char*>(b.ptr) + 256, 8}) == alloy::misuse::foreign_pointer));
+  int on_stack = 0;
+  BOOST_TEST((devices.free_misuse({&on_stack, sizeof on_stack}) == alloy::misuse::foreign_pointer), "no owner");
   BOOST_TEST(!devices.try_deallocate(alloy::block{b.ptr, b.size + 1}), "a wrong size is refused by the owner");
   BOOST_TEST(devices.device_of(b) == 4, "still live");
   BOOST_TEST(devices.try_deallocate(b));
+  BOOST_TEST((devices.free_misuse(b) != alloy::misuse::none), "freed: no owner holds it live");
   BOOST_TEST(!devices.try_deallocate(b), "a double free is refused");
+  BOOST_TEST(seen.wrong() == 0u);
+}
+
+namespace {
+/// An arena that checks its frees and answers `free_misuse`, but has no `owns`: per_device finds
+/// the owner in its map of live blocks.
+struct screening_without_owns {
+  static constexpr bool host_accessible = true;
+  static constexpr bool device_accessible = false;
+  alloy::best_fit_arena<device_checked_upstream> arena;
+  alloy::block allocate(std::size_t bytes, std::size_t alignment) noexcept { return arena.allocate(bytes, alignment); }
+  void deallocate(alloy::block b) noexcept { arena.deallocate(b); }
+  bool try_deallocate(alloy::block b) noexcept { return arena.try_deallocate(b); }
+  alloy::misuse free_misuse(alloy::block b) const noexcept { return arena.free_misuse(b); }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(free_misuse_without_owns_asks_the_map_then_the_owner) {
+  logs seen;
+  alloy::per_device<screening_without_owns, sim> devices{
+      {0, 2}, [&](int d) {
+        return screening_without_owns{
+            alloy::best_fit_arena<device_checked_upstream>{device_checked_upstream{d, seen[d]}}};
+      }};
+  static_assert(!decltype(devices)::finds_owner_by_owns);
+  static_assert(alloy::free_screening_allocator<decltype(devices)>);
+  start_on(2);
+  const alloy::block b = devices.allocate(1000, 256);
+  BOOST_REQUIRE(static_cast<bool>(b));
+  start_on(0);
+  BOOST_TEST((devices.free_misuse(b) == alloy::misuse::none));
+  BOOST_TEST((devices.free_misuse({b.ptr, 999}) == alloy::misuse::wrong_size), "the map keeps the size");
+  BOOST_TEST((devices.free_misuse({static_cast<char*>(b.ptr) + 256, 8}) == alloy::misuse::foreign_pointer));
+  BOOST_TEST(devices.try_deallocate(b));
+  BOOST_TEST((devices.free_misuse(b) == alloy::misuse::foreign_pointer), "freed: not in the map");
+  BOOST_TEST(devices.refused_frees() == 0u, "free_misuse refuses nothing");
   BOOST_TEST(seen.wrong() == 0u);
 }
 

@@ -42,10 +42,10 @@ namespace alloy {
 ///   device not in the registry (`try_on(d)` returns null instead).
 /// - Thread safety: the registry is fixed at construction; calls from several threads are safe
 ///   exactly when `A`'s are (`synchronized<A>`, `sharded<A>`); the live-block map has its lock.
-/// - Memory kind: `A`'s. Capabilities, each when `A` has it: `try_deallocate`, `release()` (every
-///   device, each with its device current), stream-ordered calls (allocation on the calling
-///   thread's current device, as the plain call, whatever the stream's device; the free to the
-///   owner). `owns` always (from `A::owns` or the map). Statistics are per device:
+/// - Memory kind: `A`'s. Capabilities, each when `A` has it: `try_deallocate`, `free_misuse`,
+///   `release()` (every device, each with its device current), stream-ordered calls (allocation on
+///   the calling thread's current device, as the plain call, whatever the stream's device; the free
+///   to the owner). `owns` always (from `A::owns` or the map). Statistics are per device:
 ///   `memory_stats(devices.on(d))`, `memory_summary`, `snapshot` as for any composition.
 /// - Not copyable or movable.
 template <allocator A, device_context Context = default_device_context>
@@ -141,6 +141,28 @@ class per_device {
     requires checked_deallocating_allocator<A>
   {
     return free_with(b, [](A& a, block x) noexcept { return a.try_deallocate(x); });
+  }
+
+  /// What `try_deallocate(b)` would refuse `b` as: a foreign pointer when no device owns it (and,
+  /// without `A::owns`, a wrong size when the size is not the live block's), else its owner's
+  /// answer, asked with the owner's device current.
+  misuse free_misuse(block b) const noexcept
+    requires free_screening_allocator<A>
+  {
+    if (!b) return misuse::none;
+    int s = none;
+    if constexpr (finds_owner_by_owns) {
+      s = owner_slot(b);
+    } else {
+      const std::lock_guard lock(live_lock_);
+      const auto it = live_.find(b.ptr);
+      if (it != live_.end() && it->second.size != b.size) return misuse::wrong_size;
+      if (it != live_.end()) s = it->second.slot;
+    }
+    if (s == none) return misuse::foreign_pointer;
+    const entry& p = parts_[static_cast<std::size_t>(s)];
+    const basic_scoped_device<Context> on{p.device};
+    return p.part->free_misuse(b);
   }
 
   /// Stream-ordered allocation from the calling thread's current device's composition.
