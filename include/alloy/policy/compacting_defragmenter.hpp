@@ -46,7 +46,7 @@ concept placement_arena = introspectable_allocator<A> && requires(A& a, void* wh
 ///   earlier holes, slides every segment down and releases the emptied ones.
 /// - Complexity: a failed request, O(n) windows found in O(n), each plan O(n log n); consolidating
 ///   O(n); `compact()` O(n·h) for n pieces and h holes. Moves copy through the copy engine.
-///   Metadata: a handle table and a set of the blocks' addresses on the host (about 80 B per
+///   Metadata: a handle table and a set of the blocks' addresses on the host (about 60 B per
 ///   movable block) and O(n) temporary host memory while opening a hole; nothing is written into
 ///   managed memory.
 /// - Failure: noexcept allocation paths; a move whose placement or copy fails is undone and leaves
