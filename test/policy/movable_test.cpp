@@ -221,6 +221,40 @@ BOOST_AUTO_TEST_CASE(zero_bytes) {
   a.deallocate(h);
 }
 
+// Of unlocked blocks of one size, a reclaim spills the one unlocked longest ago (a block never
+// locked counts from its allocation), whatever their handles.
+BOOST_AUTO_TEST_CASE(of_equal_sizes_the_block_idle_longest_is_spilled_first) {
+  for (const bool reversed : {false, true}) {
+    auto a = make_reclaimer(1000);
+    std::vector<handle> hs;
+    for (int i = 0; i < 4; ++i) {
+      hs.push_back(a.allocate_movable(250));
+      BOOST_REQUIRE(hs.back());
+      fill(a, hs.back(), static_cast<std::uint64_t>(i));
+    }
+    // Touched in an order: idle longest first is then order[0], order[1], ...
+    const std::vector<std::size_t> order =
+        reversed ? std::vector<std::size_t>{3, 2, 1, 0} : std::vector<std::size_t>{1, 3, 0, 2};
+    for (const std::size_t i : order) {
+      (void)a.lock(hs[i]);
+      a.unlock(hs[i]);
+    }
+    std::vector<handle> newer;
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      newer.push_back(a.allocate_movable(250));  // needs one block's room
+      BOOST_REQUIRE(newer.back());
+      for (std::size_t j = 0; j < order.size(); ++j)
+        BOOST_TEST(a.is_resident(hs[order[j]]) == (j > k), "after " << k + 1 << " spills, block " << order[j]);
+    }
+    BOOST_TEST(a.movable_statistics().num_single_reclaims == 4u);
+    for (std::size_t i = 0; i < hs.size(); ++i) {
+      a.deallocate(newer[i]);
+      BOOST_TEST(intact(a, hs[i], i));
+      a.deallocate(hs[i]);
+    }
+  }
+}
+
 // A scripted sequence with every counter computed by hand. Device limit 1000 bytes.
 BOOST_AUTO_TEST_CASE(single_then_full_reclaim_exact_counters) {
   auto a = make_reclaimer(1000);

@@ -2,6 +2,7 @@
 // alloy/policy/host_spill_reclaimer.hpp
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -26,7 +27,8 @@ namespace alloy {
 ///   in `alloy/movable.hpp`) live on `Device` while resident. When a device request fails, a
 ///   *single reclaim* spills one unlocked resident block (copied to a `Host` block, its device
 ///   memory freed) and retries: with an introspectable `Device`, the smallest block whose space,
-///   merged with the free pieces beside it, holds the request; else the smallest at least as large.
+///   merged with the free pieces beside it, holds the request; else the smallest at least as large
+///   (of equal sizes, the one unlocked longest ago).
 ///   If that does not do, a *full reclaim* spills every unlocked resident block and retries once
 ///   more. `lock` brings a spilled block back (spilling others if need be); its pointer stays fixed
 ///   until the last `unlock`. Raw `allocate`/`deallocate` go to `Device` and never move; a failed
@@ -82,6 +84,7 @@ class host_spill_reclaimer {
       host_ = std::move(other.host_);
       table_ = std::move(other.table_);
       unlocked_ = std::move(other.unlocked_);
+      clock_ = other.clock_;
       addresses_ = std::move(other.addresses_);
       options_ = other.options_;
       copier_ = other.copier_;
@@ -132,12 +135,13 @@ class host_spill_reclaimer {
   handle allocate_movable(std::size_t bytes) noexcept {
     resident r = allocate_resident(bytes);
     if (!r) return {};
-    const handle h = table_.insert(entry{bytes, r, {}, 0, nullptr});
+    const std::uint64_t since = ++clock_;
+    const handle h = table_.insert(entry{bytes, r, {}, 0, nullptr, since});
     if (!h) {
       free_resident(r, bytes);
       return {};
     }
-    if (!mark_unlocked(h, bytes)) {
+    if (!mark_unlocked({bytes, since, h.id})) {
       table_.erase(h);
       free_resident(r, bytes);
       return {};
@@ -176,7 +180,7 @@ class host_spill_reclaimer {
     }
     void* p = pin(e.dev);
     if (p == nullptr) return nullptr;
-    unlocked_.erase({e.size, h.id});
+    unlocked_.erase(idle_key(h, e));
     e.locks = 1;
     e.locked = p;
     detail::note_locked(counters_, e.size);
@@ -191,7 +195,10 @@ class host_spill_reclaimer {
       --e.locks;
       return;
     }
-    unlocked_.insert({e.size, h.id});  // may throw std::bad_alloc before anything changed
+    const std::uint64_t since = clock_ + 1;
+    unlocked_.insert({e.size, since, h.id});  // may throw std::bad_alloc before anything changed
+    clock_ = since;
+    e.since = since;
     e.locks = 0;
     e.locked = nullptr;
     unpin(e.dev);
@@ -317,12 +324,22 @@ class host_spill_reclaimer {
     resident dev{};  // empty when spilled
     block host{};    // the spilled copy; empty when resident
     std::uint32_t locks = 0;
-    void* locked = nullptr;  // the pinned address while locked
+    void* locked = nullptr;   // the pinned address while locked
+    std::uint64_t since = 0;  // `clock_` at its allocation or last unlock
   };
+  /// An unlocked resident block, in the order a reclaim looks at them: by size, then the one
+  /// unlocked longest ago (a deterministic choice, and the least recently used).
+  struct idle {
+    std::size_t size;
+    std::uint64_t since;
+    std::uint64_t id;  // its handle
+    auto operator<=>(const idle&) const = default;
+  };
+  static idle idle_key(handle h, const entry& e) noexcept { return {e.size, e.since, h.id}; }
 
   void free_movable(handle h, entry& e) noexcept {
     if (e.dev) {
-      unlocked_.erase({e.size, h.id});
+      unlocked_.erase(idle_key(h, e));
       counters_.bytes_inactive -= e.size;
       free_resident(e.dev, e.size);
     } else {
@@ -389,9 +406,9 @@ class host_spill_reclaimer {
     }
   }
 
-  bool mark_unlocked(handle h, std::size_t bytes) noexcept {
+  bool mark_unlocked(const idle& key) noexcept {
     try {
-      unlocked_.insert({bytes, h.id});
+      unlocked_.insert(key);
       return true;
     } catch (...) {
       return false;
@@ -416,7 +433,7 @@ class host_spill_reclaimer {
       host_.deallocate(host);
       return false;
     }
-    unlocked_.erase({e->size, h.id});
+    unlocked_.erase(idle_key(h, *e));
     free_resident(e->dev, e->size);
     e->dev = {};
     e->host = host;
@@ -431,9 +448,9 @@ class host_spill_reclaimer {
   std::size_t spill_unlocked() noexcept {
     std::size_t spilled = 0;
     for (auto it = unlocked_.begin(); it != unlocked_.end();) {
-      const auto [size, id] = *it;
+      const idle key = *it;
       ++it;  // spill() erases the current element
-      if (spill(handle{id})) spilled += size;
+      if (spill(handle{key.id})) spilled += key.size;
     }
     return spilled;
   }
@@ -464,8 +481,9 @@ class host_spill_reclaimer {
         if (alignment > movable_alignment) need += alignment - movable_alignment;
         std::unordered_map<const void*, std::pair<std::uint64_t, std::size_t>> candidates;  // ptr -> (id, size)
         candidates.reserve(unlocked_.size());
-        for (const auto& [size, id] : unlocked_) {
-          if (const entry* e = table_.find(handle{id})) candidates.emplace(place_of(*e), std::pair{id, size});
+        for (const idle& key : unlocked_) {
+          if (const entry* e = table_.find(handle{key.id}))
+            candidates.emplace(place_of(*e), std::pair{key.id, key.size});
         }
         std::vector<block_info> pieces;
         device_.for_each_block([&](const block_info& info) { pieces.push_back(info); });
@@ -566,8 +584,8 @@ class host_spill_reclaimer {
     if (const std::uint64_t chosen = choose_by_hole(bytes, alignment); chosen != 0 && spill(handle{chosen})) {
       single = true;
     } else {
-      for (auto it = unlocked_.lower_bound({bytes, 0}); it != unlocked_.end(); ++it) {
-        if (spill(handle{it->second})) {
+      for (auto it = unlocked_.lower_bound({bytes, 0, 0}); it != unlocked_.end(); ++it) {
+        if (spill(handle{it->id})) {
           single = true;
           break;
         }
@@ -602,8 +620,9 @@ class host_spill_reclaimer {
   Device device_{};
   Host host_{};
   detail::handle_table<entry> table_{};
-  std::set<std::pair<std::size_t, std::uint64_t>> unlocked_{};  // (size, handle id) of unlocked resident blocks
-  detail::movable_addresses addresses_{};                       // where the resident blocks lie (over a raw `Device`)
+  std::set<idle> unlocked_{};              // the unlocked resident blocks, smallest first, then unlocked longest ago
+  std::uint64_t clock_ = 0;                // counts allocations and last unlocks: an `idle::since`
+  detail::movable_addresses addresses_{};  // where the resident blocks lie (over a raw `Device`)
   options options_{};
   copy_engine copier_{};
   movable_counters counters_{};
