@@ -93,6 +93,8 @@ def trace_events(snapshot, device=0):
         count = len(traces) if isinstance(traces, list) else 0
         raise ValueError(f"no trace for device {device} (the snapshot has {count} device traces)")
     raw = traces[device]
+    if not isinstance(raw, list):
+        raise ValueError(f"device {device}'s trace is not a list of events")
     for index, e in enumerate(raw):
         if not isinstance(e, dict):
             raise ValueError(f"event {index} of device {device}'s trace is not a dict")
@@ -132,15 +134,44 @@ def _check_event(event, device):
         )
 
 
-def _reserved(snapshot, device, raw_events):
+def _segments(snapshot, device):
+    """The snapshot's segments on `device`, each checked: a dict with whole numbers for its device
+    and total size, and a list of dicts for its blocks."""
+    segments = snapshot.get("segments", [])
+    if not isinstance(segments, list):
+        raise ValueError(f"the snapshot's segments are not a list ({type(segments).__name__})")
+    mine = []
+    for index, s in enumerate(segments):
+        if not isinstance(s, dict):
+            raise ValueError(f"segment {index} of the snapshot is not a dict")
+        on, size, blocks = s.get("device", 0), s.get("total_size", 0), s.get("blocks", [])
+        if not (_is_count(on) and _is_count(size)):
+            raise ValueError(
+                f"segment {index} of the snapshot needs whole numbers for device and total_size, "
+                f"not {on!r}, {size!r}"
+            )
+        if not (isinstance(blocks, list) and all(isinstance(b, dict) for b in blocks)):
+            raise ValueError(f"segment {index} of the snapshot: its blocks are not a list of dicts")
+        if on == device:
+            mine.append(s)
+    return mine
+
+
+def _reserved(segments, device, raw_events):
     """(reserved when the snapshot was taken, peak reserved over the recording or None when the
     trace has no segment events) of PyTorch's allocator on `device`."""
-    segments = [s for s in snapshot.get("segments", ()) if s.get("device", 0) == device]
     at_end = sum(s.get("total_size", 0) for s in segments)
     grows = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-    changes = [
-        grows[e["action"]] * e.get("size", 0) for e in raw_events if e.get("action") in grows
-    ]
+    changes = []
+    for index, e in enumerate(raw_events):
+        if e.get("action") in grows:
+            size = e.get("size", 0)
+            if not _is_count(size, 63):
+                raise ValueError(
+                    f"event {index} of device {device}'s trace ({e['action']}) needs a whole "
+                    f"number for size, not {size!r}"
+                )
+            changes.append(grows[e["action"]] * size)
     if not changes:
         return at_end, None
     peak = reserved = at_end
@@ -163,18 +194,19 @@ class Trace:
     def __init__(self, snapshot, device=0, name="snapshot"):
         events, early = trace_events(snapshot, device)
         seen = {e.addr for e in events if e.action != "oom"}
-        throughout = sorted(
+        segments = _segments(snapshot, device)
+        throughout = [
             (b.get("address"), b.get("size"))
-            for s in snapshot.get("segments", ())
-            if s.get("device", 0) == device
-            for b in s.get("blocks", ())
+            for s in segments
+            for b in s.get("blocks", [])
             if b.get("state") == "active_allocated" and b.get("address") not in seen
-        )
+        ]
         for addr, size in throughout:
             if not (_is_count(addr) and _is_count(size, 63)):
                 raise ValueError(
                     f"a block of the snapshot's segments has address {addr!r}, size {size!r}"
                 )
+        throughout.sort()
         self.name, self.device = name, device
         self.ops = array.array("Q")
         self.allocations = self.frees = self.ooms_recorded = self.peak_live = live_bytes = 0
@@ -211,7 +243,7 @@ class Trace:
                 self.ooms_recorded += 1
         self.streams = len(streams)
         raw = snapshot["device_traces"][device]
-        self.pytorch_reserved, self.pytorch_peak_reserved = _reserved(snapshot, device, raw)
+        self.pytorch_reserved, self.pytorch_peak_reserved = _reserved(segments, device, raw)
 
 
 def load_snapshot(source, device=0):

@@ -123,6 +123,22 @@ class Rules(unittest.TestCase):
         block = {"address": 64, "size": None, "state": "active_allocated"}
         with self.assertRaisesRegex(ValueError, "address 64, size None"):
             replay.Trace({"segments": [segment(0, MiB, [block])], "device_traces": [[]]})
+        malformed = [  # each a ValueError naming what is wrong, never a TypeError
+            ("segments are not a list", {"segments": 5}),
+            ("segment 1 of the snapshot is not a dict", {"segments": [segment(0, MiB, []), 3]}),
+            ("segment 0 .* blocks are not a list", {"segments": [segment(0, MiB, 7)]}),
+            ("segment 0 .* blocks are not a list", {"segments": [segment(0, MiB, [block, 7])]}),
+            ("device and total_size, not '0', 1", {"segments": [segment(0, 1, [], device="0")]}),
+            ("device and total_size, not 0, 'x'", {"segments": [segment(0, "x", [])]}),
+        ]
+        for message, snapshot in malformed:
+            with self.assertRaisesRegex(ValueError, message):
+                replay.Trace(dict(snapshot, device_traces=[[]]))
+        with self.assertRaisesRegex(ValueError, "device 0's trace is not a list"):
+            replay.Trace({"device_traces": [5]})
+        grows_by_half = [event("alloc", 8, 512), event("segment_map", 0, 0.5)]
+        with self.assertRaisesRegex(ValueError, r"event 1 .*\(segment_map\) .* not 0.5"):
+            replay.Trace({"device_traces": [grows_by_half]})
         with self.assertRaisesRegex(ValueError, "composition is one of"):
             replay.replay(replay.Trace({"device_traces": [[]]}), "cuda")
 
