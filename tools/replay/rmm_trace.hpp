@@ -12,7 +12,8 @@
 // without `0x`, as RMM writes it (RMM's own replay reads it as decimal). The pointer only pairs a
 // free with its allocate: the reader numbers the allocations 0, 1, 2, ... and gives every free the
 // number of the allocate it undoes, so a replayer keeps a `std::vector<block>` indexed by that
-// number.
+// number. A free's size is read (it must be a number) but not compared: the replay frees the block
+// its allocate made, as the logged program did.
 //
 // Bad input: a malformed row (wrong field count, unknown action, bad number), a free of a pointer
 // that is not live, an allocate of a pointer that is still live, a file that ends in the middle of
