@@ -6,15 +6,13 @@
 // of the resident movable blocks, by which a raw free of one is refused.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
-#include <utility>
-#include <vector>
 
 #include <alloy/concepts.hpp>
+#include <alloy/detail/address_table.hpp>
 #include <alloy/error.hpp>
 #include <alloy/misuse.hpp>
 #include <alloy/movable/counters.hpp>
@@ -107,99 +105,8 @@ void for_each_block_showing_movable(const Part& part, EachMovable&& each_movable
 
 /// The addresses of a policy's resident movable blocks. The part below sees each as a live raw
 /// block, so without this a raw free of one (a pointer the caller got from `lock`, never as a raw
-/// block) would free the memory under its handle. An open-addressing set (linear probing, at most
-/// half full, deletion by backward shift): no allocation but when it grows, none on a move.
-class movable_addresses {
- public:
-  movable_addresses() = default;
-  movable_addresses(movable_addresses&& other) noexcept
-      : slots_(std::move(other.slots_)), count_(std::exchange(other.count_, 0)), shift_(other.shift_) {
-    other.slots_.clear();
-  }
-  movable_addresses& operator=(movable_addresses&& other) noexcept {
-    slots_ = std::move(other.slots_);
-    other.slots_.clear();
-    count_ = std::exchange(other.count_, 0);
-    shift_ = other.shift_;
-    return *this;
-  }
-
-  /// False when memory for the entry runs out (the caller then gives the block up).
-  bool add(const void* p) noexcept {
-    if ((count_ + 1) * 2 > slots_.size() && !grow()) return false;
-    place(p);
-    ++count_;
-    return true;
-  }
-  void remove(const void* p) noexcept {
-    if (count_ == 0) return;
-    const std::size_t mask = slots_.size() - 1;
-    std::size_t hole = home(p);
-    while (slots_[hole] != p) {
-      if (slots_[hole] == nullptr) return;
-      hole = (hole + 1) & mask;
-    }
-    // Later entries of the run move back into the hole unless that would put them before home.
-    for (std::size_t j = (hole + 1) & mask; slots_[j] != nullptr; j = (j + 1) & mask) {
-      if (((j - home(slots_[j])) & mask) >= ((j - hole) & mask)) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    slots_[hole] = nullptr;
-    --count_;
-  }
-  /// The block at `from` now lies at `to` (as many entries as before: no allocation).
-  void move(const void* from, const void* to) noexcept {
-    const std::size_t before = count_;
-    remove(from);
-    if (count_ == before) return;
-    place(to);
-    ++count_;
-  }
-  bool contains(const void* p) const noexcept {
-    if (count_ == 0) return false;
-    const std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = home(p); slots_[i] != nullptr; i = (i + 1) & mask) {
-      if (slots_[i] == p) return true;
-    }
-    return false;
-  }
-  void clear() noexcept {
-    slots_.clear();
-    count_ = 0;
-  }
-
- private:
-  std::size_t home(const void* p) const noexcept {
-    const std::uint64_t x = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p) >> 4);
-    return static_cast<std::size_t>((x * 0x9E37'79B9'7F4A'7C15u) >> shift_);
-  }
-  void place(const void* p) noexcept {
-    const std::size_t mask = slots_.size() - 1;
-    std::size_t i = home(p);
-    while (slots_[i] != nullptr) i = (i + 1) & mask;
-    slots_[i] = p;
-  }
-  bool grow() noexcept {
-    std::vector<const void*> old;
-    try {
-      old.assign(slots_.empty() ? 16 : slots_.size() * 2, nullptr);
-    } catch (...) {
-      return false;
-    }
-    old.swap(slots_);
-    shift_ = 64 - static_cast<unsigned>(std::countr_zero(slots_.size()));
-    for (const void* p : old) {
-      if (p != nullptr) place(p);
-    }
-    return true;
-  }
-
-  std::vector<const void*> slots_;  ///< a power of two of them; null: empty
-  std::size_t count_ = 0;
-  unsigned shift_ = 64;
-};
+/// block) would free the memory under its handle.
+using movable_addresses = address_table<>;
 
 /// Whether a raw free of `b` must be refused because a movable block lies at its address; the
 /// refusal is counted in `counts` and passed to `opts.on_misuse` (as a foreign pointer: the caller

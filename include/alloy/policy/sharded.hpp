@@ -16,11 +16,11 @@
 #include <new>
 #include <thread>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 
 #include <alloy/concepts.hpp>
 #include <alloy/config.hpp>
+#include <alloy/detail/address_table.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/forwarding.hpp>
 #include <alloy/policy/size_class_pool.hpp>
@@ -49,25 +49,21 @@ class handed_out_blocks {
   /// Records `b`; false when host memory ran out.
   bool add(block b) noexcept {
     const std::lock_guard lock(mutex_);
-    try {
-      return sizes_.emplace(b.ptr, b.size).second;
-    } catch (const std::bad_alloc&) {
-      return false;
-    }
+    return !sizes_.contains(b.ptr) && sizes_.add(b.ptr, b.size);
   }
   /// Forgets `b` and says true when it was recorded at exactly its size; false, changing nothing,
   /// otherwise (a double, foreign, interior or wrong-size free).
   bool take(block b) noexcept {
     const std::lock_guard lock(mutex_);
-    const auto found = sizes_.find(b.ptr);
-    if (found == sizes_.end() || found->second != b.size) return false;
-    sizes_.erase(found);
+    const std::size_t* size = sizes_.find(b.ptr);
+    if (size == nullptr || *size != b.size) return false;
+    sizes_.remove(b.ptr);
     return true;
   }
 
  private:
   std::mutex mutex_;
-  std::unordered_map<void*, std::size_t> sizes_;
+  address_table<std::size_t> sizes_;
 };
 
 /// A thread's entry in a `sharded` object's table: the thread, its shard, its cache.
