@@ -17,8 +17,9 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include <alloy/detail/address_table.hpp>
 
 #include "config.hpp"
 #include "cuda_runtime_calls.hpp"
@@ -28,18 +29,13 @@
 namespace alloy::capi {
 namespace {
 
-struct live_block {
-  std::size_t size = 0;  ///< bytes asked for
-  void* stream = nullptr;
-};
-
 // One device: its heap (made at first use), the blocks it handed out, its misuse count and its
 // last out-of-memory explanation (a fixed buffer, so a pointer to it stays valid).
 struct device_slot {
   std::mutex lock;
   std::unique_ptr<device_heap> heap;
-  std::string heap_error;  ///< why the heap could not be made
-  std::unordered_map<void*, live_block> live;
+  std::string heap_error;                   ///< why the heap could not be made
+  detail::address_table<std::size_t> live;  ///< the blocks handed out, with the bytes asked for
   std::size_t bad_frees = 0;
   /// Failed first attempts the library retried after giving the cache back: the composition
   /// counted each as an out-of-memory, PyTorch counts it as a retry (`num_alloc_retries`).
@@ -70,11 +66,12 @@ thread_local int t_error_code = ALLOY_OK;
 // alloy_torch_malloc_or_throw throws, read while other threads may write the device's.
 thread_local char t_oom[sizeof device_slot::last_oom];
 
-void set_error(int code, std::string message) {
+void set_error(int code, std::string message) {  // code: never ALLOY_OK
   t_error_code = code;
   t_error = std::move(message);
 }
 void clear_error() {
+  if (t_error_code == ALLOY_OK) return;  // the message is empty too: most calls touch only the code
   t_error_code = ALLOY_OK;
   t_error.clear();
 }
@@ -214,9 +211,7 @@ void* allocate(int device, std::size_t size, void* stream) {
     b = heap->allocate(size, stream);
   }
   if (b) {
-    try {
-      slot->live.emplace(b.ptr, live_block{size, stream});
-    } catch (...) {
+    if (!slot->live.add(b.ptr, size)) {
       heap->deallocate(b, stream);  // no room to remember it: as if the device had none
       b = {};
     }
@@ -245,7 +240,7 @@ int owner_elsewhere(void* ptr, int device) {
     if (d == device) continue;
     device_slot& other = the_library.devices[static_cast<std::size_t>(d)];
     std::lock_guard guard(other.lock);
-    if (other.live.count(ptr) != 0) return d;
+    if (other.live.contains(ptr)) return d;
   }
   return -1;
 }
@@ -262,15 +257,15 @@ void free_block(void* ptr, std::size_t size, bool check_size, int device, void* 
   std::string refusal;
   {
     std::lock_guard guard(slot->lock);
-    const auto found = slot->live.find(ptr);
-    if (found != slot->live.end() && check_size && found->second.size != size) {
+    const std::size_t* asked = slot->live.find(ptr);
+    if (asked != nullptr && check_size && *asked != size) {
       ++slot->bad_frees;
       refusal = "alloy: free of " + std::to_string(key(ptr)) + " with size " + std::to_string(size) +
-                ", allocated with size " + std::to_string(found->second.size) + " (refused)";
-    } else if (found != slot->live.end()) {
+                ", allocated with size " + std::to_string(*asked) + " (refused)";
+    } else if (asked != nullptr) {
       device_heap* heap = slot->heap.get();
       void* on = stream;
-      const block b{ptr, found->second.size};
+      const block b{ptr, *asked};
       device_state& state = heap->state();
       state.stream = key(on);
       state.events.add("free_requested", key(ptr), b.size, key(on));
@@ -279,7 +274,7 @@ void free_block(void* ptr, std::size_t size, bool check_size, int device, void* 
         refusal = "alloy: the allocator refused the free of " + std::to_string(key(ptr));
       } else {
         state.events.add("free_completed", key(ptr), b.size, key(on));
-        slot->live.erase(found);
+        slot->live.remove(ptr);
         clear_error();
         return;
       }
@@ -467,9 +462,9 @@ void alloy_torch_record_stream(void* ptr, cudaStream_t stream) {
     device_slot& slot = the_library.devices[static_cast<std::size_t>(d)];
     const device_guard on_device(the_library.conf.backend == backend_kind::cuda, d);
     std::lock_guard guard(slot.lock);
-    const auto found = slot.live.find(ptr);
-    if (found == slot.live.end()) continue;
-    slot.heap->record_use({ptr, found->second.size}, stream);
+    const std::size_t* asked = slot.live.find(ptr);
+    if (asked == nullptr) continue;
+    slot.heap->record_use({ptr, *asked}, stream);
     clear_error();
     return;
   }
