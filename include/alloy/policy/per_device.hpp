@@ -11,12 +11,12 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <alloy/block.hpp>
 #include <alloy/concepts.hpp>
+#include <alloy/detail/address_table.hpp>
 #include <alloy/device.hpp>
 #include <alloy/error.hpp>
 
@@ -155,9 +155,9 @@ class per_device {
       s = owner_slot(b);
     } else {
       const std::lock_guard lock(live_lock_);
-      const auto it = live_.find(b.ptr);
-      if (it != live_.end() && it->second.size != b.size) return misuse::wrong_size;
-      if (it != live_.end()) s = it->second.slot;
+      const live_block* live = live_.find(b.ptr);
+      if (live != nullptr && live->size != b.size) return misuse::wrong_size;
+      if (live != nullptr) s = live->slot;
     }
     if (s == none) return misuse::foreign_pointer;
     const entry& p = parts_[static_cast<std::size_t>(s)];
@@ -217,10 +217,10 @@ class per_device {
     const block b = call(a);  // its device is current
     if constexpr (!finds_owner_by_owns) {
       if (b) {
-        try {
-          const std::lock_guard lock(live_lock_);
-          live_.insert_or_assign(b.ptr, live_block{s, b.size});
-        } catch (...) {  // no room to remember it: not handed out
+        const std::lock_guard lock(live_lock_);
+        if (live_block* stale = live_.find(b.ptr)) {
+          *stale = {s, b.size};
+        } else if (!live_.add(b.ptr, {s, b.size})) {  // no room to remember it: not handed out
           a.deallocate(b);
           return {};
         }
@@ -239,9 +239,9 @@ class per_device {
       s = owner_slot(b);
     } else {
       const std::lock_guard lock(live_lock_);
-      if (const auto it = live_.find(b.ptr); it != live_.end() && it->second.size == b.size) {
-        s = it->second.slot;
-        live_.erase(it);  // before the free: the address may be handed out again at once
+      if (const live_block* live = live_.find(b.ptr); live != nullptr && live->size == b.size) {
+        s = live->slot;
+        live_.remove(b.ptr);  // before the free: the address may be handed out again at once
       }
     }
     if (s == none) {
@@ -257,10 +257,8 @@ class per_device {
       const bool accepted = call(*p.part, b);
       if constexpr (!finds_owner_by_owns) {
         if (!accepted) {  // refused (a wrong size, say): the block stays live
-          try {
-            const std::lock_guard lock(live_lock_);
-            live_.emplace(b.ptr, live_block{s, b.size});
-          } catch (...) {}
+          const std::lock_guard lock(live_lock_);
+          if (!live_.contains(b.ptr)) (void)live_.add(b.ptr, {s, b.size});
         }
       }
       return accepted;
@@ -281,8 +279,8 @@ class per_device {
       return none;
     } else {
       const std::lock_guard lock(live_lock_);
-      const auto it = live_.find(b.ptr);
-      return it == live_.end() ? none : it->second.slot;
+      const live_block* live = live_.find(b.ptr);
+      return live == nullptr ? none : live->slot;
     }
   }
 
@@ -302,10 +300,10 @@ class per_device {
   mutable std::mutex live_lock_;
   /// A live block's slot and size (a free of another size is refused here: `A` may not check).
   struct live_block {
-    int slot;
-    std::size_t size;
+    int slot = none;
+    std::size_t size = 0;
   };
-  std::unordered_map<void*, live_block> live_;  ///< live blocks, when `A` has no `owns`
+  detail::address_table<live_block> live_;  ///< live blocks, when `A` has no `owns`
   std::atomic<std::size_t> refused_{0};
 };
 
