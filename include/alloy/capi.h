@@ -8,7 +8,8 @@
  *   capacity     device memory at most: bytes with a unit (512MiB, 8GiB, 1.5GB), a whole number
  *                of bytes above 1, or a fraction of the device above 0 (0.75, 1); absent: the
  *                device's memory
- *   history      allocation events kept per device for snapshots; 0 (default) = off
+ *   history      allocation events kept per device for snapshots; 0 (default) = off; changed
+ *                later by alloy_record_history
  *   backend      cuda (default) or host: host memory and N simulated devices, no CUDA call at
  *                all, stream handles are opaque keys (for tests on machines without a GPU)
  *   devices      with backend:host, how many simulated devices (default 1)
@@ -121,6 +122,11 @@ ALLOY_CAPI_EXPORT size_t alloy_memory_summary(int device, char* buffer, size_t c
  * schema of torch.cuda.memory._snapshot(), as JSON. */
 ALLOY_CAPI_EXPORT size_t alloy_snapshot_json(char* buffer, size_t capacity);
 ALLOY_CAPI_EXPORT void alloy_reset_peak(int device);
+/* From now on every device keeps its last `max_entries` allocation events for alloy_snapshot_json,
+ * as the history key does from the start (torch.cuda.memory._record_memory_history); fewer than
+ * are kept drops the oldest, and 0 stops and drops them all. Above 268435456:
+ * ALLOY_ERROR_BAD_VALUE, nothing changes. */
+ALLOY_CAPI_EXPORT void alloy_record_history(size_t max_entries);
 /* CUDA graphs: PyTorch tells a pluggable allocator neither when a capture begins nor when its graph
  * is destroyed, so the first allocation on a capturing stream gives that capture a private pool,
  * which keeps the graph's memory (blocks freed inside the capture included, which its replays

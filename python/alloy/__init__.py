@@ -33,6 +33,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "reset_accumulated_memory_stats",
     "release_graph_pools",
+    "record_memory_history",
     "snapshot",
     "dump_snapshot",
     "statistics",
@@ -177,6 +178,21 @@ def release_graph_pools(device=None):
     until this call: make it once those graphs will not be replayed again.
     """
     _checked(_lib.lib().alloy_release_graph_pools, _device_index(device))
+
+
+MAX_HISTORY = 1 << 28  # events a device keeps at most
+
+
+def record_memory_history(max_entries=MAX_HISTORY):
+    """From now on every device keeps its last ``max_entries`` allocation events for snapshot()
+    (the ``history`` key sets it from the start); 0 stops and drops those kept. Where
+    torch.cuda.memory._record_memory_history() sets PyTorch's."""
+    name = "alloy.record_memory_history"
+    if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
+        raise ValueError(f"{name}: max_entries is a count, not {max_entries!r}")
+    if max_entries > MAX_HISTORY:  # ctypes would wrap it
+        raise ValueError(f"{name}: at most {MAX_HISTORY} events, not {max_entries}")
+    _checked(_lib.lib().alloy_record_history, max_entries)
 
 
 def snapshot():

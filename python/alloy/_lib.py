@@ -43,6 +43,7 @@ _PROTOTYPES = {
     "alloy_memory_summary": (c_size_t,) + _TEXT,
     "alloy_snapshot_json": (c_size_t, POINTER(c_char), c_size_t),
     "alloy_reset_peak": (None, c_int),
+    "alloy_record_history": (None, c_size_t),
     "alloy_reset_accumulated": (None, c_int),
     "alloy_release_graph_pools": (None, c_int),
     "alloy_last_oom": (c_char_p, c_int),

@@ -115,6 +115,16 @@ def _dump_snapshot(filename="dump_snapshot.pickle", *args, **kwargs):
     alloy.dump_snapshot(filename)
 
 
+def _record_memory_history(enabled="all", *args, max_entries=alloy.MAX_HISTORY, **kwargs):
+    # enabled: "all" (or the legacy True) records; None, "state" (no history) or False stops.
+    # Call stacks are not recorded; PyTorch's default max_entries (sys.maxsize) means alloy's most.
+    max_entries = kwargs.get("trace_alloc_max_entries", max_entries)  # the legacy keyword
+    if kwargs.get("clear_history"):
+        alloy.record_memory_history(0)
+    on = enabled not in (None, False, "state")
+    alloy.record_memory_history(min(max_entries, alloy.MAX_HISTORY) if on else 0)
+
+
 def _replacements():
     return {
         "memory_stats": _by_device(alloy.memory_stats),
@@ -129,6 +139,7 @@ def _replacements():
         "memory_snapshot": lambda *args, **kwargs: alloy.snapshot()["segments"],
         "_snapshot": lambda *args, **kwargs: alloy.snapshot(),
         "_dump_snapshot": _dump_snapshot,
+        "_record_memory_history": _record_memory_history,
     }
 
 

@@ -137,8 +137,7 @@ bool parse_config(std::string_view text, config& out, config_error& error) {
       }
     } else if (key == "history") {
       std::size_t n = 0;
-      if (!parse_count(value, n) || n > (std::size_t{1} << 28))
-        return bad("expected a count of events, 0 to 268435456");
+      if (!parse_count(value, n) || n > max_history) return bad("expected a count of events, 0 to 268435456");
       c.history = n;
     } else if (key == "devices") {
       std::size_t n = 0;

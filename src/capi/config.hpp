@@ -8,6 +8,9 @@
 
 namespace alloy::capi {
 
+/// Allocation events a device keeps for snapshots, at most (`history`, `alloy_record_history`).
+inline constexpr std::size_t max_history = std::size_t{1} << 28;
+
 enum class composition_kind { virtual_memory, default_heap, caching };
 enum class backend_kind { cuda, host };
 
@@ -18,7 +21,7 @@ struct config {
   backend_kind backend = backend_kind::cuda;
   std::size_t capacity_bytes = 0;
   double capacity_fraction = 0.0;
-  std::size_t history = 0;  ///< events kept per device; 0: off
+  std::size_t history = 0;  ///< events kept per device; 0: off; at most `max_history`
   int devices = 1;          ///< simulated devices (backend host)
   bool devices_given = false;
 

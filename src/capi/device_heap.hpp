@@ -36,20 +36,32 @@ struct trace_event {
   std::size_t device_free = 0;  ///< oom events: device memory free at the failure
 };
 
-/// The last `keep` events of one device (none when `keep` is 0). Thread-safe (a source may write
-/// from a planned growth made outside the device's lock).
+/// The last `keep` events of one device (none when `keep` is 0; `keep` may change at any time).
+/// Thread-safe (a source may write from a planned growth made outside the device's lock).
 class history {
  public:
   explicit history(std::size_t keep) : keep_(keep) {}
-  bool on() const noexcept { return keep_ != 0; }
+  /// From now on keeps the last `n` events: the oldest beyond them are dropped at once (all, and
+  /// their memory, for 0).
+  void keep(std::size_t n) noexcept {
+    std::lock_guard guard(lock_);
+    keep_.store(n, std::memory_order_relaxed);
+    if (n == 0) {
+      std::deque<trace_event>().swap(events_);
+    } else {
+      while (events_.size() > n) events_.pop_front();
+    }
+  }
   void add(const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
            std::size_t device_free = 0) noexcept {
-    if (keep_ == 0) return;
+    if (keep_.load(std::memory_order_relaxed) == 0) return;
     const auto now = std::chrono::system_clock::now().time_since_epoch();
     const std::int64_t time_us = std::chrono::duration_cast<std::chrono::microseconds>(now).count();
     std::lock_guard guard(lock_);
+    const std::size_t keep = keep_.load(std::memory_order_relaxed);
+    if (keep == 0) return;
     try {
-      if (events_.size() == keep_) events_.pop_front();
+      while (events_.size() >= keep) events_.pop_front();
       events_.push_back({action, addr, size, stream, time_us, device_free});
     } catch (...) {
       // History is best effort: a host allocation failure drops the event, never the request.
@@ -62,7 +74,7 @@ class history {
   }
 
  private:
-  std::size_t keep_;
+  std::atomic<std::size_t> keep_;  // written under lock_, read without it to skip a call when 0
   mutable std::mutex lock_;
   std::deque<trace_event> events_;
 };

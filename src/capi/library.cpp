@@ -55,6 +55,8 @@ struct library {
   std::string conf_text;
   int device_count = 0;
   std::unique_ptr<device_slot[]> devices;
+  /// Events each device keeps: the `history` key's, then `alloy_record_history`'s.
+  std::atomic<std::size_t> history{0};
 };
 
 // The library's one instance: liballoy is a process-wide allocator, as PyTorch's is.
@@ -119,6 +121,7 @@ bool start() {
     }
     if (lib.device_count > 0) lib.devices = std::make_unique<device_slot[]>(static_cast<std::size_t>(lib.device_count));
     lib.conf_text = lib.conf.to_string();
+    lib.history.store(lib.conf.history, std::memory_order_relaxed);
     lib.started.store(true, std::memory_order_release);
   }
   if (lib.status == ALLOY_OK) {
@@ -176,6 +179,7 @@ device_heap* heap_of_slot(device_slot& slot, int device) {
     set_error(ALLOY_ERROR_UNAVAILABLE, slot.heap_error);
     return nullptr;
   }
+  slot.heap->state().events.keep(the_library.history.load(std::memory_order_relaxed));
   return slot.heap.get();
 }
 
@@ -517,6 +521,23 @@ size_t alloy_snapshot_json(char* buffer, size_t capacity) {
   }
   clear_error();
   return copy_out(text, buffer, capacity);
+}
+
+void alloy_record_history(size_t max_entries) {
+  if (!start()) return;
+  if (max_entries > max_history) {
+    set_error(ALLOY_ERROR_BAD_VALUE, "alloy: record_history of " + std::to_string(max_entries) + " events; at most " +
+                                         std::to_string(max_history));
+    return;
+  }
+  // Stored before the devices are visited: a heap made meanwhile reads it under its slot's lock.
+  the_library.history.store(max_entries, std::memory_order_relaxed);
+  for (int d = 0; d < the_library.device_count; ++d) {
+    device_slot& slot = the_library.devices[static_cast<std::size_t>(d)];
+    std::lock_guard guard(slot.lock);
+    if (slot.heap) slot.heap->state().events.keep(max_entries);
+  }
+  clear_error();
 }
 
 void alloy_reset_peak(int device) {

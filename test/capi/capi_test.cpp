@@ -476,6 +476,76 @@ BOOST_AUTO_TEST_CASE(snapshot_shows_every_live_block_in_tiled_segments) {
   for (const auto& [p, size] : mine) torch_free(reinterpret_cast<void*>(p), size, 1, stream_key(0));
 }
 
+namespace {
+
+// Each device's history in the snapshot: (action, addr, size) of every event, oldest first.
+struct traced {
+  std::string action;
+  std::uint64_t addr;
+  std::uint64_t size;
+};
+std::vector<std::vector<traced>> device_traces() {
+  const std::string text = snapshot_text();
+  std::vector<std::vector<traced>> out;
+  std::size_t at = text.find("\"device_traces\":[");
+  BOOST_TEST_REQUIRE(at != std::string::npos);
+  at = text.find('[', at) + 1;
+  int depth = 1;
+  for (; at < text.size() && depth > 0; ++at) {
+    const char c = text[at];
+    if (c == '[') {
+      if (++depth == 2) out.emplace_back();
+    } else if (c == ']') {
+      --depth;
+    } else if (c == '{' && depth == 2) {
+      const std::size_t action = text.find("\"action\":\"", at) + 10;
+      out.back().push_back({text.substr(action, text.find('"', action) - action), number_after(text, "addr", at),
+                            number_after(text, "size", at)});
+      at = text.find('}', at);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(record_history_changes_what_every_device_keeps) {
+  const auto before = device_traces();
+  BOOST_TEST_REQUIRE(before.size() == 3u);
+  alloy_record_history((std::size_t{1} << 28) + 1);  // too many: refused, nothing changes
+  BOOST_TEST(alloy_last_error_code() == ALLOY_ERROR_BAD_VALUE);
+  BOOST_TEST(std::string(alloy_last_error()).find("268435456") != std::string::npos);
+  BOOST_TEST(device_traces().size() == 3u);
+  BOOST_TEST(device_traces()[0].size() == before[0].size());
+
+  alloy_record_history(4);  // fewer: every device drops its oldest at once
+  BOOST_TEST(alloy_last_error_code() == ALLOY_OK);
+  for (const auto& events : device_traces()) BOOST_TEST(events.size() <= 4u);
+  void* a = torch_malloc(1000, 2, stream_key(0));
+  void* b = torch_malloc(2000, 2, stream_key(0));
+  BOOST_TEST_REQUIRE((a != nullptr && b != nullptr));
+  torch_free(a, 1000, 2, stream_key(0));
+  torch_free(b, 2000, 2, stream_key(0));
+  auto events = device_traces()[2];
+  BOOST_TEST_REQUIRE(events.size() == 4u);  // the last four: b's free is the newest
+  BOOST_TEST(events.back().action == "free_completed");
+  BOOST_TEST(events.back().addr == reinterpret_cast<std::uintptr_t>(b));
+  BOOST_TEST(events.back().size == 2000u);
+
+  alloy_record_history(0);  // off: nothing kept, nothing added
+  for (const auto& e : device_traces()) BOOST_TEST(e.empty());
+  void* c = torch_malloc(3000, 1, stream_key(0));
+  BOOST_TEST_REQUIRE(c != nullptr);
+  for (const auto& e : device_traces()) BOOST_TEST(e.empty());
+
+  alloy_record_history(100000);  // on again, as configured
+  torch_free(c, 3000, 1, stream_key(0));
+  events = device_traces()[1];
+  BOOST_TEST_REQUIRE(!events.empty());
+  BOOST_TEST(events.back().action == "free_completed");
+  BOOST_TEST(events.back().addr == reinterpret_cast<std::uintptr_t>(c));
+}
+
 BOOST_AUTO_TEST_CASE(four_threads_on_three_devices_with_frees_from_other_threads) {
   struct live {
     void* ptr;

@@ -37,6 +37,53 @@ class Configure(unittest.TestCase):
         )
         self.assertEqual(value, 4)
 
+    def test_history_turned_on_and_off_after_the_start(self):
+        # As torch.cuda.memory._record_memory_history() does it once alloy.torch patched it, on a
+        # library configured without history.
+        value = self.run_ok(
+            "import sys, alloy.torch\n"
+            "from alloy import _lib\n"
+            "record = alloy.torch._replacements()['_record_memory_history']\n"
+            "lib, out = _lib.lib(), {}\n"
+            "def pair(size, device):\n"
+            "    p = lib.alloy_torch_malloc(size, device, None)\n"
+            "    lib.alloy_torch_free(p, size, device, None)\n"
+            "    return p\n"
+            "def traces():\n"
+            "    return alloy.snapshot()['device_traces']\n"
+            "pair(5000, 1)\n"
+            "out['off'] = traces()\n"
+            "record(max_entries=3)\n"
+            "p = pair(7000, 1)\n"
+            "newest = traces()[1][-1]\n"
+            "out['three'] = [len(t) for t in traces()]\n"
+            "out['newest'] = [newest['action'], newest['addr'] == p, newest['size']]\n"
+            "record(None)\n"
+            "pair(7000, 1)\n"
+            "out['none'] = traces()\n"
+            "record(max_entries=sys.maxsize)\n"
+            "pair(8000, 0)\n"
+            "out['default'] = [len(t) for t in traces()]\n"
+            "record('state')\n"
+            "out['state'] = traces()\n"
+            "out['refused'] = []\n"
+            "for bad in (-1, 1.5, True, alloy.MAX_HISTORY + 1, 1 << 64):\n"
+            "    try:\n"
+            "        alloy.record_memory_history(bad)\n"
+            "    except ValueError:\n"
+            "        out['refused'].append(repr(bad))\n"
+            "print(json.dumps(out))",
+            conf="backend:host,devices:2",
+        )
+        self.assertEqual(value["off"], [[], []])
+        self.assertEqual(value["three"], [0, 3])  # device 0 kept nothing, device 1 its last three
+        self.assertEqual(value["newest"], ["free_completed", True, 7000])
+        self.assertEqual(value["none"], [[], []])
+        self.assertEqual(value["default"][1], 0)
+        self.assertGreaterEqual(value["default"][0], 2)  # the alloc and the free, at least
+        self.assertEqual(value["state"], [[], []])
+        self.assertEqual(len(value["refused"]), 5, value["refused"])
+
     def test_unknown_key_names_it_and_leaves_alloy_unconfigured(self):
         value = self.run_ok(
             "try:\n    alloy.configure('backend:host,colour:blue')\n"
