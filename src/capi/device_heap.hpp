@@ -41,13 +41,12 @@ struct trace_event {
 class history {
  public:
   explicit history(std::size_t keep) : keep_(keep) {}
-  /// From now on keeps the last `n` events: the oldest beyond them are dropped at once (all, and
-  /// their memory, for 0).
+  /// From now on keeps the last `n` events: the oldest beyond them are dropped at once (all for 0).
   void keep(std::size_t n) noexcept {
     std::lock_guard guard(lock_);
     keep_.store(n, std::memory_order_relaxed);
     if (n == 0) {
-      std::deque<trace_event>().swap(events_);
+      events_.clear();  // no allocation: a new, empty deque would make one
     } else {
       while (events_.size() > n) events_.pop_front();
     }
