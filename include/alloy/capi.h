@@ -61,8 +61,9 @@ enum alloy_status {
  * alloy_last_error and alloy_last_error_code), a later call replaces an earlier one; after it,
  * ALLOY_ERROR_ALREADY_CONFIGURED, even when the library could not start. */
 ALLOY_CAPI_EXPORT int alloy_configure(const char* conf);
-/* The configuration in force, normalized ("backend:cuda,composition:virtual,..."), starting the
- * library if it has not started; "" if it cannot start (alloy_last_error says why). */
+/* The configuration the library started with, normalized ("backend:cuda,composition:virtual,..."),
+ * starting it if it has not started; "" if it cannot start (alloy_last_error says why). The
+ * history it names is the one at the start (alloy_record_history may have changed it since). */
 ALLOY_CAPI_EXPORT const char* alloy_configuration(void);
 /* Why the calling thread's last call failed ("" if it did not); valid until that thread's next call. */
 ALLOY_CAPI_EXPORT const char* alloy_last_error(void);
