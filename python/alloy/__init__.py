@@ -185,8 +185,8 @@ MAX_HISTORY = 1 << 28  # events a device keeps at most
 
 def record_memory_history(max_entries=MAX_HISTORY):
     """From now on every device keeps its last ``max_entries`` allocation events for snapshot()
-    (the ``history`` key sets it from the start); 0 stops and drops those kept. Where
-    torch.cuda.memory._record_memory_history() sets PyTorch's."""
+    (the ``history`` key sets it from the start); 0 stops and drops those kept. alloy's
+    torch.cuda.memory._record_memory_history(), which alloy.torch.patch_memory_api() routes here."""
     name = "alloy.record_memory_history"
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
         raise ValueError(f"{name}: max_entries is a count, not {max_entries!r}")
