@@ -15,8 +15,9 @@ For each: peak reserved / peak allocated, the median step time, and the largest 
 longest sequence) that trains a few steps under the same cap on device memory
 (set_per_process_memory_fraction for PyTorch, alloy's capacity for alloy), found by doubling then
 bisection within a time bound. Then the checks: torch.cuda.memory_stats() after
-alloy.torch.patch_memory_api() against alloy.memory_stats(); a CUDA graph captured and replayed
-with alloy installed; CuPy arrays allocated and freed through alloy, its statistics checked.
+alloy.torch.patch_memory_api() against alloy.memory_stats(), and its memory history turned on for
+one step and off again; a CUDA graph captured and replayed with alloy installed; CuPy arrays
+allocated and freed through alloy, its statistics checked.
 Last, the prediction: the native run trains the same steps again with PyTorch's memory history
 recorded, and `alloy.replay` replays that snapshot on the host; its figures stand beside what the
 alloy runs measured.
@@ -205,6 +206,7 @@ class Worker:
                 "snapshot": len(torch.cuda.memory._snapshot()["segments"]) > 0,
                 "summary": "Allocated memory" in torch.cuda.memory_summary(0),
             }
+            checks.update(self.check_patched_history())
         except Exception as error:
             checks = {f"{type(error).__name__}: {str(error).splitlines()[0][:100]}": False}
         finally:
@@ -216,6 +218,26 @@ class Worker:
             live_bytes=live_bytes,
             requested=ours["requested_bytes.all.current"],
         )
+
+    def check_patched_history(self):
+        """torch.cuda.memory._record_memory_history, patched: on for one step, cut, then off."""
+        torch = self.torch
+        traces = lambda: torch.cuda.memory._snapshot()["device_traces"][0]  # noqa: E731
+        torch.cuda.memory._record_memory_history(max_entries=1 << 20)
+        try:
+            self.step(1, 64).item()
+            torch.cuda.synchronize()
+            events = traces()
+            torch.cuda.memory._record_memory_history(max_entries=8)  # keeps the newest eight
+            cut = traces()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        actions = {event["action"] for event in events}
+        return {
+            "history on": {"alloc", "free_requested"} <= actions,
+            "history cut": cut == events[-8:],
+            "history off": len(traces()) == 0,
+        }
 
     def bisect(self, low, high, deadline):
         """Largest batch at length 1024 that trains, doubling from `low` (trained) to a failure."""
