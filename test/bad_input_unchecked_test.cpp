@@ -73,4 +73,42 @@ BOOST_AUTO_TEST_CASE(sharded_cache_refuses_a_small_block_freed_twice_at_once) {
   }
   BOOST_TEST(up.records()->live_count() == 0u);
 }
+// Nor does a cache take another allocator's small block (256-aligned, of a cached size): it lies on
+// a page where this allocator handed out no small block.
+BOOST_AUTO_TEST_CASE(sharded_cache_refuses_another_allocators_small_block) {
+  using inner = alloy::default_allocator<alloy::testing::checking_upstream>;
+  const alloy::testing::checking_upstream up, elsewhere_up;
+  {
+    alloy::sharded<inner> a{[&](std::size_t) { return inner{up}; }, {.shards = 2}};
+    alloy::sharded<inner> b{[&](std::size_t) { return inner{elsewhere_up}; }, {.shards = 1}};
+    alignas(256) static unsigned char elsewhere[1 << 16];
+    std::vector<alloy::block> mine, theirs;
+    for (std::size_t i = 0; i < 64; ++i) {
+      mine.push_back(a.allocate(256 + i * 512, 256));
+      theirs.push_back(b.allocate(256 + i * 512, 256));
+      BOOST_REQUIRE(mine.back() && theirs.back());
+    }
+    for (const alloy::block x : theirs) BOOST_TEST(!a.try_deallocate(x));
+    BOOST_TEST(!a.try_deallocate(alloy::block{elsewhere, 300}));
+    BOOST_TEST(a.refused_frees() == theirs.size() + 1);
+    for (const alloy::block x : mine) BOOST_TEST(a.try_deallocate(x));  // its own go to the caches
+    std::vector<alloy::block> again;
+    for (std::size_t round = 0; round < 2; ++round) {  // past the blocks just cached: none refused
+      for (std::size_t i = 0; i < 64; ++i) {
+        const alloy::block x = a.allocate(256 + i * 512, 256);
+        BOOST_REQUIRE(x);
+        BOOST_TEST(x.ptr != static_cast<void*>(elsewhere));
+        for (const alloy::block t : theirs) BOOST_TEST_REQUIRE(x.ptr != t.ptr);
+        again.push_back(x);
+      }
+    }
+    for (const alloy::block x : again) a.deallocate(x);
+    for (const alloy::block x : theirs) b.deallocate(x);
+    BOOST_TEST(a.refused_frees() == theirs.size() + 1);
+    BOOST_TEST(b.refused_frees() == 0u);
+  }
+  BOOST_TEST(up.records()->live_count() == 0u);
+  BOOST_TEST(elsewhere_up.records()->live_count() == 0u);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

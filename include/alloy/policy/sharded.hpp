@@ -23,6 +23,7 @@
 #include <alloy/detail/address_table.hpp>
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/forwarding.hpp>
+#include <alloy/detail/granule_set.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 
 namespace alloy {
@@ -38,6 +39,7 @@ concept keeps_statistics = requires(const A& a) { a.statistics(); };
 template <std::size_t Classes, std::size_t PerClass>
 struct alignas(64) thread_block_cache {
   std::uint32_t count[Classes] = {};
+  granule_set::span_memo starts;  ///< of `sharded`'s set of small blocks' starts
   void* blocks[Classes][PerClass];
 };
 
@@ -95,15 +97,17 @@ struct alignas(64) thread_slot {
 ///   lock (an `owns` and a lock for each shard asked before it).
 /// - Failure: an empty block when every shard fails. A free no shard owns, or that its owner
 ///   refuses, is refused and counted (`refused_frees()`), as is a small free at an address no
-///   cached block has (not a multiple of 256) or of the block last freed to the thread's cache
-///   for its size. Checked builds (`ALLOY_CHECKED`) record every small block handed out, under
-///   one lock, and refuse any small free that is not of one at its size.
+///   cached block has (not a multiple of 256, or where no small block it handed out ever
+///   started: another allocator's block) or of the block last freed to the thread's cache for
+///   its size. Checked builds (`ALLOY_CHECKED`) record every small block handed out, under one
+///   lock, and refuse any small free that is not of one at its size.
 /// - Thread safety: every call, from any thread; `flush_thread_caches()` only while no other
 ///   thread uses the object. Movable (not while in use), not copyable.
 /// - Memory kind: `Inner`'s. Host memory: the table in the object, 32 KiB of recent blocks per
-///   shard, a cache of about 7 KiB per thread, made on its first call. Cached blocks count as in
-///   use in the shards, at most `thread_cache` bytes per class and thread; `release()` first
-///   gives back the calling thread's cache.
+///   shard, a cache of about 7 KiB per thread, made on its first call, and where small blocks
+///   started (`detail::granule_set`: 4 KiB, and 4 KiB per 8 MiB of small blocks). Cached blocks
+///   count as in use in the shards, at most `thread_cache` bytes per class and thread;
+///   `release()` first gives back the calling thread's cache.
 /// - Capabilities, each when `Inner` has it: the queries (answered by every shard under its lock
 ///   and added up), `try_deallocate`, `allocate_keeping_cache`, `allocate_cached`, `statistics()` (peaks summed: an
 ///   upper bound), tags and offload (every shard; all or nothing for `offload` and `discard`),
@@ -146,8 +150,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     if constexpr (offloading_allocator<Inner>) tags_apart_.reset(new std::atomic<std::uint64_t>[tag_words] {});
     caching_ = opts.thread_cache != 0 && !tag_holding<Inner>;
     cached_below_ = caching_ ? cached_size_limit + 1 : 0;
+    if (caching_) starts_ = std::make_unique<detail::granule_set>();  // before the shards: may throw
     if constexpr (ALLOY_CHECKED) {
-      if (caching_) handed_out_ = std::make_unique<detail::handed_out_blocks>();  // before the shards: may throw
+      if (caching_) handed_out_ = std::make_unique<detail::handed_out_blocks>();
     }
     shard_count_ = opts.shards != 0 ? opts.shards : std::max<std::size_t>(1, std::thread::hardware_concurrency());
     shards_ = static_cast<shard*>(::operator new(sizeof(shard) * shard_count_, std::align_val_t{alignof(shard)}));
@@ -172,6 +177,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
         cached_below_(other.cached_below_),
         next_shard_(other.next_shard_.load(std::memory_order_relaxed)),
         refused_(other.refused_.load(std::memory_order_relaxed)),
+        starts_(std::move(other.starts_)),
         handed_out_(std::move(other.handed_out_)),
         tags_apart_(std::move(other.tags_apart_)),
         apart_count_(other.apart_count_.load(std::memory_order_relaxed)),
@@ -866,6 +872,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   block allocate_direct(std::size_t first, std::size_t caller, std::size_t bytes, std::size_t alignment,
                         Call call) noexcept {
     const block b = allocate_from_shards<Plain>(first, caller, bytes, alignment, call);
+    if (b) note_start(b);
     if (!b || handed_out(b)) [[likely]]
       return b;
     (void)free_to_owner(b, [](Inner& in, block x) { return detail::free_in(in, x); });
@@ -874,6 +881,10 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   template <bool Plain, class Call>
   block allocate_from_shards(std::size_t first, std::size_t caller, std::size_t bytes, std::size_t alignment,
                              Call call) noexcept;
+  /// Adds the start of a small block handed out to `starts_`.
+  void note_start(block b) noexcept {
+    if (is_cached_size(b.size)) starts_->add(b.ptr);
+  }
   /// Checked builds: records a small block handed out (false when host memory ran out).
   bool handed_out(block b) noexcept {
     if constexpr (ALLOY_CHECKED) {
@@ -882,11 +893,16 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     return true;
   }
   /// Whether a free of `b` may go on to a cache or a shard; refuses it (counted) when not: a
-  /// small block at an address no cached block has, or, in checked builds, one not handed out at
-  /// that size.
+  /// small block at an address no cached block has (not 256-aligned, or where no small block
+  /// handed out ever started), or, in checked builds, one not handed out at that size.
+  /// (`memo`: the calling thread's, from its cache.)
   bool may_free(block b) noexcept {
+    detail::granule_set::span_memo memo;
+    return may_free(b, memo);
+  }
+  bool may_free(block b, detail::granule_set::span_memo& memo) noexcept {
     if (!is_cached_size(b.size) || b.ptr == nullptr) return true;
-    bool ok = (reinterpret_cast<std::uintptr_t>(b.ptr) & (cache_alignment - 1)) == 0;
+    bool ok = (reinterpret_cast<std::uintptr_t>(b.ptr) & (cache_alignment - 1)) == 0 && starts_->contains(b.ptr, memo);
     if constexpr (ALLOY_CHECKED) ok = ok && handed_out_->take(b);
     if (!ok) [[unlikely]]
       refuse(b);
@@ -955,6 +971,8 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   std::uint32_t capacity_[classes::count] = {};
   alignas(64) std::atomic<std::size_t> next_shard_{0};
   std::atomic<std::size_t> refused_{0};
+  /// With thread caches: where small blocks handed out started (`may_free`).
+  std::unique_ptr<detail::granule_set> starts_;
   /// Checked builds with thread caches: every small block handed out (`may_free`).
   std::unique_ptr<detail::handed_out_blocks> handed_out_;
   slot slots_[thread_slots];

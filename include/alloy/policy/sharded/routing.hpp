@@ -66,11 +66,12 @@ template <allocator Inner, class Mutex>
 inline bool sharded<Inner, Mutex>::free_block(block b) noexcept {
   slot* me = my_slot();
   if (is_cached_size(b.size) && b.ptr != nullptr) {
-    if (!may_free(b)) [[unlikely]]
+    cache* mine = me != nullptr ? me->cache : nullptr;
+    if (!(mine != nullptr ? may_free(b, mine->starts) : may_free(b))) [[unlikely]]
       return false;
     const std::size_t c = classes::index(b.size);
-    if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) [[likely]] {
-      cache& k = *me->cache;
+    if (mine != nullptr && capacity_[c] != 0) [[likely]] {
+      cache& k = *mine;
       // The block freed last to this class, freed again (glibc's fastbins make the same check).
       if (k.count[c] != 0 && k.blocks[c][k.count[c] - 1] == b.ptr) [[unlikely]] {
         refuse(b);
@@ -156,6 +157,7 @@ template <allocator Inner, class Mutex>
 inline void sharded<Inner, Mutex>::refill(std::size_t first, std::size_t caller, cache& k, std::size_t c) noexcept {
   const std::size_t size = classes::size(c);
   shard& s = shards_[first];
+  const std::uint32_t before = k.count[c];
   if constexpr (growth_planning_allocator<Inner>) {
     // Planned growth: the refill stops where the shard would call its upstream; when it got
     // nothing, that call is made without the lock for one block (the slab serves the next).
@@ -189,6 +191,7 @@ inline void sharded<Inner, Mutex>::refill(std::size_t first, std::size_t caller,
                                           [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
     if (b) k.blocks[c][k.count[c]++] = b.ptr;
   }
+  for (std::uint32_t i = before; i < k.count[c]; ++i) starts_->add(k.blocks[c][i], k.starts);  // for their frees
 }
 
 template <allocator Inner, class Mutex>
