@@ -143,7 +143,8 @@ BOOST_AUTO_TEST_CASE(limited_counts_refusals_as_ooms) {
 }
 
 // The inner part sees only multiples of the rounding, callers the sizes they asked for;
-// requested_bytes() follows a randomized model, and bad frees the arena refuses change nothing.
+// requested_bytes() follows a randomized model, and bad frees (the arena's refusals, and in checked
+// builds a wrong size within the rounding) change nothing.
 BOOST_AUTO_TEST_CASE(quantizer_rounds_what_inner_sees_and_counts_what_callers_asked) {
   using arena = alloy::best_fit_arena<checking_upstream>;
   alloy::quantizer<arena, 512> alloc{arena{checking_upstream{}}};
@@ -167,6 +168,13 @@ BOOST_AUTO_TEST_CASE(quantizer_rounds_what_inner_sees_and_counts_what_callers_as
       live.pop_back();
       // A wrong-size free (a different multiple of 512) is refused by the arena: nothing moves.
       BOOST_TEST(!alloc.try_deallocate(alloy::block{b.ptr, b.size + 512}));
+      // So is one of the same multiple (the tests' checked build keeps each caller's size; every
+      // eighth free, as each refusal prints a line).
+      if (step % 8 == 0) {
+        const std::size_t near = b.size % 512 == 1 ? b.size + 1 : b.size - 1;
+        BOOST_TEST(!alloc.try_deallocate(alloy::block{b.ptr, near}), b.size << " freed as " << near);
+        BOOST_TEST((alloc.free_misuse(alloy::block{b.ptr, near}) == alloy::misuse::wrong_size));
+      }
       BOOST_TEST(alloc.try_deallocate(b));
       BOOST_TEST(!alloc.try_deallocate(b), "a double free is refused");
       model_requested -= b.size;

@@ -105,7 +105,8 @@ void run_model(A& a, unsigned seed, std::size_t largest) {
       ++refused;
       continue;
     }
-    // Accepted: it was a live block (the quantizer takes a size within its rounding).
+    // Accepted: it was a live block, at its size (in checked builds, the tests', the quantizer too
+    // refuses a wrong size within its rounding).
     const auto found = std::find_if(live.begin(), live.end(), [&](const block& x) { return x.ptr == probe.ptr; });
     BOOST_REQUIRE_MESSAGE(found != live.end(), "step " << step << ": a free of no live block was accepted");
     freed.push_back(*found);
@@ -164,7 +165,8 @@ BOOST_AUTO_TEST_CASE(compositions_say_what_they_would_refuse) {
       4_MiB);
 }
 BOOST_AUTO_TEST_CASE(wrappers_pass_the_verdict_on) {
-  // The quantizer accepts a wrong size within its rounding, and says so.
+  // The quantizer's verdict on a wrong size within its rounding (refused: the tests' checked build
+  // keeps each caller's size) agrees with its free.
   using rounded = alloy::stats<alloy::quantizer<arena, 512>>;
   over_seeds<rounded>([] { return rounded{}; }, 4_MiB);
   using stack = alloy::synchronized<alloy::limited<alloy::tracked<alloy::default_allocator<alloy::host_upstream>>>>;
