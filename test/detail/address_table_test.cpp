@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The table keyed by address behind the movable policies' refusal of a raw free at a movable
-// address, liballoy's live blocks and sharded's checked small blocks, against a std::map: adds,
-// removes (by backward shift), moves and lookups of values at random over few addresses (long
-// probe runs that wrap the table), growth, clearing, and a moved-from table.
+// address, liballoy's live blocks, and sharded's and quantizer's checked records, against a
+// std::map: adds, removes (by backward shift), moves and lookups of values at random over few
+// addresses (long probe runs that wrap the table), growth, clearing, a moved-from table and a
+// copy.
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
@@ -114,6 +115,22 @@ BOOST_AUTO_TEST_CASE(a_moved_from_table_is_empty) {
   assigned = std::move(taken);
   BOOST_TEST(*assigned.find(address(100)) == 100U);
   BOOST_TEST(!taken.contains(address(100)));  // NOLINT(bugprone-use-after-move)
+}
+
+BOOST_AUTO_TEST_CASE(a_copy_is_independent) {
+  address_table<std::uint64_t> table;
+  for (std::uint64_t i = 1; i <= 100; ++i) BOOST_REQUIRE(table.add(address(i), i));
+  address_table<std::uint64_t> copy(table);
+  BOOST_REQUIRE(copy.remove(address(50)));
+  *copy.find(address(60)) = 600;
+  BOOST_TEST(*table.find(address(50)) == 50U);
+  BOOST_TEST(*table.find(address(60)) == 60U);
+  BOOST_TEST(table.size() == 100U);
+  BOOST_TEST(copy.size() == 99U);
+  address_table<std::uint64_t> assigned;
+  assigned = copy;
+  BOOST_TEST(!assigned.contains(address(50)));
+  BOOST_TEST(*assigned.find(address(60)) == 600U);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // alloy/detail/address_table.hpp: a table keyed by block address, for the bookkeeping that must
 // find a block by its pointer on every free (the movable policies' resident blocks, liballoy's
-// live blocks, sharded's checked small blocks).
+// live blocks, sharded's small blocks and quantizer's sizes in checked builds).
 #pragma once
 
 #include <bit>
@@ -20,13 +20,16 @@ struct no_value {};
 /// half full, deletion by backward shift. Memory is allocated only when the table grows (doubling);
 /// lookups, removals and moves never allocate, and the noexcept calls report a failed growth as
 /// false instead of throwing. Chosen over node-based sets by measurement (bench/HISTORY.md,
-/// 2026-12-07). Not thread-safe. A moved-from table is empty and usable.
+/// 2026-12-07). Not thread-safe. A moved-from table is empty and usable; a copy (which allocates)
+/// is independent of its original.
 template <class Value = no_value>
 class address_table {
   static_assert(std::is_nothrow_default_constructible_v<Value> && std::is_nothrow_copy_assignable_v<Value>);
 
  public:
   address_table() = default;
+  address_table(const address_table&) = default;
+  address_table& operator=(const address_table&) = default;
   address_table(address_table&& other) noexcept
       : slots_(std::move(other.slots_)), count_(std::exchange(other.count_, 0)), shift_(other.shift_) {
     other.slots_.clear();
