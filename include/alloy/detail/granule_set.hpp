@@ -19,8 +19,10 @@ namespace alloy::detail {
 /// - `contains` is a few loads, from any thread at any time, without a lock; `add` of a granule
 ///   not yet in the set takes a mutex. A granule added is seen by every thread that learnt of it
 ///   through any synchronisation (bitmaps and bits are published with release stores).
-/// - Granules are never removed and a span's bitmap never moves: a caller may keep the span it
-///   asked last in a `span_memo` and skip the table while it asks about that span.
+/// - A span is found at its slot (its index modulo 256) unless another span took the slot first:
+///   then the table is probed. Not remembering a thread's last span measured faster: the frees of
+///   one program alternate between spans (a heap and mapped memory; a GPU's memory spans several),
+///   and the branch on it mispredicted (bench/HISTORY.md, 2026-12-07).
 /// - When every slot holds another span, or memory for a bitmap runs out, the set gives up: from
 ///   then on it contains every granule of the spans it does not hold ("maybe", never a wrong "no").
 /// - Not movable.
@@ -29,6 +31,7 @@ class granule_set {
   static constexpr unsigned granule_shift = 8;
   static constexpr unsigned span_shift = 32;
   static constexpr std::size_t span_slots = 256;
+  static_assert(sizeof(std::uintptr_t) == 8, "granule_set: 64-bit addresses (every CUDA platform's)");
 
   granule_set() = default;
   granule_set(const granule_set&) = delete;
@@ -37,33 +40,20 @@ class granule_set {
     for (span& s : spans_) std::free(s.bits.load(std::memory_order_relaxed));
   }
 
-  /// The span a caller asked last and its bitmap (one per thread: not shared).
-  struct span_memo {
-    std::uintptr_t key = ~std::uintptr_t{0};
-    std::uint64_t* bits = nullptr;
-  };
-
   /// Whether the granule of `p` was added.
   bool contains(const void* p) const noexcept {
-    span_memo memo;
-    return contains(p, memo);
-  }
-  /// As above, through `memo` (the table is read only when `p` lies in another span).
-  bool contains(const void* p, span_memo& memo) const noexcept {
     const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
-    if (a >> span_shift != memo.key && !find(a >> span_shift, memo)) [[unlikely]]
-      return gave_up_.load(std::memory_order_acquire);
-    return (word(memo.bits, a).load(std::memory_order_acquire) >> (a >> granule_shift & 63) & 1) != 0;
+    const std::uintptr_t key = a >> span_shift;
+    const span& home = spans_[key % span_slots];
+    if (home.key.load(std::memory_order_acquire) == key) [[likely]]
+      return has(home.bits.load(std::memory_order_relaxed), a);
+    std::uint64_t* bits = probed(key);
+    return bits != nullptr ? has(bits, a) : gave_up_.load(std::memory_order_acquire);
   }
 
   /// Adds the granule of `p`.
   void add(const void* p) noexcept {
-    span_memo memo;
-    add(p, memo);
-  }
-  /// As above, through `memo`.
-  void add(const void* p, span_memo& memo) noexcept {
-    if (!contains(p, memo)) [[unlikely]]
+    if (!contains(p)) [[unlikely]]
       add_new(p);
   }
   /// Whether the set gave up on a span (see above).
@@ -72,17 +62,14 @@ class granule_set {
  private:
   static constexpr std::uintptr_t no_span = ~std::uintptr_t{0};  ///< above every span index
 
-  /// Finds span `key` and keeps it in `memo`; false when the set has none of its granules.
-  bool find(std::uintptr_t key, span_memo& memo) const noexcept {
+  /// The bitmap of span `key` past its home slot; null when the set has none of its granules.
+  std::uint64_t* probed(std::uintptr_t key) const noexcept {
     for (std::size_t n = 0, i = key % span_slots; n < span_slots; ++n, i = (i + 1) % span_slots) {
       const std::uintptr_t k = spans_[i].key.load(std::memory_order_acquire);
-      if (k == key) {
-        memo = {key, spans_[i].bits.load(std::memory_order_relaxed)};
-        return true;
-      }
-      if (k == no_span) return false;
+      if (k == key) return spans_[i].bits.load(std::memory_order_relaxed);
+      if (k == no_span) return nullptr;
     }
-    return false;
+    return nullptr;
   }
   static constexpr std::size_t words = std::size_t{1} << (span_shift - granule_shift - 6);
 
@@ -95,6 +82,9 @@ class granule_set {
     return std::atomic_ref<std::uint64_t>(bits[(a >> (granule_shift + 6)) % words]);
   }
   static std::uint64_t bit_of(std::uintptr_t a) noexcept { return std::uint64_t{1} << (a >> granule_shift & 63); }
+  static bool has(std::uint64_t* bits, std::uintptr_t a) noexcept {
+    return (word(bits, a).load(std::memory_order_acquire) & bit_of(a)) != 0;
+  }
 
   [[gnu::noinline]] void add_new(const void* p) noexcept {
     const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);

@@ -39,7 +39,6 @@ concept keeps_statistics = requires(const A& a) { a.statistics(); };
 template <std::size_t Classes, std::size_t PerClass>
 struct alignas(64) thread_block_cache {
   std::uint32_t count[Classes] = {};
-  granule_set::span_memo starts;  ///< of `sharded`'s set of small blocks' starts
   void* blocks[Classes][PerClass];
 };
 
@@ -895,14 +894,9 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
   /// Whether a free of `b` may go on to a cache or a shard; refuses it (counted) when not: a
   /// small block at an address no cached block has (not 256-aligned, or where no small block
   /// handed out ever started), or, in checked builds, one not handed out at that size.
-  /// (`memo`: the calling thread's, from its cache.)
   bool may_free(block b) noexcept {
-    detail::granule_set::span_memo memo;
-    return may_free(b, memo);
-  }
-  bool may_free(block b, detail::granule_set::span_memo& memo) noexcept {
     if (!is_cached_size(b.size) || b.ptr == nullptr) return true;
-    bool ok = (reinterpret_cast<std::uintptr_t>(b.ptr) & (cache_alignment - 1)) == 0 && starts_->contains(b.ptr, memo);
+    bool ok = (reinterpret_cast<std::uintptr_t>(b.ptr) & (cache_alignment - 1)) == 0 && starts_->contains(b.ptr);
     if constexpr (ALLOY_CHECKED) ok = ok && handed_out_->take(b);
     if (!ok) [[unlikely]]
       refuse(b);

@@ -66,12 +66,11 @@ template <allocator Inner, class Mutex>
 inline bool sharded<Inner, Mutex>::free_block(block b) noexcept {
   slot* me = my_slot();
   if (is_cached_size(b.size) && b.ptr != nullptr) {
-    cache* mine = me != nullptr ? me->cache : nullptr;
-    if (!(mine != nullptr ? may_free(b, mine->starts) : may_free(b))) [[unlikely]]
+    if (!may_free(b)) [[unlikely]]
       return false;
     const std::size_t c = classes::index(b.size);
-    if (mine != nullptr && capacity_[c] != 0) [[likely]] {
-      cache& k = *mine;
+    if (me != nullptr && me->cache != nullptr && capacity_[c] != 0) [[likely]] {
+      cache& k = *me->cache;
       // The block freed last to this class, freed again (glibc's fastbins make the same check).
       if (k.count[c] != 0 && k.blocks[c][k.count[c] - 1] == b.ptr) [[unlikely]] {
         refuse(b);
@@ -191,7 +190,7 @@ inline void sharded<Inner, Mutex>::refill(std::size_t first, std::size_t caller,
                                           [](Inner& in, std::size_t n, std::size_t a) { return in.allocate(n, a); });
     if (b) k.blocks[c][k.count[c]++] = b.ptr;
   }
-  for (std::uint32_t i = before; i < k.count[c]; ++i) starts_->add(k.blocks[c][i], k.starts);  // for their frees
+  for (std::uint32_t i = before; i < k.count[c]; ++i) starts_->add(k.blocks[c][i]);  // for their frees
 }
 
 template <allocator Inner, class Mutex>
