@@ -73,8 +73,9 @@ BOOST_AUTO_TEST_CASE(sharded_cache_refuses_a_small_block_freed_twice_at_once) {
   }
   BOOST_TEST(up.records()->live_count() == 0u);
 }
-// Nor does a cache take another allocator's small block (256-aligned, of a cached size): it lies on
-// a page where this allocator handed out no small block.
+
+// Nor does a cache take another allocator's small block (256-aligned, of a cached size): no small
+// block this allocator handed out ever started there.
 BOOST_AUTO_TEST_CASE(sharded_cache_refuses_another_allocators_small_block) {
   using inner = alloy::default_allocator<alloy::testing::checking_upstream>;
   const alloy::testing::checking_upstream up, elsewhere_up;
