@@ -104,9 +104,10 @@ struct alignas(64) thread_slot {
 ///   thread uses the object. Movable (not while in use), not copyable.
 /// - Memory kind: `Inner`'s. Host memory: the table in the object, 32 KiB of recent blocks per
 ///   shard, a cache of about 7 KiB per thread, made on its first call, and where small blocks
-///   started (`detail::granule_set`: 4 KiB, and 4 KiB per 8 MiB of small blocks). Cached blocks
-///   count as in use in the shards, at most `thread_cache` bytes per class and thread;
-///   `release()` first gives back the calling thread's cache.
+///   started (`detail::granule_set`: 4 KiB, and up to 2 MiB per 4 GiB span holding small blocks,
+///   usually 4 KiB per 8 MiB of them). Cached blocks count as in use in the shards, at most
+///   `thread_cache` bytes per class and thread; `release()` first gives back the calling thread's
+///   cache.
 /// - Capabilities, each when `Inner` has it: the queries (answered by every shard under its lock
 ///   and added up), `try_deallocate`, `allocate_keeping_cache`, `allocate_cached`, `statistics()` (peaks summed: an
 ///   upper bound), tags and offload (every shard; all or nothing for `offload` and `discard`),
