@@ -12,10 +12,10 @@
 namespace alloy::detail {
 
 /// A set of 256-byte granules of the address space: a bit per granule, in one bitmap per 4 GiB
-/// span that holds any (2 MiB of zeroed memory from `calloc`; when that maps fresh memory, as it
-/// does unless the heap has 2 MiB free, the system provides a page only once written: 4 KiB per
-/// 8 MiB where granules were added), found through a table of 256
-/// spans (linear probing from the span's low bits; 1 TiB of spans in all).
+/// span that holds any (2 MiB of zeroed memory from `calloc`: when it maps fresh memory, as glibc
+/// does for that size until the process frees a larger mapped block, a page costs memory only once
+/// written, 4 KiB per 8 MiB where granules were added), found through a table of 256 spans
+/// (linear probing from the span's low bits; 1 TiB of spans in all).
 ///
 /// - `contains` is a few loads, from any thread at any time, without a lock; `add` of a granule
 ///   not yet in the set takes a mutex. A granule added is seen by every thread that learnt of it
