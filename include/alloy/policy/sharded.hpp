@@ -24,6 +24,7 @@
 #include <alloy/detail/align.hpp>
 #include <alloy/detail/forwarding.hpp>
 #include <alloy/detail/granule_set.hpp>
+#include <alloy/detail/owner_gate.hpp>
 #include <alloy/policy/size_class_pool.hpp>
 
 namespace alloy {
@@ -87,9 +88,9 @@ struct alignas(64) thread_slot {
 ///   its shard, then from the others in turn. Requests of at most 64 KiB go through the thread's
 ///   cache (`options::thread_cache`), which refills and flushes half a class under one lock. A
 ///   free goes to its thread's cache or to the shard that owns the block (found by a table of the
-///   shard's recent blocks, else by `Inner::owns`). A shard's first thread holds it through an
-///   atomic gate until another thread needs it, then everyone takes `Mutex`. Over an `Inner` with
-///   planned growth or detached release, the upstream calls run without the shard's lock.
+///   shard's recent blocks, else by `Inner::owns`). A shard's first thread holds it through a gate
+///   (`detail::owner_gate`) until another thread needs it, then everyone takes `Mutex`. Over an
+///   `Inner` with planned growth or detached release, the upstream calls run without the lock.
 /// - Complexity: a cached request or free, O(1) without a lock; a refill or flush, up to 16
 ///   `Inner` calls under one lock per shard; an uncached request, `Inner`'s allocate under one
 ///   lock (more when shards fail); an uncached free, `owns` and `deallocate` under the owner's
@@ -591,7 +592,7 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     shard(Make& make, std::size_t i) : inner(make(i)) {}
     mutable Mutex mutex;
     /// The owner's way in while no other thread has needed the shard (`shard_lock`).
-    mutable std::atomic<std::uint32_t> gate{gate_open};
+    mutable detail::owner_gate gate;
     /// The slot of the thread the shard was first given to (`no_owner` before that).
     std::atomic<std::size_t> owner{no_owner};
     Inner inner;
@@ -601,30 +602,27 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     void* recent[recent_entries] = {};
   };
 
-  static constexpr std::uint32_t gate_open = 0, gate_held = 1, gate_closed = 2;
   /// The slot index of a thread with none (more than `thread_slots` threads), and of no owner.
   static constexpr std::size_t no_slot = thread_slots, no_owner = thread_slots + 1;
 
   /// Holds a shard for the calling thread (`caller`: its slot's index), as a `std::lock_guard`
   /// on its `mutex` would. The thread the shard was first given to holds it through the shard's
-  /// gate instead (an atomic flag: one compare-exchange and one store, no call) for as long as no
-  /// other thread has needed the shard: a thread working alone, or each thread on its own shard,
-  /// pays no mutex. The first other thread to need the shard closes the gate for good (waiting,
-  /// if need be, for the owner to leave it); from then on every thread, the owner too, takes
-  /// the mutex. Either way one thread at a time holds the shard, and a holder sees everything
-  /// the one before it did (acquire/release on the gate, the mutex, or both in turn).
+  /// `gate` instead (no call, and where the platform allows no atomic read-modify-write either)
+  /// for as long as no other thread has needed the shard: a thread working alone, or each thread
+  /// on its own shard, pays no mutex. The first other thread to need the shard shuts the gate for
+  /// good (waiting, if need be, for the owner to leave it); from then on every thread, the owner
+  /// too, takes the mutex. Either way one thread at a time holds the shard, and a holder sees
+  /// everything the one before it did.
   class shard_lock {
    public:
     shard_lock(const shard& s, std::size_t caller) noexcept : shard_(s) {
       if (caller == s.owner.load(std::memory_order_relaxed)) {
-        std::uint32_t open = gate_open;
-        if (s.gate.load(std::memory_order_relaxed) == gate_open &&
-            s.gate.compare_exchange_strong(open, gate_held, std::memory_order_acquire, std::memory_order_relaxed)) {
+        if (s.gate.enter()) {
           gated_ = true;
           return;
         }
-      } else if (s.gate.load(std::memory_order_acquire) != gate_closed) [[unlikely]] {
-        close_gate(s);
+      } else {
+        s.gate.close();
       }
       s.mutex.lock();
     }
@@ -632,22 +630,13 @@ class sharded : public detail::forwards_queries<sharded<Inner, Mutex>, Inner> {
     shard_lock& operator=(const shard_lock&) = delete;
     ~shard_lock() {
       if (gated_) {
-        shard_.gate.store(gate_open, std::memory_order_release);
+        shard_.gate.leave();
       } else {
         shard_.mutex.unlock();
       }
     }
 
    private:
-    [[gnu::noinline]] static void close_gate(const shard& s) noexcept {
-      for (;;) {
-        std::uint32_t seen = gate_open;
-        if (s.gate.compare_exchange_weak(seen, gate_closed, std::memory_order_acq_rel, std::memory_order_acquire))
-          return;
-        if (seen == gate_closed) return;
-        if (seen == gate_held) std::this_thread::yield();  // the owner is inside: wait for it
-      }
-    }
     const shard& shard_;
     bool gated_ = false;
   };
