@@ -51,9 +51,21 @@ class history {
       while (events_.size() > n) events_.pop_front();
     }
   }
+  /// Inline up to the test of `keep`, so that with history off an event costs a load, no call.
   void add(const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
            std::size_t device_free = 0) noexcept {
-    if (keep_.load(std::memory_order_relaxed) == 0) return;
+    if (keep_.load(std::memory_order_relaxed) != 0) [[unlikely]]
+      add_kept(action, addr, size, stream, device_free);
+  }
+  /// A copy of the events, oldest first.
+  std::deque<trace_event> events() const {
+    std::lock_guard guard(lock_);
+    return events_;
+  }
+
+ private:
+  [[gnu::noinline]] void add_kept(const char* action, std::uintptr_t addr, std::size_t size, std::uintptr_t stream,
+                                  std::size_t device_free) noexcept {
     const auto now = std::chrono::system_clock::now().time_since_epoch();
     const std::int64_t time_us = std::chrono::duration_cast<std::chrono::microseconds>(now).count();
     std::lock_guard guard(lock_);
@@ -66,13 +78,7 @@ class history {
       // History is best effort: a host allocation failure drops the event, never the request.
     }
   }
-  /// A copy of the events, oldest first.
-  std::deque<trace_event> events() const {
-    std::lock_guard guard(lock_);
-    return events_;
-  }
 
- private:
   std::atomic<std::size_t> keep_;  // written under lock_, read without it to skip a call when 0
   mutable std::mutex lock_;
   std::deque<trace_event> events_;

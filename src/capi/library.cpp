@@ -84,15 +84,24 @@ std::size_t host_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
 }
 
+bool start_once();
+
 // Starts the library on first use: the configuration (ALLOY_CONF unless alloy_configure set one)
-// and the count of devices. Heaps are made per device later, at their first use.
-bool start() {
+// and the count of devices. Heaps are made per device later, at their first use. Clears the
+// calling thread's error: each call's error is its own, never an earlier call's.
+inline bool start() {
+  const library& lib = the_library;
+  if (lib.started.load(std::memory_order_acquire) && lib.status == ALLOY_OK) [[likely]] {
+    clear_error();
+    return true;
+  }
+  return start_once();
+}
+
+// `start` on the first call, or once the library could not start.
+[[gnu::noinline]] bool start_once() {
   library& lib = the_library;
   if (lib.started.load(std::memory_order_acquire)) {
-    if (lib.status == ALLOY_OK) {
-      clear_error();  // each call's error is its own, never an earlier call's
-      return true;
-    }
     set_error(lib.status, lib.status_message);
     return false;
   }
@@ -261,7 +270,7 @@ void free_block(void* ptr, std::size_t size, bool check_size, int device, void* 
   std::string refusal;
   {
     std::lock_guard guard(slot->lock);
-    const std::size_t* asked = slot->live.find(ptr);
+    std::size_t* asked = slot->live.find(ptr);
     if (asked != nullptr && check_size && *asked != size) {
       ++slot->bad_frees;
       refusal = "alloy: free of " + std::to_string(key(ptr)) + " with size " + std::to_string(size) +
@@ -278,9 +287,8 @@ void free_block(void* ptr, std::size_t size, bool check_size, int device, void* 
         refusal = "alloy: the allocator refused the free of " + std::to_string(key(ptr));
       } else {
         state.events.add("free_completed", key(ptr), b.size, key(on));
-        slot->live.remove(ptr);
-        clear_error();
-        return;
+        slot->live.remove_found(asked);  // the table is as `find` left it
+        return;  // the thread's error was cleared when the call began (`start`)
       }
     } else {
       ++slot->bad_frees;

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The table keyed by address behind the movable policies' refusal of a raw free at a movable
 // address, liballoy's live blocks, and sharded's and quantizer's checked records, against a
-// std::map: adds, removes (by backward shift), moves and lookups of values at random over few
-// addresses (long probe runs that wrap the table), growth, clearing, a moved-from table and a
-// copy.
+// std::map: adds, removes (by backward shift, by address or of what a lookup found), moves and
+// lookups of values at random over few addresses (long probe runs that wrap the table), growth,
+// clearing, a moved-from table and a copy; a set removing what a lookup found.
 #include <boost/test/unit_test.hpp>
 
 #include <cstddef>
@@ -54,7 +54,12 @@ BOOST_AUTO_TEST_CASE(matches_a_std_map) {
             }
             break;
           case 1:  // absent ones too: nothing changes
-            BOOST_REQUIRE_EQUAL(table.remove(p), model.erase(p) == 1);
+            if (std::uint64_t* value = table.find(p); value != nullptr && rng() % 2 == 0) {
+              table.remove_found(value);  // what find found, without a second probe
+              model.erase(p);
+            } else {
+              BOOST_REQUIRE_EQUAL(table.remove(p), model.erase(p) == 1);
+            }
             break;
           case 2: {
             const void* to = address(1 + rng() % range);
@@ -87,6 +92,14 @@ BOOST_AUTO_TEST_CASE(matches_a_std_map) {
       BOOST_TEST(same(table, model, range));
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_set_removes_what_find_found) {
+  address_table<> set;
+  for (std::uint64_t i = 1; i <= 100; ++i) BOOST_REQUIRE(set.add(address(i)));
+  for (std::uint64_t i = 1; i <= 100; i += 3) set.remove_found(set.find(address(i)));
+  for (std::uint64_t i = 1; i <= 100; ++i) BOOST_TEST(set.contains(address(i)) == (i % 3 != 1), i);
+  BOOST_TEST(set.size() == 66u);
 }
 
 BOOST_AUTO_TEST_CASE(moving_an_absent_address_adds_nothing) {

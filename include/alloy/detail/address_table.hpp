@@ -58,6 +58,12 @@ class address_table {
     erase_at(at);
     return true;
   }
+  /// Removes the entry whose value `found` (from `find`, the table unchanged since) points to,
+  /// without probing again.
+  void remove_found(const Value* found) noexcept {
+    const auto offset = reinterpret_cast<const char*>(found) - reinterpret_cast<const char*>(slots_.data());
+    erase_at(static_cast<std::size_t>(offset) / sizeof(entry));
+  }
   /// The entry at `from` now lies at `to`, with its value (no allocation: as many entries as
   /// before); nothing happens when `from` is absent.
   void move(const void* from, const void* to) noexcept {
