@@ -288,7 +288,8 @@ void free_block(void* ptr, std::size_t size, bool check_size, int device, void* 
       } else {
         state.events.add("free_completed", key(ptr), b.size, key(on));
         slot->live.remove_found(asked);  // the table is as `find` left it
-        return;  // the thread's error was cleared when the call began (`start`)
+        // The thread's error was cleared when the call began (`start`).
+        return;
       }
     } else {
       ++slot->bad_frees;

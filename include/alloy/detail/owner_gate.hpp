@@ -8,9 +8,9 @@
 #include <thread>
 
 #if defined(__linux__)
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#  include <linux/membarrier.h>
+#  include <sys/syscall.h>
+#  include <unistd.h>
 #endif
 
 namespace alloy::detail {
