@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -19,7 +20,8 @@ namespace alloy {
 /// the user owns: `alloc.begin_allocate_to_pool(pool, stream)` routes the allocations of the
 /// capture running on `stream` to it, `alloc.end_allocate_to_pool(pool)` stops that, and
 /// `alloc.release_pool(pool)` (once no graph of the pool will run again) makes its memory free for
-/// everyone. Until then the pool's addresses are handed only to captures routed to it. The handle
+/// everyone, after the captures still using it have ended. Until then the pool's addresses are
+/// handed only to captures routed to it. The handle
 /// is its address: it must outlive its use by the allocator, and is neither copied nor moved.
 class graph_pool {
  public:
@@ -71,9 +73,10 @@ struct capture_book {
     unsigned long long id = 0;
     Stream stream{};  ///< a stream seen in the capture, probed to learn that it ended
     capture_mode mode = capture_mode::global;
-    bool invalidated = false;  ///< seen invalidated: it ends without a graph
-    key pool = 0;              ///< where its allocations go
-    std::vector<void*> taken;  ///< blocks of a user pool it took
+    bool invalidated = false;    ///< seen invalidated: it ends without a graph
+    key pool = 0;                ///< where its allocations go
+    std::vector<void*> taken;    ///< blocks of a user pool it took
+    bool holds_release = false;  ///< a pool it used was released while it ran (`release_pool`)
   };
   struct pooled {
     std::size_t size = 0;    ///< as `Inner` handed it out
@@ -90,6 +93,7 @@ struct capture_book {
     std::multimap<std::size_t, void*> free;  ///< by size
     std::size_t live_bytes = 0;
     std::size_t free_bytes = 0;
+    bool released = false;  ///< released while captures using it ran: dropped once they ended
   };
   struct deferred_free {
     block b;
@@ -103,6 +107,58 @@ struct capture_book {
     }
     return nullptr;
   }
+  /// A free block of `from` for the capture `c`: aligned, large enough, and not freed on another
+  /// stream of the same capture (no order between them) nor on a stream outside captures.
+  block take(pool& from, capture& c, std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    int budget = 16;
+    for (auto it = from.free.lower_bound(bytes); it != from.free.end() && budget-- > 0; ++it) {
+      void* p = it->second;
+      pooled& pb = blocks.find(p)->second;
+      if (alignment > 1 && reinterpret_cast<std::uintptr_t>(p) % alignment != 0) continue;
+      if (pb.freed_in == c.id ? !(pb.stream == stream) : pb.freed_in == 0 && pb.freed_on_stream) continue;
+      if (pb.last_taker != c.id && c.pool != own_pool(c.id)) {
+        try {
+          c.taken.push_back(p);
+        } catch (const std::bad_alloc&) {
+          continue;
+        }
+      }
+      if (pb.last_taker != c.id) ++pb.takers;
+      pb.last_taker = c.id;
+      from.free.erase(it);
+      pb.free = false;
+      pb.handed = bytes;
+      from.free_bytes -= pb.size;
+      from.live_bytes += pb.size;
+      return {p, bytes};
+    }
+    return {};
+  }
+
+  /// Whether capture `c` is routed to pool `k` or took a block of it.
+  bool uses(const capture& c, key k) const noexcept {
+    if (c.pool == k) return true;
+    for (void* p : c.taken) {
+      const auto found = blocks.find(p);
+      if (found != blocks.end() && found->second.pool == k) return true;
+    }
+    return false;
+  }
+  /// Marks the known captures that use pool `k` as holding its release; false when none does.
+  bool hold_release(key k) noexcept {
+    bool held = false;
+    for (capture& c : captures) {
+      if (uses(c, k)) held = c.holds_release = true;
+    }
+    return held;
+  }
+  /// A known capture holds a release back: the released pools wait for every such capture's end.
+  bool release_held() const noexcept {
+    for (const capture& c : captures) {
+      if (c.holds_release) return true;
+    }
+    return false;
+  }
   bool any_forbidding() const noexcept {
     for (const capture& c : captures) {
       if (c.mode != capture_mode::relaxed) return true;
@@ -114,6 +170,7 @@ struct capture_book {
   std::unordered_map<void*, pooled> blocks;
   std::map<key, pool> pools;
   std::vector<deferred_free> deferred;
+  std::size_t released_waiting = 0;  ///< pools with `released` set
 };
 
 }  // namespace detail

@@ -845,6 +845,73 @@ BOOST_AUTO_TEST_CASE(aborted_capture_unwinds_its_pool) {
   REQUIRE_CLEAN(rt);
 }
 
+// A pool released while a capture routed to it still runs (too early: that capture's graph is one
+// of the pool's) stays the pool it was until the capture has ended: in a relaxed capture, where
+// blocks may reach the arena at once, other work still never gets its blocks, and the capture
+// still allocates from it. A capture routed to it meanwhile cancels the release.
+BOOST_AUTO_TEST_CASE(a_pool_released_while_its_capture_runs_waits_for_the_capture) {
+  model::runtime rt;
+  const stream_t s = make_stream(rt), s2 = make_stream(rt), other = make_stream(rt);
+  ordered alloc{make_arena(rt, 1_MiB)};
+  for (const stream_t x : {s, s2, other}) warm(alloc, x, 8192);  // every stream known before
+  rt.run_all();
+  graph_pool pool;
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::relaxed) == error::success);
+  BOOST_REQUIRE(alloc.begin_allocate_to_pool(pool, s));
+  const block a = alloc.allocate(8192, 256, s);
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(rt.use(s, a.ptr, a.size) == error::success);
+  alloc.deallocate(a, s);    // freed inside: the pool keeps it for the graph
+  alloc.release_pool(pool);  // too early
+  BOOST_TEST(alloc.pool_figures().pools == 1u);
+  BOOST_TEST(alloc.pool_figures().free_bytes == 8192u);
+  std::vector<block> outside;
+  for (int i = 0; i < 32; ++i) {
+    const block o = alloc.allocate(8192, 256, other);
+    BOOST_REQUIRE(o);
+    BOOST_TEST(o.ptr != a.ptr);
+    BOOST_REQUIRE(rt.use(other, o.ptr, o.size) == error::success);
+    outside.push_back(o);
+  }
+  const block again = alloc.allocate(8192, 256, s);  // still routed to the pool
+  BOOST_TEST(again.ptr == a.ptr);
+  alloc.deallocate(again, s);
+  model::graph_t g{};
+  BOOST_REQUIRE(rt.end_capture(s, &g) == error::success);
+  BOOST_REQUIRE(rt.graph_destroy(g) == error::success);
+  const block settles = alloc.allocate(256, 256, other);  // sees the capture ended: the pool goes
+  BOOST_TEST(alloc.pool_figures().pools == 0u);
+  BOOST_TEST(alloc.pool_figures().free_bytes == 0u);
+  alloc.deallocate(settles, other);
+  for (const block o : outside) alloc.deallocate(o, other);
+
+  // Released while its capture runs, then routed to by a second capture: kept after both end.
+  BOOST_REQUIRE(rt.begin_capture(s, capture_mode::relaxed) == error::success);
+  BOOST_REQUIRE(alloc.begin_allocate_to_pool(pool, s));
+  const block b = alloc.allocate(4096, 256, s);
+  BOOST_REQUIRE(b);
+  alloc.deallocate(b, s);
+  alloc.release_pool(pool);
+  BOOST_REQUIRE(rt.begin_capture(s2, capture_mode::relaxed) == error::success);
+  BOOST_REQUIRE(alloc.begin_allocate_to_pool(pool, s2));  // cancels the release
+  model::graph_t g1{}, g2{};
+  BOOST_REQUIRE(rt.end_capture(s, &g1) == error::success);
+  BOOST_REQUIRE(rt.end_capture(s2, &g2) == error::success);
+  alloc.end_allocate_to_pool(pool);
+  const block settles2 = alloc.allocate(256, 256, other);
+  BOOST_TEST(alloc.pool_figures().pools == 1u);
+  BOOST_TEST(alloc.pool_figures().free_bytes == 4096u);
+  alloc.deallocate(settles2, other);
+  BOOST_REQUIRE(rt.graph_destroy(g1) == error::success);
+  BOOST_REQUIRE(rt.graph_destroy(g2) == error::success);
+  alloc.release_pool(pool);  // no capture runs: at once
+  BOOST_TEST(alloc.pool_figures().pools == 0u);
+  rt.run_all();
+  alloc.release();
+  BOOST_TEST(alloc.inner().bytes_in_use() == 0u);
+  REQUIRE_CLEAN(rt);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ---- randomized sequences ------------------------------------------------------------------------

@@ -219,7 +219,11 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     try {
       typename book::capture* c = capture_for(cs, stream);
       if (c == nullptr) return false;
-      book_.pools[book::user_pool(pool)];
+      typename book::pool& p = book_.pools[book::user_pool(pool)];
+      if (p.released) {  // in use again: its waiting release is cancelled
+        p.released = false;
+        --book_.released_waiting;
+      }
       c->pool = book::user_pool(pool);
       return true;
     } catch (const std::bad_alloc&) {
@@ -235,12 +239,21 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     }
   }
   /// No graph of `pool` will run again (its last launch is complete): its free blocks become free
-  /// for everyone, and its live blocks when they are freed.
+  /// for everyone, and its live blocks when they are freed. While a capture that is routed to the
+  /// pool or took a block of it runs, the pool stays as it is (routing included) until every such
+  /// capture has ended; `begin_allocate_to_pool` meanwhile cancels the release.
   void release_pool(graph_pool& pool) noexcept
     requires capturable_stream<Stream>
   {
+    const typename book::key key = book::user_pool(pool);
+    if (!book_.captures.empty()) settle(nullptr, {});
+    if (const auto p = book_.pools.find(key); p != book_.pools.end() && book_.hold_release(key)) {
+      if (!p->second.released) ++book_.released_waiting;
+      p->second.released = true;
+      return;
+    }
     end_allocate_to_pool(pool);
-    drop_pool(book::user_pool(pool));
+    drop_pool(key);
   }
   /// What the private pools hold.
   graph_pool_figures pool_figures() const noexcept {
@@ -683,7 +696,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       if (cs.state == capture_state::status::invalidated) c->invalidated = true;
       if (!note_quietly(stream)) return refuse();
       typename book::pool& pool = book_.pools[c->pool];
-      if (const block b = take_from_pool(pool, *c, bytes, alignment, stream)) return b;
+      if (const block b = book_.take(pool, *c, bytes, alignment, stream)) return b;
       const block b = cached(bytes, alignment);
       if (!b) return refuse();
       try {
@@ -705,35 +718,6 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
     } catch (const std::bad_alloc&) {
       return refuse();
     }
-  }
-
-  /// A free block of `pool` for the capture `c`: aligned, large enough, and not freed on another
-  /// stream of the same capture (no order between them) nor on a stream outside captures.
-  block take_from_pool(typename book::pool& pool, typename book::capture& c, std::size_t bytes, std::size_t alignment,
-                       Stream stream) noexcept {
-    int budget = 16;
-    for (auto it = pool.free.lower_bound(bytes); it != pool.free.end() && budget-- > 0; ++it) {
-      void* p = it->second;
-      typename book::pooled& pb = book_.blocks.find(p)->second;
-      if (alignment > 1 && reinterpret_cast<std::uintptr_t>(p) % alignment != 0) continue;
-      if (pb.freed_in == c.id ? !(pb.stream == stream) : pb.freed_in == 0 && pb.freed_on_stream) continue;
-      if (pb.last_taker != c.id && c.pool != book::own_pool(c.id)) {
-        try {
-          c.taken.push_back(p);
-        } catch (const std::bad_alloc&) {
-          continue;
-        }
-      }
-      if (pb.last_taker != c.id) ++pb.takers;
-      pb.last_taker = c.id;
-      pool.free.erase(it);
-      pb.free = false;
-      pb.handed = bytes;
-      pool.free_bytes -= pb.size;
-      pool.live_bytes += pb.size;
-      return {p, bytes};
-    }
-    return {};
   }
 
   /// A free of a block of a private pool: it stays in the pool.
@@ -879,6 +863,14 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
       i = 0;  // finishing may have deferred frees to captures seen again
     }
     settling_ = false;
+    if (book_.released_waiting != 0 && !book_.release_held()) {
+      for (auto it = book_.pools.begin(); it != book_.pools.end();) {
+        const typename book::key key = it->first;
+        const bool released = it->second.released;
+        ++it;  // drop_pool erases only `key`'s entry
+        if (released) drop_pool(key);
+      }
+    }
     if (!strict_capture_known()) release_held_back();
   }
   void finish(typename book::capture& ended) noexcept {
@@ -935,6 +927,7 @@ class stream_ordered : public detail::forwards_queries<stream_ordered<Inner, Str
   void drop_pool(typename book::key key) noexcept {
     const auto pool = book_.pools.find(key);
     if (pool == book_.pools.end()) return;
+    if (pool->second.released) --book_.released_waiting;
     for (auto it = book_.blocks.begin(); it != book_.blocks.end();) {
       if (it->second.pool != key) {
         ++it;
