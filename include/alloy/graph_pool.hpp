@@ -21,8 +21,8 @@ namespace alloy {
 /// capture running on `stream` to it, `alloc.end_allocate_to_pool(pool)` stops that, and
 /// `alloc.release_pool(pool)` (once no graph of the pool will run again) makes its memory free for
 /// everyone, after the captures still using it have ended. Until then the pool's addresses are
-/// handed only to captures routed to it. The handle
-/// is its address: it must outlive its use by the allocator, and is neither copied nor moved.
+/// handed only to captures routed to it. The handle is its address: it must outlive its use by
+/// the allocator, and is neither copied nor moved.
 class graph_pool {
  public:
   graph_pool() = default;
